@@ -1,0 +1,160 @@
+//! The op-level interface every compute backend implements. Models are written once against it.
+//!
+//! Activations are row-major `[tokens, features]` matrices. The op set is what a decoder-only
+//! transformer with a paged KV cache needs; fused ops (QKV projection, residual add + RMSNorm,
+//! SwiGLU) are ops of their own because they are one kernel each on a GPU.
+
+use crate::{BackendError, BatchMeta, HostTensor};
+
+/// Rotary embedding flavour.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Rotate adjacent pairs (2i, 2i+1): GPT-J / llama.cpp "normal" rope (GGUF llama files, whose
+    /// Q/K rows the converter permuted).
+    Interleaved,
+    /// Rotate halves (i, i + d/2): GPT-NeoX / HF `rotate_half`.
+    Neox,
+}
+
+/// Rotary embedding parameters shared by all layers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeSpec {
+    /// Inverse frequencies, `head_dim / 2` of them, scaling (e.g. Llama 3) already applied.
+    pub inv_freqs: Vec<f32>,
+    /// Pairing of rotated elements.
+    pub style: RopeStyle,
+}
+
+/// Head geometry of one attention layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionDims {
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than `num_heads`).
+    pub num_kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// Softmax scale, usually `1 / sqrt(head_dim)`.
+    pub scale: f32,
+}
+
+impl AttentionDims {
+    /// Width of the query part of a fused QKV row.
+    pub fn q_size(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+    /// Width of the key (and of the value) part of a fused QKV row.
+    pub fn kv_size(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+    /// Width of a fused QKV row: `[q | k | v]`.
+    pub fn qkv_size(&self) -> usize {
+        self.q_size() + 2 * self.kv_size()
+    }
+}
+
+/// Geometry of one layer's paged K/V cache (the uncompressed "full" layout).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvCacheSpec {
+    /// Number of blocks in the pool.
+    pub num_blocks: usize,
+    /// Token slots per block.
+    pub block_size_tokens: usize,
+    /// Key/value heads stored per token.
+    pub num_kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+}
+
+impl KvCacheSpec {
+    /// Token slots in the whole cache.
+    pub fn num_slots(&self) -> usize {
+        self.num_blocks * self.block_size_tokens
+    }
+}
+
+/// A compute backend: owns device buffers and runs the ops a model needs.
+pub trait Backend: Send + Sync {
+    /// A 2-D (or 1-D for vectors) tensor in the backend's memory and compute dtype.
+    type Tensor: Send + Sync;
+    /// One layer's paged K/V cache storage.
+    type KvCache: Send + Sync;
+    /// Step metadata in the backend's memory (uploaded once per step, read by every layer).
+    type Batch: Send + Sync;
+
+    /// Short name for logs ("cpu", "cuda:0").
+    fn name(&self) -> String;
+
+    /// Element type this backend stores the KV cache in (sizes the cache from a byte budget).
+    fn kv_cache_dtype(&self) -> starling_kv::CacheDtype;
+
+    /// Copies a host tensor into backend memory (converting to the compute dtype).
+    fn upload(&self, host: &HostTensor) -> Result<Self::Tensor, BackendError>;
+    /// Copies a tensor back to the host as f32.
+    fn to_host(&self, t: &Self::Tensor) -> Result<HostTensor, BackendError>;
+    /// Allocates one layer's K/V cache, zero-filled.
+    fn alloc_kv_cache(&self, spec: &KvCacheSpec) -> Result<Self::KvCache, BackendError>;
+    /// Makes the step metadata available to the ops (validated against the cache size).
+    fn prepare_batch(
+        &self,
+        meta: &BatchMeta,
+        num_cache_blocks: usize,
+    ) -> Result<Self::Batch, BackendError>;
+
+    /// Rows of `table` (`[vocab, d]`) selected by `ids` → `[ids.len(), d]`.
+    fn embedding(&self, table: &Self::Tensor, ids: &[u32]) -> Result<Self::Tensor, BackendError>;
+    /// `x · wᵀ (+ bias)`: `x` is `[n, k]`, `w` is `[m, k]` (PyTorch Linear layout) → `[n, m]`.
+    fn linear(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Tensor,
+        bias: Option<&Self::Tensor>,
+    ) -> Result<Self::Tensor, BackendError>;
+    /// Row-wise RMSNorm with a learned scale `w` (`[d]`).
+    fn rms_norm(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Tensor,
+        eps: f32,
+    ) -> Result<Self::Tensor, BackendError>;
+    /// Fused residual step: `residual += delta`, then returns `rms_norm(residual, w)`.
+    fn add_rms_norm(
+        &self,
+        residual: &mut Self::Tensor,
+        delta: &Self::Tensor,
+        w: &Self::Tensor,
+        eps: f32,
+    ) -> Result<Self::Tensor, BackendError>;
+    /// `x += delta`, elementwise.
+    fn add_inplace(&self, x: &mut Self::Tensor, delta: &Self::Tensor) -> Result<(), BackendError>;
+    /// SwiGLU on a fused `[n, 2f]` gate|up tensor → `silu(gate) * up`, `[n, f]`.
+    fn silu_mul(&self, gate_up: &Self::Tensor) -> Result<Self::Tensor, BackendError>;
+    /// Selected rows of `x`, in the given order.
+    fn gather_rows(&self, x: &Self::Tensor, rows: &[u32]) -> Result<Self::Tensor, BackendError>;
+    /// Applies RoPE in place to the Q and K parts of a fused `[n, qkv]` tensor at the batch's positions.
+    fn rope_qk(
+        &self,
+        qkv: &mut Self::Tensor,
+        dims: &AttentionDims,
+        rope: &RopeSpec,
+        batch: &Self::Batch,
+    ) -> Result<(), BackendError>;
+    /// Writes the K and V parts of a fused `[n, qkv]` tensor into the cache at the batch's slots.
+    fn write_kv(
+        &self,
+        cache: &mut Self::KvCache,
+        qkv: &Self::Tensor,
+        dims: &AttentionDims,
+        batch: &Self::Batch,
+    ) -> Result<(), BackendError>;
+    /// Causal attention of the Q part of `qkv` over each sequence's paged context → `[n, q_size]`.
+    /// Query `i` of a sequence with `L` new tokens and context `C` sees physical slots
+    /// `0 ..= C - L + i` (physical order is chronological; eviction keeps it so).
+    fn paged_attention(
+        &self,
+        qkv: &Self::Tensor,
+        cache: &Self::KvCache,
+        dims: &AttentionDims,
+        batch: &Self::Batch,
+    ) -> Result<Self::Tensor, BackendError>;
+}

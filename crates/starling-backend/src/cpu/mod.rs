@@ -1,0 +1,163 @@
+//! The CPU backend: f32 everywhere, rayon for parallelism, the `gemm` crate for matrix products.
+//!
+//! It is the numerical reference for every accelerated backend: each CUDA kernel is tested against
+//! the function here that does the same job.
+
+mod attention;
+mod elementwise;
+mod linear;
+
+use crate::{
+    AttentionDims, Backend, BackendError, BatchMeta, HostTensor, KvCacheSpec, RopeSpec, RopeStyle,
+};
+
+pub use attention::{dense_causal_attention, CpuKvCache};
+
+/// f32 CPU backend. Tensors are [`HostTensor`]s, so "upload" is a copy.
+#[derive(Clone, Debug, Default)]
+pub struct CpuBackend;
+
+impl CpuBackend {
+    /// A CPU backend using rayon's global thread pool.
+    pub fn new() -> Self {
+        Self
+    }
+}
+
+/// Checks that `t` is a matrix and returns `(rows, cols)`; 1-D tensors count as one row.
+pub(crate) fn matrix_dims(t: &HostTensor, what: &str) -> Result<(usize, usize), BackendError> {
+    match t.shape() {
+        [n] => Ok((1, *n)),
+        [r, c] => Ok((*r, *c)),
+        s => Err(BackendError::Shape(format!(
+            "{what}: expected a matrix, got shape {s:?}"
+        ))),
+    }
+}
+
+impl Backend for CpuBackend {
+    type Tensor = HostTensor;
+    type KvCache = CpuKvCache;
+    type Batch = BatchMeta;
+
+    fn name(&self) -> String {
+        "cpu".to_string()
+    }
+
+    fn kv_cache_dtype(&self) -> starling_kv::CacheDtype {
+        starling_kv::CacheDtype::F32
+    }
+
+    fn upload(&self, host: &HostTensor) -> Result<HostTensor, BackendError> {
+        Ok(host.clone())
+    }
+
+    fn to_host(&self, t: &HostTensor) -> Result<HostTensor, BackendError> {
+        Ok(t.clone())
+    }
+
+    fn alloc_kv_cache(&self, spec: &KvCacheSpec) -> Result<CpuKvCache, BackendError> {
+        CpuKvCache::new(*spec)
+    }
+
+    fn prepare_batch(
+        &self,
+        meta: &BatchMeta,
+        num_cache_blocks: usize,
+    ) -> Result<BatchMeta, BackendError> {
+        meta.validate(num_cache_blocks)?;
+        Ok(meta.clone())
+    }
+
+    fn embedding(&self, table: &HostTensor, ids: &[u32]) -> Result<HostTensor, BackendError> {
+        elementwise::embedding(table, ids)
+    }
+
+    fn linear(
+        &self,
+        x: &HostTensor,
+        w: &HostTensor,
+        bias: Option<&HostTensor>,
+    ) -> Result<HostTensor, BackendError> {
+        linear::linear(x, w, bias)
+    }
+
+    fn rms_norm(
+        &self,
+        x: &HostTensor,
+        w: &HostTensor,
+        eps: f32,
+    ) -> Result<HostTensor, BackendError> {
+        elementwise::rms_norm(x, w, eps)
+    }
+
+    fn add_rms_norm(
+        &self,
+        residual: &mut HostTensor,
+        delta: &HostTensor,
+        w: &HostTensor,
+        eps: f32,
+    ) -> Result<HostTensor, BackendError> {
+        elementwise::add_inplace(residual, delta)?;
+        elementwise::rms_norm(residual, w, eps)
+    }
+
+    fn add_inplace(&self, x: &mut HostTensor, delta: &HostTensor) -> Result<(), BackendError> {
+        elementwise::add_inplace(x, delta)
+    }
+
+    fn silu_mul(&self, gate_up: &HostTensor) -> Result<HostTensor, BackendError> {
+        elementwise::silu_mul(gate_up)
+    }
+
+    fn gather_rows(&self, x: &HostTensor, rows: &[u32]) -> Result<HostTensor, BackendError> {
+        elementwise::gather_rows(x, rows)
+    }
+
+    fn rope_qk(
+        &self,
+        qkv: &mut HostTensor,
+        dims: &AttentionDims,
+        rope: &RopeSpec,
+        batch: &BatchMeta,
+    ) -> Result<(), BackendError> {
+        elementwise::rope_qk(qkv, dims, rope, &batch.positions)
+    }
+
+    fn write_kv(
+        &self,
+        cache: &mut CpuKvCache,
+        qkv: &HostTensor,
+        dims: &AttentionDims,
+        batch: &BatchMeta,
+    ) -> Result<(), BackendError> {
+        cache.write(qkv, dims, &batch.slot_mapping)
+    }
+
+    fn paged_attention(
+        &self,
+        qkv: &HostTensor,
+        cache: &CpuKvCache,
+        dims: &AttentionDims,
+        batch: &BatchMeta,
+    ) -> Result<HostTensor, BackendError> {
+        attention::paged_attention(qkv, cache, dims, batch)
+    }
+}
+
+/// Applies rotary embedding to one head vector at `position` (the CPU reference for RoPE kernels).
+pub fn rope_head(head: &mut [f32], position: u32, inv_freqs: &[f32], style: RopeStyle) {
+    let half = head.len() / 2;
+    for (i, &inv_freq) in inv_freqs.iter().enumerate().take(half) {
+        // f32 product then f32 cos/sin, as HF computes its rotary tables.
+        let angle = position as f32 * inv_freq;
+        let (sin, cos) = angle.sin_cos();
+        let (a, b) = match style {
+            RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+            RopeStyle::Neox => (i, i + half),
+        };
+        let (x0, x1) = (head[a], head[b]);
+        head[a] = x0 * cos - x1 * sin;
+        head[b] = x0 * sin + x1 * cos;
+    }
+}

@@ -1,0 +1,16 @@
+//! Compute backends behind one op-level trait ([`Backend`]); models are written once against it.
+//!
+//! The CPU backend ([`cpu::CpuBackend`]) is the f32 reference every accelerated kernel is tested
+//! against.
+#![deny(missing_docs)]
+
+mod backend;
+mod batch;
+pub mod cpu;
+mod error;
+mod host_tensor;
+
+pub use backend::{AttentionDims, Backend, KvCacheSpec, RopeSpec, RopeStyle};
+pub use batch::{BatchMeta, SeqBatchMeta};
+pub use error::BackendError;
+pub use host_tensor::HostTensor;

@@ -1,0 +1,58 @@
+//! `starling`: fetch models, inspect them, generate text, benchmark.
+
+mod args;
+mod bytes;
+mod commands;
+mod session;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Starling: an LLM serving engine built around KV-cache compression.
+#[derive(Parser, Debug)]
+#[command(name = "starling", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Fetch and list known models.
+    Model(commands::model::ModelArgs),
+    /// Print a model's architecture, size and KV-cache capacity.
+    Info(commands::info::InfoArgs),
+    /// Generate a completion, streamed to stdout.
+    Generate(commands::generate::GenerateArgs),
+    /// The main job: fetch the default model, run a few chat prompts through the batching engine,
+    /// print the answers and the KV-cache figures.
+    Demo(commands::demo::DemoArgs),
+    /// Benchmarks.
+    Bench(commands::bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("STARLING_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Model(a) => commands::model::run(a),
+        Command::Info(a) => commands::info::run(a),
+        Command::Generate(a) => commands::generate::run(a),
+        Command::Demo(a) => commands::demo::run(a),
+        Command::Bench(a) => commands::bench::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

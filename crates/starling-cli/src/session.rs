@@ -1,0 +1,106 @@
+//! Opening a model: resolve the `--model` argument (fetching an alias), load weights, build the
+//! tokenizer and the engine.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use starling_backend::cpu::CpuBackend;
+use starling_engine::engine::TokenizerText;
+use starling_engine::scheduler::SchedulerConfig;
+use starling_engine::{Engine, EngineConfig};
+use starling_hub::{resolve_model, FetchOptions, ModelLocation};
+use starling_models::llama::LlamaModel;
+use starling_models::tokenizer::Tokenizer;
+use starling_models::{load_model, LoadedModel, ModelConfig};
+
+use crate::args::EngineArgs;
+
+/// A model resolved and loaded from disk (weights still on the host).
+pub struct OpenedModel {
+    /// Where the model file or directory is.
+    pub path: PathBuf,
+    /// Weights, config and metadata.
+    pub loaded: LoadedModel,
+}
+
+/// Resolves `arg` (alias, GGUF path or HF directory) and loads it.
+pub fn open_model(arg: &str) -> Result<OpenedModel> {
+    let options = FetchOptions::from_env()?;
+    let location = resolve_model(arg, &options)?;
+    let path = match location {
+        ModelLocation::Gguf(p) | ModelLocation::HfDir(p) => p,
+    };
+    let loaded = load_model(&path).with_context(|| format!("loading {}", path.display()))?;
+    Ok(OpenedModel { path, loaded })
+}
+
+/// Builds the tokenizer that matches a loaded model.
+pub fn tokenizer_for(opened: &OpenedModel) -> Result<Tokenizer> {
+    let tokenizer = match &opened.loaded.gguf_metadata {
+        Some(metadata) => Tokenizer::from_gguf_metadata(metadata),
+        None => Tokenizer::from_hf_dir(&opened.path),
+    };
+    tokenizer.with_context(|| format!("building the tokenizer of {}", opened.path.display()))
+}
+
+/// The engine configuration the flags describe, for `config`'s model.
+pub fn engine_config(args: &EngineArgs, config: &ModelConfig) -> EngineConfig {
+    let max_model_len_tokens = args.max_model_len.unwrap_or(config.max_position_embeddings);
+    EngineConfig {
+        scheduler: SchedulerConfig {
+            max_num_seqs: args.max_num_seqs,
+            // Never smaller than the sequence count (the scheduler's own rule).
+            max_num_batched_tokens: args.max_num_batched_tokens.max(args.max_num_seqs),
+            max_model_len_tokens,
+            block_size_tokens: args.block_size,
+        },
+        kv_cache_memory_bytes: args.kv_cache_memory,
+    }
+}
+
+/// A ready engine plus the tokenizer its requests are encoded with.
+pub struct Session {
+    /// The engine, on the CPU backend.
+    pub engine: Engine<CpuBackend>,
+    /// The model's tokenizer.
+    pub tokenizer: Arc<Tokenizer>,
+    /// Where the model came from.
+    pub path: PathBuf,
+    /// Milliseconds spent reading the model.
+    pub load_ms: u64,
+}
+
+/// Resolves, loads and starts an engine for `model_arg`.
+pub fn open_session(model_arg: &str, args: &EngineArgs) -> Result<Session> {
+    let opened = open_model(model_arg)?;
+    let tokenizer = Arc::new(tokenizer_for(&opened)?);
+    let backend = CpuBackend::new();
+    let mut config = opened.loaded.config.clone();
+    // The tokenizer knows every end-of-generation marker (e.g. Qwen's <|endoftext|> beside
+    // <|im_end|>); the model config may list only the declared EOS.
+    for &id in tokenizer.eos_token_ids() {
+        if !config.eos_token_ids.contains(&id) {
+            config.eos_token_ids.push(id);
+        }
+    }
+    let engine_config = engine_config(args, &config);
+    if engine_config.scheduler.max_model_len_tokens > config.max_position_embeddings {
+        anyhow::bail!(
+            "--max-model-len {} exceeds the model's context window of {} tokens",
+            engine_config.scheduler.max_model_len_tokens,
+            config.max_position_embeddings
+        );
+    }
+    let load_ms = opened.loaded.load_ms;
+    let path = opened.path;
+    let model = LlamaModel::load(&backend, &config, opened.loaded.weights)?;
+    let text = Arc::new(TokenizerText(tokenizer.clone()));
+    let engine = Engine::new(backend, model, Some(text), engine_config)?;
+    Ok(Session {
+        engine,
+        tokenizer,
+        path,
+        load_ms,
+    })
+}

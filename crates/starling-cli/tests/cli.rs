@@ -1,0 +1,128 @@
+//! The `starling` binary end to end: real generation, and bad input that must end in a clear
+//! error and a non-zero exit code, never a panic.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn starling(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_starling"))
+        .args(args)
+        .output()
+        .expect("run starling")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Asserts a clean failure: exit code 1, an `error:` line containing `needle`, no panic.
+fn assert_clean_failure(out: &Output, needle: &str) {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(1), "stderr: {err}");
+    assert!(err.contains("error:"), "stderr: {err}");
+    assert!(
+        err.to_lowercase().contains(&needle.to_lowercase()),
+        "expected {needle:?} in: {err}"
+    );
+    assert!(!err.contains("panicked"), "panic: {err}");
+}
+
+#[test]
+fn generate_continues_the_capital_of_france_with_paris() {
+    let out = starling(&[
+        "generate",
+        "--model",
+        "smollm2-135m",
+        "--prompt",
+        "The capital of France is",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "8",
+    ]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with("The capital of France is Paris"),
+        "stdout: {text}"
+    );
+}
+
+#[test]
+fn info_prints_kv_figures_and_preflight_refuses_a_tiny_budget() {
+    let out = starling(&[
+        "info",
+        "--model",
+        "smollm2-135m",
+        "--kv-cache-memory",
+        "1GiB",
+    ]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    // 30 layers × (K+V) × 3 kv heads × 64 × 4 bytes = 46080 bytes = 45 KiB per token in f32.
+    assert!(text.contains("45.00 KiB per token"), "stdout: {text}");
+    assert!(text.contains("max concurrency"), "stdout: {text}");
+    let out = starling(&[
+        "info",
+        "--model",
+        "smollm2-135m",
+        "--kv-cache-memory",
+        "1MiB",
+    ]);
+    assert_clean_failure(&out, "available");
+}
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+#[test]
+fn malformed_model_files_fail_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_gguf = write(
+        dir.path(),
+        "wrong-magic.gguf",
+        b"NOPE\x03\x00\x00\x00 not a model at all",
+    );
+    let out = starling(&["info", "--model", &not_gguf]);
+    assert_clean_failure(&out, "gguf");
+
+    // A real header cut short: the magic and version of GGUF v3, then nothing.
+    let truncated = write(
+        dir.path(),
+        "truncated.gguf",
+        b"GGUF\x03\x00\x00\x00\x05\x00",
+    );
+    let out = starling(&["generate", "--model", &truncated, "--prompt", "hi"]);
+    assert_clean_failure(&out, "truncated");
+
+    let out = starling(&["info", "--model", "no-such-model-or-path"]);
+    assert_clean_failure(&out, "smollm2-135m");
+}
+
+#[test]
+fn over_long_prompts_and_bad_parameters_fail_cleanly() {
+    let long = "word ".repeat(64);
+    let out = starling(&[
+        "generate",
+        "--model",
+        "smollm2-135m",
+        "--max-model-len",
+        "32",
+        "--prompt",
+        &long,
+    ]);
+    assert_clean_failure(&out, "max_model_len");
+    let out = starling(&[
+        "generate",
+        "--model",
+        "smollm2-135m",
+        "--prompt",
+        "hi",
+        "--top-p",
+        "1.5",
+    ]);
+    assert_clean_failure(&out, "top_p");
+}

@@ -1,0 +1,32 @@
+//! Engine errors.
+
+use starling_kv::{KvError, SeqId};
+
+use crate::sampling::SamplingError;
+use crate::scheduler::SchedulerError;
+
+/// Errors the engine reports; request-level ones leave the engine serving.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The KV cache could not be sized (e.g. one max-length sequence does not fit).
+    #[error(transparent)]
+    Kv(#[from] KvError),
+    /// The scheduler refused a request or a transition.
+    #[error(transparent)]
+    Scheduler(#[from] SchedulerError),
+    /// Invalid sampling parameters.
+    #[error("invalid sampling parameters")]
+    Sampling(#[from] SamplingError),
+    /// The model or backend failed while running a step.
+    #[error("model error")]
+    Model(#[from] starling_models::ModelError),
+    /// A backend failure outside the model (cache allocation, batch upload).
+    #[error("backend error")]
+    Backend(#[from] starling_backend::BackendError),
+    /// A prompt that cannot be served (empty, too long, token ids outside the vocabulary).
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// An id the engine does not know (already finished or never added).
+    #[error("unknown request {0:?}")]
+    UnknownRequest(SeqId),
+}

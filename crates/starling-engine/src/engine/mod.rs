@@ -1,0 +1,355 @@
+//! The engine: owns the model, the paged KV cache and the scheduler, and turns scheduler plans into
+//! model steps and sampled tokens.
+//!
+//! One [`Engine::step`] = schedule → build the batch metadata (positions, slot mapping, block
+//! tables) → one forward pass → sample for every sequence whose chunk reached its end → stop checks
+//! → free finished sequences' blocks at once.
+
+mod batch_builder;
+mod config;
+mod error;
+mod output;
+mod sequence;
+mod text;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use starling_backend::Backend;
+use starling_kv::{preflight, CacheLayout, KvCacheManager, LayerLayout, Preflight, SeqId};
+use starling_models::llama::LlamaModel;
+
+use crate::sampling::{
+    FinishReason, Finished, Sampler, SamplingContext, SamplingParams, SequenceRng, StopChecker,
+};
+use crate::scheduler::{Scheduler, SchedulerError, StepStats};
+
+pub use config::EngineConfig;
+pub use error::EngineError;
+pub use output::{RequestOutput, TokenLogprob};
+pub use text::{TextDecoder, TextStream, TokenizerText};
+
+use sequence::Sequence;
+
+/// Cumulative counters since the engine started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EngineCounters {
+    /// Steps run.
+    pub steps: u64,
+    /// Prompt (and recomputed) tokens pushed through the model.
+    pub prefill_tokens: u64,
+    /// Tokens generated.
+    pub generation_tokens: u64,
+    /// Requests finished (any reason).
+    pub finished_requests: u64,
+}
+
+/// A snapshot of the engine's load, for logs, metrics and tests.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct EngineStats {
+    /// Requests being computed.
+    pub num_running: usize,
+    /// Requests queued (new or preempted).
+    pub num_waiting: usize,
+    /// KV blocks in the pool.
+    pub kv_blocks_total: usize,
+    /// KV blocks free.
+    pub kv_blocks_free: usize,
+    /// Preemptions so far.
+    pub num_preemptions: u64,
+    /// Cumulative counters.
+    pub counters: EngineCounters,
+    /// The last step's statistics.
+    pub last_step: Option<StepStats>,
+}
+
+/// The serving engine on backend `B`.
+pub struct Engine<B: Backend> {
+    backend: B,
+    model: LlamaModel<B>,
+    caches: Vec<B::KvCache>,
+    scheduler: Scheduler,
+    sampler: Sampler,
+    text: Option<Arc<dyn TextDecoder>>,
+    eos_token_ids: Vec<u32>,
+    seqs: HashMap<SeqId, Sequence>,
+    next_seq_id: u64,
+    preflight: Preflight,
+    counters: EngineCounters,
+    last_step: Option<StepStats>,
+}
+
+impl<B: Backend> Engine<B> {
+    /// Sizes the KV cache from the memory budget (refusing when one `max_model_len` sequence does
+    /// not fit), allocates it and starts an empty scheduler. `text` enables detokenised output and
+    /// stop strings; without it outputs carry token ids only.
+    pub fn new(
+        backend: B,
+        model: LlamaModel<B>,
+        text: Option<Arc<dyn TextDecoder>>,
+        config: EngineConfig,
+    ) -> Result<Self, EngineError> {
+        let layout = Self::cache_layout(&backend, &model);
+        let sched = &config.scheduler;
+        let preflight = preflight(
+            config.kv_cache_memory_bytes,
+            &layout,
+            sched.block_size_tokens,
+            sched.max_model_len_tokens,
+        )?;
+        let num_blocks = preflight.sizing.num_blocks;
+        let spec = model.kv_cache_spec(num_blocks, sched.block_size_tokens);
+        let caches = (0..model.config().num_layers)
+            .map(|_| backend.alloc_kv_cache(&spec))
+            .collect::<Result<Vec<_>, _>>()?;
+        let kv = KvCacheManager::new(num_blocks, sched.block_size_tokens)?;
+        let scheduler = Scheduler::new(config.scheduler, kv)?;
+        let eos_token_ids = model.config().eos_token_ids.clone();
+        Ok(Self {
+            backend,
+            caches,
+            scheduler,
+            sampler: Sampler::new(eos_token_ids.clone()),
+            text,
+            eos_token_ids,
+            seqs: HashMap::new(),
+            next_seq_id: 0,
+            preflight,
+            counters: EngineCounters::default(),
+            last_step: None,
+            model,
+        })
+    }
+
+    /// The uncompressed cache layout of `model` on `backend` (one full K/V layer per model layer).
+    pub fn cache_layout(backend: &B, model: &LlamaModel<B>) -> CacheLayout {
+        let cfg = model.config();
+        CacheLayout::uniform(
+            cfg.num_layers,
+            LayerLayout::Full {
+                num_kv_heads: cfg.num_kv_heads,
+                head_dim: cfg.head_dim,
+                dtype: backend.kv_cache_dtype(),
+            },
+        )
+    }
+
+    /// The cache sizing chosen at start-up (block count, bytes per token, max concurrency).
+    pub fn preflight(&self) -> &Preflight {
+        &self.preflight
+    }
+
+    /// The model being served.
+    pub fn model(&self) -> &LlamaModel<B> {
+        &self.model
+    }
+
+    /// Queues a request; returns its id. Invalid parameters or prompts are refused here, before
+    /// they reach the scheduler.
+    pub fn add_request(
+        &mut self,
+        prompt_ids: Vec<u32>,
+        params: SamplingParams,
+    ) -> Result<SeqId, EngineError> {
+        let vocab = self.model.config().vocab_size;
+        params.validate(vocab)?;
+        if let Some(bad) = prompt_ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(EngineError::InvalidRequest(format!(
+                "prompt token id {bad} outside the vocabulary of {vocab}"
+            )));
+        }
+        if !params.stop.is_empty() && self.text.is_none() {
+            return Err(EngineError::InvalidRequest(
+                "stop strings need a tokenizer; this engine has none".into(),
+            ));
+        }
+        let max_len = self.scheduler.config().max_model_len_tokens;
+        if prompt_ids.len() >= max_len {
+            return Err(EngineError::InvalidRequest(format!(
+                "prompt of {} tokens leaves no room to generate within max_model_len {max_len}",
+                prompt_ids.len()
+            )));
+        }
+        let max_output = params.resolve_max_tokens(max_len - prompt_ids.len());
+        let seq_id = SeqId(self.next_seq_id);
+        self.scheduler.add_request(seq_id, prompt_ids.len())?;
+        self.next_seq_id += 1;
+        let rng = params
+            .seed
+            .map_or_else(SequenceRng::from_entropy, SequenceRng::from_seed);
+        let stop = StopChecker::new(&params, &self.eos_token_ids, max_output);
+        let text = self
+            .text
+            .as_ref()
+            .map(|t| t.stream(params.skip_special_tokens));
+        self.seqs.insert(
+            seq_id,
+            Sequence {
+                num_prompt_tokens: prompt_ids.len(),
+                token_ids: prompt_ids,
+                params,
+                rng,
+                stop,
+                text,
+            },
+        );
+        Ok(seq_id)
+    }
+
+    /// Aborts a request (waiting or running); its blocks are free when this returns.
+    pub fn abort(&mut self, seq_id: SeqId) -> Result<RequestOutput, EngineError> {
+        let seq = self
+            .seqs
+            .remove(&seq_id)
+            .ok_or(EngineError::UnknownRequest(seq_id))?;
+        self.scheduler.abort(seq_id)?;
+        self.counters.finished_requests += 1;
+        Ok(RequestOutput {
+            seq_id,
+            token_id: None,
+            text_delta: String::new(),
+            logprob: None,
+            finished: Some(Finished {
+                reason: FinishReason::Abort,
+                stop_match: None,
+            }),
+            num_prompt_tokens: seq.num_prompt_tokens,
+            num_output_tokens: seq.output_ids().len(),
+        })
+    }
+
+    /// Whether any request is waiting or running.
+    pub fn has_unfinished(&self) -> bool {
+        !self.seqs.is_empty()
+    }
+
+    /// A snapshot of queue lengths, cache occupancy and counters.
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            num_running: self.scheduler.num_running(),
+            num_waiting: self.scheduler.num_waiting(),
+            kv_blocks_total: self.scheduler.kv().num_total_blocks(),
+            kv_blocks_free: self.scheduler.kv().num_free_blocks(),
+            num_preemptions: self.scheduler.num_preemptions(),
+            counters: self.counters,
+            last_step: self.last_step,
+        }
+    }
+
+    /// Runs one step. Returns an output for every request that generated a token or finished.
+    ///
+    /// If the forward pass fails, every request scheduled in the step is aborted (its blocks
+    /// freed, reported with [`FinishReason::Abort`]) and the error is returned; the engine keeps
+    /// serving the others.
+    pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
+        let plan = self.scheduler.schedule();
+        self.last_step = Some(plan.stats);
+        if plan.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.counters.steps += 1;
+        let built = batch_builder::build(&plan, &self.seqs, self.scheduler.kv())?;
+        let logits = match self.run_model(&built) {
+            Ok(l) => l,
+            Err(e) => {
+                for s in &plan.scheduled {
+                    if self.seqs.remove(&s.seq_id).is_some() {
+                        // Already removed sequences cannot fail to abort; ignore the echo.
+                        let _ = self.scheduler.abort(s.seq_id);
+                    }
+                }
+                return Err(e);
+            }
+        };
+        self.counters.prefill_tokens += plan.stats.num_prefill_tokens as u64;
+        let vocab = self.model.config().vocab_size;
+        let mut outputs = Vec::with_capacity(built.sampling_seqs.len());
+        for (row, &seq_id) in built.sampling_seqs.iter().enumerate() {
+            let row_logits = &logits.data()[row * vocab..(row + 1) * vocab];
+            outputs.push(self.sample_and_advance(seq_id, row_logits)?);
+        }
+        Ok(outputs)
+    }
+
+    fn run_model(
+        &mut self,
+        built: &batch_builder::BuiltBatch,
+    ) -> Result<starling_backend::HostTensor, EngineError> {
+        let num_blocks = self.scheduler.kv().num_total_blocks();
+        let batch = self.backend.prepare_batch(&built.meta, num_blocks)?;
+        Ok(self.model.forward(
+            &self.backend,
+            &built.token_ids,
+            &built.meta,
+            &batch,
+            &mut self.caches,
+        )?)
+    }
+
+    fn sample_and_advance(
+        &mut self,
+        seq_id: SeqId,
+        logits: &[f32],
+    ) -> Result<RequestOutput, EngineError> {
+        let seq = self
+            .seqs
+            .get_mut(&seq_id)
+            .ok_or(EngineError::UnknownRequest(seq_id))?;
+        let (prompt_ids, output_ids) = seq.token_ids.split_at(seq.num_prompt_tokens);
+        let context = SamplingContext {
+            prompt_ids,
+            output_ids,
+        };
+        let sampled = self
+            .sampler
+            .sample(logits, &context, &seq.params, &mut seq.rng)?;
+        let token = sampled.token_id;
+        seq.token_ids.push(token);
+        self.counters.generation_tokens += 1;
+        let new_text = seq.text.as_mut().map(|t| t.push(token)).unwrap_or_default();
+        let mut update = seq.stop.push(token, &new_text);
+        let logprob = seq.params.logprobs.map(|_| TokenLogprob {
+            token_id: token,
+            logprob: sampled.logprob,
+            top: sampled.top_logprobs.clone(),
+        });
+        let mut finished = update.finished.take();
+        if finished.is_none() {
+            match self.scheduler.append_token(seq_id) {
+                Ok(()) => {}
+                Err(SchedulerError::LengthLimit { .. }) => {
+                    finished = Some(Finished {
+                        reason: FinishReason::Length,
+                        stop_match: None,
+                    })
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let mut text_delta = update.text;
+        let num_prompt_tokens = seq.num_prompt_tokens;
+        let num_output_tokens = seq.output_ids().len();
+        if let Some(f) = &finished {
+            if f.stop_match.is_none() {
+                // Length-limited: release text held back for a possible stop string, and any
+                // bytes of an unfinished UTF-8 character.
+                text_delta.push_str(&seq.stop.flush());
+                if let Some(t) = seq.text.as_mut() {
+                    text_delta.push_str(&t.finish());
+                }
+            }
+            self.scheduler.finish(seq_id)?;
+            self.seqs.remove(&seq_id);
+            self.counters.finished_requests += 1;
+        }
+        Ok(RequestOutput {
+            seq_id,
+            token_id: Some(token),
+            text_delta,
+            logprob,
+            finished,
+            num_prompt_tokens,
+            num_output_tokens,
+        })
+    }
+}

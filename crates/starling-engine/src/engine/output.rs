@@ -1,0 +1,36 @@
+//! What a step reports per request.
+
+use starling_kv::SeqId;
+
+use crate::sampling::Finished;
+
+/// Log-probability information for one generated token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    /// The generated token.
+    pub token_id: u32,
+    /// Its raw log-probability.
+    pub logprob: f32,
+    /// The most likely alternatives (as many as the request asked for), most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// One request's progress during one step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestOutput {
+    /// The request.
+    pub seq_id: SeqId,
+    /// The token generated this step (none when the step only advanced the prompt or the request
+    /// was aborted).
+    pub token_id: Option<u32>,
+    /// Text that became final this step (stop-string hold-back and UTF-8 completion applied).
+    pub text_delta: String,
+    /// Log-probabilities of this step's token, when the request asked for them.
+    pub logprob: Option<TokenLogprob>,
+    /// Set on the request's last output.
+    pub finished: Option<Finished>,
+    /// Prompt length in tokens.
+    pub num_prompt_tokens: usize,
+    /// Tokens generated so far.
+    pub num_output_tokens: usize,
+}

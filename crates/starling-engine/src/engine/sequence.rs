@@ -1,0 +1,23 @@
+//! Per-request state the engine keeps beside the scheduler's counters: token ids, sampling
+//! parameters and the request's own RNG, stop checker and text stream.
+
+use crate::sampling::{SamplingParams, SequenceRng, StopChecker};
+
+use super::text::TextStream;
+
+/// One request in flight.
+pub(crate) struct Sequence {
+    /// Prompt then generated tokens: the scheduler's `num_tokens` indexes into this.
+    pub(crate) token_ids: Vec<u32>,
+    pub(crate) num_prompt_tokens: usize,
+    pub(crate) params: SamplingParams,
+    pub(crate) rng: SequenceRng,
+    pub(crate) stop: StopChecker,
+    pub(crate) text: Option<Box<dyn TextStream>>,
+}
+
+impl Sequence {
+    pub(crate) fn output_ids(&self) -> &[u32] {
+        &self.token_ids[self.num_prompt_tokens..]
+    }
+}

@@ -1,0 +1,9 @@
+//! Sequences, the scheduler (continuous batching, chunked prefill, preemption), the sampler and
+//! the engine step loop.
+#![deny(missing_docs)]
+
+pub mod engine;
+pub mod sampling;
+pub mod scheduler;
+
+pub use engine::{Engine, EngineConfig, EngineError, EngineStats, RequestOutput};

@@ -1,0 +1,290 @@
+//! The scheduler: continuous batching with chunked prefill and preemption by
+//! recompute, in the vLLM V1 style.
+//!
+//! It counts tokens, not phases. Each sequence has `num_tokens` (prompt plus
+//! generated, all known token ids, kept by the engine) and
+//! `num_computed_tokens` (tokens whose KV is in the cache). A step schedules,
+//! per chosen sequence, the contiguous range
+//! `[num_computed_tokens, num_computed_tokens + n)`.
+//!
+//! Protocol, one step at a time (the scheduler never waits on a device):
+//! 1. [`Scheduler::schedule`] returns a [`StepPlan`]. KV slots for every
+//!    scheduled token are allocated, and `num_computed_tokens` advances AT
+//!    ONCE (as vLLM's `_update_after_schedule` does): the engine must run
+//!    every plan it gets, or abort the sequences it could not run.
+//! 2. The engine runs the model; for each `samples_next_token` sequence it
+//!    samples, then calls [`Scheduler::append_token`] or [`Scheduler::finish`].
+//!
+//! Preemption is by recompute: the victim's blocks are freed, its
+//! `num_computed_tokens` drops to 0, and it goes to the FRONT of the waiting
+//! queue. Nothing is lost, because the engine keeps its token ids; when it
+//! is readmitted, its prompt and generated tokens are prefilled again and the
+//! chunk that reaches the end samples the next token as before.
+
+mod config;
+mod error;
+mod plan;
+mod sequence;
+mod step;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, VecDeque};
+
+use starling_kv::{KvCacheManager, KvError, SeqId};
+
+pub use config::SchedulerConfig;
+pub use error::SchedulerError;
+pub use plan::{ScheduledSeq, StepPlan, StepStats};
+pub use sequence::{SeqProgress, SeqStatus};
+
+/// Decides which tokens of which sequences each step computes, and owns the
+/// KV-cache manager that backs those decisions.
+#[derive(Debug)]
+pub struct Scheduler {
+    config: SchedulerConfig,
+    kv: KvCacheManager,
+    seqs: HashMap<SeqId, SeqProgress>,
+    /// FCFS queue; preempted sequences are pushed to the front.
+    waiting: VecDeque<SeqId>,
+    /// Admission order: the last one is the first preemption victim.
+    running: Vec<SeqId>,
+    num_preemptions: u64,
+}
+
+impl Scheduler {
+    /// A scheduler over `kv`, which must be empty and use the config's block size.
+    pub fn new(config: SchedulerConfig, kv: KvCacheManager) -> Result<Self, SchedulerError> {
+        config.validate()?;
+        if kv.block_size_tokens() != config.block_size_tokens {
+            return Err(SchedulerError::InvalidConfig(format!(
+                "block size {} tokens differs from the KV cache's {}",
+                config.block_size_tokens,
+                kv.block_size_tokens()
+            )));
+        }
+        if kv.seq_ids().next().is_some() {
+            return Err(SchedulerError::InvalidConfig(
+                "the KV-cache manager already holds sequences".into(),
+            ));
+        }
+        Ok(Self {
+            config,
+            kv,
+            seqs: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            num_preemptions: 0,
+        })
+    }
+
+    /// The limits this scheduler enforces.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// Longest a sequence may grow: `min(max_model_len, KV capacity)`, so a
+    /// sequence running alone always fits in the cache.
+    pub fn max_seq_len_tokens(&self) -> usize {
+        let capacity = self.kv.num_total_blocks() * self.kv.block_size_tokens();
+        self.config.max_model_len_tokens.min(capacity)
+    }
+
+    /// Queues a new request at the back of the waiting queue.
+    pub fn add_request(
+        &mut self,
+        seq_id: SeqId,
+        num_prompt_tokens: usize,
+    ) -> Result<(), SchedulerError> {
+        if self.seqs.contains_key(&seq_id) {
+            return Err(SchedulerError::DuplicateSequence(seq_id));
+        }
+        if num_prompt_tokens == 0 {
+            return Err(SchedulerError::EmptyPrompt(seq_id));
+        }
+        if num_prompt_tokens > self.config.max_model_len_tokens {
+            return Err(SchedulerError::PromptTooLong {
+                seq_id,
+                num_prompt_tokens,
+                max_model_len_tokens: self.config.max_model_len_tokens,
+            });
+        }
+        let capacity_tokens = self.kv.num_total_blocks() * self.kv.block_size_tokens();
+        if num_prompt_tokens > capacity_tokens {
+            return Err(SchedulerError::PromptExceedsCache {
+                seq_id,
+                num_prompt_tokens,
+                capacity_tokens,
+            });
+        }
+        self.seqs.insert(
+            seq_id,
+            SeqProgress {
+                status: SeqStatus::Waiting,
+                num_prompt_tokens,
+                num_tokens: num_prompt_tokens,
+                num_computed_tokens: 0,
+            },
+        );
+        self.waiting.push_back(seq_id);
+        Ok(())
+    }
+
+    /// Records a token sampled for `seq_id` (its KV slot is allocated by the
+    /// next `schedule`). Refused unless every known token has been computed,
+    /// and at [`Self::max_seq_len_tokens`] ([`SchedulerError::LengthLimit`]:
+    /// the engine should finish the sequence).
+    pub fn append_token(&mut self, seq_id: SeqId) -> Result<(), SchedulerError> {
+        let limit_tokens = self.max_seq_len_tokens();
+        let seq = self
+            .seqs
+            .get_mut(&seq_id)
+            .ok_or(SchedulerError::UnknownSequence(seq_id))?;
+        if seq.num_computed_tokens != seq.num_tokens {
+            return Err(SchedulerError::NotAwaitingToken {
+                seq_id,
+                num_tokens: seq.num_tokens,
+                num_computed_tokens: seq.num_computed_tokens,
+            });
+        }
+        if seq.num_tokens >= limit_tokens {
+            return Err(SchedulerError::LengthLimit {
+                seq_id,
+                limit_tokens,
+            });
+        }
+        seq.num_tokens += 1;
+        Ok(())
+    }
+
+    /// Removes a running sequence that is done and frees its blocks at once.
+    pub fn finish(&mut self, seq_id: SeqId) -> Result<(), SchedulerError> {
+        match self.seqs.get(&seq_id) {
+            None => Err(SchedulerError::UnknownSequence(seq_id)),
+            Some(seq) if seq.status != SeqStatus::Running => {
+                Err(SchedulerError::NotRunning(seq_id))
+            }
+            Some(_) => self.remove(seq_id),
+        }
+    }
+
+    /// Removes a sequence, waiting or running, and frees its blocks.
+    pub fn abort(&mut self, seq_id: SeqId) -> Result<(), SchedulerError> {
+        if !self.seqs.contains_key(&seq_id) {
+            return Err(SchedulerError::UnknownSequence(seq_id));
+        }
+        self.remove(seq_id)
+    }
+
+    /// Token-eviction hook: keeps `new_physical_len_tokens` KV slots of a
+    /// running sequence (the caller already compacted survivors to the
+    /// front); its logical length and `num_computed_tokens` are unchanged.
+    /// Returns the blocks freed.
+    pub fn shrink_physical(
+        &mut self,
+        seq_id: SeqId,
+        new_physical_len_tokens: usize,
+    ) -> Result<usize, SchedulerError> {
+        match self.seqs.get(&seq_id) {
+            None => Err(SchedulerError::UnknownSequence(seq_id)),
+            Some(seq) if seq.status != SeqStatus::Running => {
+                Err(SchedulerError::NotRunning(seq_id))
+            }
+            Some(_) => Ok(self.kv.shrink_physical(seq_id, new_physical_len_tokens)?),
+        }
+    }
+
+    /// Progress of one sequence, if it is waiting or running.
+    pub fn sequence(&self, seq_id: SeqId) -> Option<SeqProgress> {
+        self.seqs.get(&seq_id).copied()
+    }
+
+    /// Sequences waiting.
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Sequences running.
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Whether any sequence is waiting or running.
+    pub fn has_unfinished(&self) -> bool {
+        !self.seqs.is_empty()
+    }
+
+    /// Waiting sequences, front of the queue first.
+    pub fn waiting_ids(&self) -> impl Iterator<Item = SeqId> + '_ {
+        self.waiting.iter().copied()
+    }
+
+    /// Running sequences, in admission order.
+    pub fn running_ids(&self) -> &[SeqId] {
+        &self.running
+    }
+
+    /// Preemptions since construction.
+    pub fn num_preemptions(&self) -> u64 {
+        self.num_preemptions
+    }
+
+    /// Read-only KV-cache manager: block tables and slot mappings for the runner.
+    pub fn kv(&self) -> &KvCacheManager {
+        &self.kv
+    }
+
+    /// Checks that queues, sequence states and the KV books agree (for
+    /// tests): each sequence is in exactly the queue its status says;
+    /// running ones hold a table whose logical length is their computed
+    /// count; waiting ones hold no blocks; limits hold.
+    pub fn check_invariants(&self) -> Result<(), SchedulerError> {
+        self.kv.check_invariants()?;
+        let fail = |msg: String| Err(SchedulerError::Kv(KvError::InvariantViolated(msg)));
+        if self.running.len() > self.config.max_num_seqs {
+            return fail(format!("{} running > max_num_seqs", self.running.len()));
+        }
+        if self.running.len() + self.waiting.len() != self.seqs.len() {
+            return fail("queues and sequence map differ in size".into());
+        }
+        for (queue, status) in [
+            (self.running.iter().collect::<Vec<_>>(), SeqStatus::Running),
+            (self.waiting.iter().collect::<Vec<_>>(), SeqStatus::Waiting),
+        ] {
+            for id in queue {
+                let Some(seq) = self.seqs.get(id) else {
+                    return fail(format!("{id} queued but unknown"));
+                };
+                if seq.status != status {
+                    return fail(format!("{id} is {:?} in the {status:?} queue", seq.status));
+                }
+                if seq.num_computed_tokens > seq.num_tokens {
+                    return fail(format!("{id} computed more tokens than it has"));
+                }
+                let logical = self.kv.table(*id).map(|t| t.logical_len_tokens());
+                let want = match status {
+                    SeqStatus::Running => Some(seq.num_computed_tokens),
+                    SeqStatus::Waiting => None,
+                };
+                if logical != want || (status == SeqStatus::Waiting && seq.num_computed_tokens != 0)
+                {
+                    return fail(format!("{id} ({status:?}): KV logical length {logical:?}"));
+                }
+            }
+        }
+        if self.kv.seq_ids().count() != self.running.len() {
+            return fail("KV tables held by sequences that are not running".into());
+        }
+        Ok(())
+    }
+
+    fn remove(&mut self, seq_id: SeqId) -> Result<(), SchedulerError> {
+        self.seqs.remove(&seq_id);
+        self.running.retain(|id| *id != seq_id);
+        self.waiting.retain(|id| *id != seq_id);
+        if self.kv.contains(seq_id) {
+            self.kv.free(seq_id)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,229 @@
+//! Per-sequence block tables: which blocks a sequence holds, and how many
+//! tokens it has seen versus how many slots it actually keeps.
+//!
+//! Two lengths are kept apart on purpose:
+//! - `logical_len_tokens`: tokens the model has seen. RoPE positions of new
+//!   tokens keep counting from here, whatever was evicted.
+//! - `physical_len_tokens`: token slots actually held in the cache. Token
+//!   eviction compacts survivors to the front and shrinks this length.
+//!
+//! Without eviction the two are equal. Physical slot `i` lives at flat slot
+//! index `block_ids[i / block_size] * block_size + i % block_size`.
+//!
+//! Invariant: `block_ids.len() == ceil(physical_len_tokens / block_size)`.
+
+use std::fmt;
+use std::ops::Range;
+
+use crate::block_pool::BlockId;
+use crate::error::KvError;
+
+/// Identifier of one sequence (request) in the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub u64);
+
+impl fmt::Display for SeqId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "seq{}", self.0)
+    }
+}
+
+/// The blocks of one sequence, in order, and its two lengths.
+///
+/// Read-only outside the crate: only [`crate::KvCacheManager`] mutates it,
+/// so that the pool's ref counts and the tables cannot disagree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockTable {
+    seq: SeqId,
+    block_ids: Vec<BlockId>,
+    logical_len_tokens: usize,
+    physical_len_tokens: usize,
+    block_size_tokens: usize,
+}
+
+impl BlockTable {
+    pub(crate) fn new(seq: SeqId, block_size_tokens: usize) -> Self {
+        Self {
+            seq,
+            block_ids: Vec::new(),
+            logical_len_tokens: 0,
+            physical_len_tokens: 0,
+            block_size_tokens,
+        }
+    }
+
+    /// The sequence this table belongs to.
+    pub fn seq(&self) -> SeqId {
+        self.seq
+    }
+
+    /// Held blocks, in token order.
+    pub fn block_ids(&self) -> &[BlockId] {
+        &self.block_ids
+    }
+
+    /// Tokens the model has seen (next RoPE position).
+    pub fn logical_len_tokens(&self) -> usize {
+        self.logical_len_tokens
+    }
+
+    /// Token slots held in the cache.
+    pub fn physical_len_tokens(&self) -> usize {
+        self.physical_len_tokens
+    }
+
+    /// Token slots the held blocks offer (`blocks * block_size`).
+    pub fn capacity_tokens(&self) -> usize {
+        self.block_ids.len() * self.block_size_tokens
+    }
+
+    /// Tokens per block.
+    pub fn block_size_tokens(&self) -> usize {
+        self.block_size_tokens
+    }
+
+    /// Flat slot index of physical token `physical_index`, if it is held.
+    pub fn slot(&self, physical_index: usize) -> Option<u32> {
+        if physical_index >= self.physical_len_tokens {
+            return None;
+        }
+        let block = self
+            .block_ids
+            .get(physical_index / self.block_size_tokens)?;
+        let offset = physical_index % self.block_size_tokens;
+        // Fits: the manager refuses pools whose slot count exceeds u32.
+        Some(block.0 * self.block_size_tokens as u32 + offset as u32)
+    }
+
+    /// Appends the flat slot indices of `physical_range` to `out`.
+    ///
+    /// Fails with [`KvError::InvalidRange`] (leaving `out` untouched) if the
+    /// range is reversed or reaches past the physical length.
+    pub fn write_slot_mapping(
+        &self,
+        physical_range: Range<usize>,
+        out: &mut Vec<u32>,
+    ) -> Result<(), KvError> {
+        if physical_range.start > physical_range.end
+            || physical_range.end > self.physical_len_tokens
+        {
+            return Err(KvError::InvalidRange {
+                seq: self.seq,
+                start: physical_range.start,
+                end: physical_range.end,
+                physical_len_tokens: self.physical_len_tokens,
+            });
+        }
+        out.reserve(physical_range.len());
+        let bs = self.block_size_tokens;
+        let bs_u32 = bs as u32;
+        for i in physical_range {
+            // In range by the check above and the table invariant.
+            let block = self.block_ids[i / bs];
+            out.push(block.0 * bs_u32 + (i % bs) as u32);
+        }
+        Ok(())
+    }
+
+    /// Flat slot indices of `physical_range`, as a new vector.
+    pub fn slot_mapping(&self, physical_range: Range<usize>) -> Result<Vec<u32>, KvError> {
+        let mut out = Vec::new();
+        self.write_slot_mapping(physical_range, &mut out)?;
+        Ok(out)
+    }
+
+    /// Blocks needed beyond those held for `num_new_tokens` more slots.
+    pub(crate) fn blocks_needed(&self, num_new_tokens: usize) -> usize {
+        let wanted = self.physical_len_tokens.saturating_add(num_new_tokens);
+        wanted
+            .div_ceil(self.block_size_tokens)
+            .saturating_sub(self.block_ids.len())
+    }
+
+    /// Adds freshly allocated blocks and grows both lengths.
+    pub(crate) fn grow(&mut self, new_blocks: Vec<BlockId>, num_new_tokens: usize) {
+        self.block_ids.extend(new_blocks);
+        self.logical_len_tokens += num_new_tokens;
+        self.physical_len_tokens += num_new_tokens;
+        debug_assert_eq!(
+            self.block_ids.len(),
+            self.physical_len_tokens.div_ceil(self.block_size_tokens)
+        );
+    }
+
+    /// Shrinks the physical length; returns the tail blocks no longer needed
+    /// (last block first, so the caller frees them in reverse order).
+    pub(crate) fn shrink_physical(&mut self, new_physical_len_tokens: usize) -> Vec<BlockId> {
+        self.physical_len_tokens = new_physical_len_tokens;
+        let keep = new_physical_len_tokens.div_ceil(self.block_size_tokens);
+        let mut dropped = self.block_ids.split_off(keep);
+        dropped.reverse();
+        dropped
+    }
+
+    /// Consumes the table, giving up all blocks, last first.
+    pub(crate) fn into_blocks_reversed(self) -> Vec<BlockId> {
+        let mut blocks = self.block_ids;
+        blocks.reverse();
+        blocks
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(blocks: &[u32], len: usize, bs: usize) -> BlockTable {
+        let mut t = BlockTable::new(SeqId(1), bs);
+        t.grow(blocks.iter().map(|b| BlockId(*b)).collect(), len);
+        t
+    }
+
+    #[test]
+    fn slot_mapping_crosses_block_boundaries() {
+        // Blocks 7, 2, 5 with 4 slots each; 10 tokens.
+        let t = table(&[7, 2, 5], 10, 4);
+        assert_eq!(
+            t.slot_mapping(2..10).unwrap(),
+            vec![30, 31, 8, 9, 10, 11, 20, 21]
+        );
+        assert_eq!(t.slot(0), Some(28));
+        assert_eq!(t.slot(9), Some(21));
+        assert_eq!(t.slot(10), None);
+    }
+
+    #[test]
+    fn slot_mapping_refuses_ranges_past_the_physical_length() {
+        let t = table(&[0, 1], 6, 4);
+        assert!(matches!(
+            t.slot_mapping(4..7),
+            Err(KvError::InvalidRange {
+                end: 7,
+                physical_len_tokens: 6,
+                ..
+            })
+        ));
+        #[allow(clippy::reversed_empty_ranges)]
+        let reversed = 5..3;
+        assert!(t.slot_mapping(reversed).is_err());
+        assert_eq!(t.slot_mapping(6..6).unwrap(), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn blocks_needed_counts_partial_last_block() {
+        let t = table(&[0, 1], 6, 4);
+        assert_eq!(t.blocks_needed(2), 0);
+        assert_eq!(t.blocks_needed(3), 1);
+        assert_eq!(t.blocks_needed(7), 2);
+    }
+
+    #[test]
+    fn shrink_keeps_logical_length_and_returns_tail_blocks_last_first() {
+        let mut t = table(&[3, 4, 5, 6], 14, 4);
+        let dropped = t.shrink_physical(5);
+        assert_eq!(dropped, vec![BlockId(6), BlockId(5)]);
+        assert_eq!(t.block_ids(), &[BlockId(3), BlockId(4)]);
+        assert_eq!(t.physical_len_tokens(), 5);
+        assert_eq!(t.logical_len_tokens(), 14);
+    }
+}

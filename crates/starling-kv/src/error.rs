@@ -1,0 +1,82 @@
+//! The one error type of `starling-kv`.
+
+use crate::block_pool::BlockId;
+use crate::block_table::SeqId;
+
+/// Everything that can go wrong while keeping KV-cache books.
+///
+/// Every variant is a caller mistake or a capacity limit; none leaves the
+/// manager in a half-changed state (operations are all-or-nothing).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KvError {
+    /// Not enough free blocks for the request; nothing was allocated.
+    #[error("out of KV-cache blocks: {needed} needed, {free} free")]
+    OutOfBlocks {
+        /// Blocks the operation needed.
+        needed: usize,
+        /// Blocks that were free.
+        free: usize,
+    },
+
+    /// The sequence has no block table.
+    #[error("unknown sequence {0}")]
+    UnknownSequence(SeqId),
+
+    /// A block was freed while no one held it (double free, or never allocated).
+    #[error("block {0} freed while not allocated (double free?)")]
+    DoubleFree(BlockId),
+
+    /// A block was shared while free (only allocated blocks can gain holders).
+    #[error("block {0} is free and cannot be shared")]
+    BlockNotAllocated(BlockId),
+
+    /// A block id outside the pool.
+    #[error("block {block} does not exist (pool has {num_total_blocks} blocks)")]
+    InvalidBlock {
+        /// The offending id.
+        block: BlockId,
+        /// Size of the pool.
+        num_total_blocks: usize,
+    },
+
+    /// A range of token slots outside what the sequence holds.
+    #[error(
+        "token range {start}..{end} is outside the {physical_len_tokens} physical slots of sequence {seq}"
+    )]
+    InvalidRange {
+        /// The sequence.
+        seq: SeqId,
+        /// First index asked for.
+        start: usize,
+        /// One past the last index asked for.
+        end: usize,
+        /// Slots the sequence holds.
+        physical_len_tokens: usize,
+    },
+
+    /// The cache budget cannot hold one sequence of the maximum model length.
+    #[error(
+        "KV cache needs {needed} for one {max_model_len_tokens}-token sequence, \
+         {available} available ({needed_bytes} vs {available_bytes} bytes); \
+         lower max_model_len or raise the KV-cache memory budget",
+        needed = crate::sizing::format_bytes(*.needed_bytes),
+        available = crate::sizing::format_bytes_in_unit_of(*.available_bytes, *.needed_bytes)
+    )]
+    InsufficientMemory {
+        /// Bytes one `max_model_len_tokens` sequence needs (whole blocks).
+        needed_bytes: u64,
+        /// Bytes of the budget.
+        available_bytes: u64,
+        /// The maximum model length the check was made for.
+        max_model_len_tokens: usize,
+    },
+
+    /// A configuration value that cannot work (block size 0, empty layout, ...).
+    #[error("invalid KV-cache configuration: {0}")]
+    InvalidConfig(String),
+
+    /// `check_invariants` found inconsistent books (a bug, reported for tests).
+    #[error("KV-cache invariant violated: {0}")]
+    InvariantViolated(String),
+}

@@ -1,0 +1,32 @@
+//! starling-kv: KV-cache bookkeeping for Starling.
+//!
+//! Pure book-keeping: which blocks exist, who holds them, which token slots
+//! each sequence's tokens live in, and how many blocks a memory budget
+//! buys under a given (possibly compressed) cache layout.
+//!
+//! Architecture invariant: this crate knows nothing about tensors or
+//! devices. Runners turn its slot mappings and block tables into device
+//! buffers; the scheduler asks it only for blocks.
+//!
+//! - [`BlockPool`]: O(1) block allocate / free with ref counts.
+//! - [`BlockTable`]: one sequence's blocks, logical vs physical length.
+//! - [`KvCacheManager`]: the single owner of the pool and all tables.
+//! - [`CacheLayout`]: bytes per token, per layer (full or low-rank latents).
+//! - [`CacheSizing`], [`preflight`]: budget to block count, and the refusal
+//!   to start when one max-length sequence cannot fit.
+
+#![deny(missing_docs)]
+
+mod block_pool;
+mod block_table;
+mod error;
+mod layout;
+mod manager;
+mod sizing;
+
+pub use block_pool::{BlockId, BlockPool};
+pub use block_table::{BlockTable, SeqId};
+pub use error::KvError;
+pub use layout::{CacheDtype, CacheLayout, LayerLayout};
+pub use manager::KvCacheManager;
+pub use sizing::{format_bytes, preflight, CacheSizing, Preflight};

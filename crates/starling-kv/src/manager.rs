@@ -1,0 +1,314 @@
+//! `KvCacheManager`: the one owner of the block pool and of every sequence's
+//! block table. All ref-count changes go through it, so tables and pool
+//! cannot disagree.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use crate::block_pool::{BlockId, BlockPool};
+use crate::block_table::{BlockTable, SeqId};
+use crate::error::KvError;
+
+/// Block pool plus the block tables of all live sequences.
+#[derive(Debug, Clone)]
+pub struct KvCacheManager {
+    pool: BlockPool,
+    tables: HashMap<SeqId, BlockTable>,
+    block_size_tokens: usize,
+}
+
+impl KvCacheManager {
+    /// A manager over `num_blocks` blocks of `block_size_tokens` slots each.
+    ///
+    /// Fails with [`KvError::InvalidConfig`] for a zero block size, or when
+    /// the flat slot index (`num_blocks * block_size_tokens`) would not fit
+    /// in the `u32` slot mapping handed to kernels.
+    pub fn new(num_blocks: usize, block_size_tokens: usize) -> Result<Self, KvError> {
+        if block_size_tokens == 0 {
+            return Err(KvError::InvalidConfig(
+                "block size must be > 0 tokens".into(),
+            ));
+        }
+        let num_slots = num_blocks.checked_mul(block_size_tokens);
+        if num_slots.is_none_or(|n| n > u32::MAX as usize + 1) {
+            return Err(KvError::InvalidConfig(format!(
+                "{num_blocks} blocks of {block_size_tokens} tokens exceed the u32 slot index range"
+            )));
+        }
+        Ok(Self {
+            pool: BlockPool::new(num_blocks)?,
+            tables: HashMap::new(),
+            block_size_tokens,
+        })
+    }
+
+    /// Token slots per block.
+    pub fn block_size_tokens(&self) -> usize {
+        self.block_size_tokens
+    }
+
+    /// Blocks on the free list.
+    pub fn num_free_blocks(&self) -> usize {
+        self.pool.num_free_blocks()
+    }
+
+    /// Blocks in the pool.
+    pub fn num_total_blocks(&self) -> usize {
+        self.pool.num_total_blocks()
+    }
+
+    /// Fraction of blocks in use, in `0.0..=1.0` (0 for an empty pool).
+    pub fn usage(&self) -> f64 {
+        let total = self.num_total_blocks();
+        if total == 0 {
+            return 0.0;
+        }
+        (total - self.num_free_blocks()) as f64 / total as f64
+    }
+
+    /// Whether `seq` holds a block table.
+    pub fn contains(&self, seq: SeqId) -> bool {
+        self.tables.contains_key(&seq)
+    }
+
+    /// The block table of `seq`, if it has one.
+    pub fn table(&self, seq: SeqId) -> Option<&BlockTable> {
+        self.tables.get(&seq)
+    }
+
+    /// Sequences holding a table, in no particular order.
+    pub fn seq_ids(&self) -> impl Iterator<Item = SeqId> + '_ {
+        self.tables.keys().copied()
+    }
+
+    /// Blocks `seq` must still get so that `num_new_tokens` more tokens fit.
+    /// An unknown sequence counts as an empty (fresh) table.
+    pub fn blocks_needed(&self, seq: SeqId, num_new_tokens: usize) -> usize {
+        match self.tables.get(&seq) {
+            Some(table) => table.blocks_needed(num_new_tokens),
+            None => num_new_tokens.div_ceil(self.block_size_tokens),
+        }
+    }
+
+    /// Grows `seq`'s table (creating it if new) so that `num_new_tokens` more
+    /// tokens fit, and advances both its logical and physical lengths.
+    ///
+    /// All or nothing: on [`KvError::OutOfBlocks`] no block is taken and no
+    /// table is created or changed.
+    pub fn allocate_slots(&mut self, seq: SeqId, num_new_tokens: usize) -> Result<(), KvError> {
+        let needed = self.blocks_needed(seq, num_new_tokens);
+        let new_blocks = self.pool.allocate_n(needed)?;
+        self.tables
+            .entry(seq)
+            .or_insert_with(|| BlockTable::new(seq, self.block_size_tokens))
+            .grow(new_blocks, num_new_tokens);
+        Ok(())
+    }
+
+    /// Flat slot indices (into the cache's token-slot axis) of `physical_range`
+    /// of `seq`, e.g. the slots the runner writes the new tokens' K/V into.
+    pub fn slot_mapping(
+        &self,
+        seq: SeqId,
+        physical_range: Range<usize>,
+    ) -> Result<Vec<u32>, KvError> {
+        self.table_of(seq)?.slot_mapping(physical_range)
+    }
+
+    /// Like [`Self::slot_mapping`], appending to `out` to reuse a buffer.
+    pub fn write_slot_mapping(
+        &self,
+        seq: SeqId,
+        physical_range: Range<usize>,
+        out: &mut Vec<u32>,
+    ) -> Result<(), KvError> {
+        self.table_of(seq)?.write_slot_mapping(physical_range, out)
+    }
+
+    /// Drops `seq`'s table and returns its blocks to the pool, last block
+    /// first (so a prefix stays cached longest). Returns the blocks freed.
+    pub fn free(&mut self, seq: SeqId) -> Result<usize, KvError> {
+        let table = self
+            .tables
+            .remove(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        self.release(table.into_blocks_reversed())
+    }
+
+    /// Token-eviction compaction: after the caller moved the survivors to the
+    /// front, keeps only `new_physical_len_tokens` slots of `seq` and returns
+    /// the tail blocks beyond `ceil(new / block_size)` to the pool. The
+    /// logical length (RoPE position) is untouched. Returns the blocks freed.
+    ///
+    /// Growing is not allowed here: `new_physical_len_tokens` above the
+    /// current physical length is [`KvError::InvalidRange`].
+    pub fn shrink_physical(
+        &mut self,
+        seq: SeqId,
+        new_physical_len_tokens: usize,
+    ) -> Result<usize, KvError> {
+        let table = self
+            .tables
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        if new_physical_len_tokens > table.physical_len_tokens() {
+            return Err(KvError::InvalidRange {
+                seq,
+                start: 0,
+                end: new_physical_len_tokens,
+                physical_len_tokens: table.physical_len_tokens(),
+            });
+        }
+        let dropped = table.shrink_physical(new_physical_len_tokens);
+        self.release(dropped)
+    }
+
+    /// Checks the pool, and that tables and pool agree: each held block's ref
+    /// count equals the number of tables holding it, each table has exactly
+    /// `ceil(physical / block_size)` blocks and `physical <= logical`, and
+    /// free + distinct held blocks == total.
+    pub fn check_invariants(&self) -> Result<(), KvError> {
+        self.pool.check_invariants()?;
+        let fail = |msg: String| Err(KvError::InvariantViolated(msg));
+        let mut holders: HashMap<BlockId, u32> = HashMap::new();
+        for (seq, table) in &self.tables {
+            if table.seq() != *seq {
+                return fail(format!("table of {} is filed under {seq}", table.seq()));
+            }
+            if table.physical_len_tokens() > table.logical_len_tokens() {
+                return fail(format!(
+                    "{seq}: physical length {} > logical length {}",
+                    table.physical_len_tokens(),
+                    table.logical_len_tokens()
+                ));
+            }
+            let want = table.physical_len_tokens().div_ceil(self.block_size_tokens);
+            if table.block_ids().len() != want {
+                return fail(format!(
+                    "{seq}: holds {} blocks for {} tokens, want {want}",
+                    table.block_ids().len(),
+                    table.physical_len_tokens()
+                ));
+            }
+            for block in table.block_ids() {
+                *holders.entry(*block).or_default() += 1;
+            }
+        }
+        for (block, count) in &holders {
+            let ref_cnt = self.pool.ref_count(*block);
+            if ref_cnt != Some(*count) {
+                return fail(format!(
+                    "block {block}: held by {count} tables, ref count {ref_cnt:?}"
+                ));
+            }
+        }
+        let total = self.num_total_blocks();
+        if self.num_free_blocks() + holders.len() != total {
+            return fail(format!(
+                "{} free + {} held != {total} total (leak)",
+                self.num_free_blocks(),
+                holders.len()
+            ));
+        }
+        Ok(())
+    }
+
+    fn table_of(&self, seq: SeqId) -> Result<&BlockTable, KvError> {
+        self.tables.get(&seq).ok_or(KvError::UnknownSequence(seq))
+    }
+
+    /// Frees `blocks` in the given order; returns how many.
+    fn release(&mut self, blocks: Vec<BlockId>) -> Result<usize, KvError> {
+        let n = blocks.len();
+        for block in blocks {
+            self.pool.free(block)?;
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocate_grows_both_lengths_and_maps_slots() {
+        let mut kv = KvCacheManager::new(8, 4).unwrap();
+        let s = SeqId(1);
+        assert_eq!(kv.blocks_needed(s, 5), 2);
+        kv.allocate_slots(s, 5).unwrap();
+        assert_eq!(kv.blocks_needed(s, 3), 0);
+        kv.allocate_slots(s, 3).unwrap();
+        kv.allocate_slots(s, 1).unwrap();
+        let t = kv.table(s).unwrap();
+        assert_eq!((t.logical_len_tokens(), t.physical_len_tokens()), (9, 9));
+        assert_eq!(t.block_ids(), &[BlockId(0), BlockId(1), BlockId(2)]);
+        assert_eq!(kv.slot_mapping(s, 3..9).unwrap(), vec![3, 4, 5, 6, 7, 8]);
+        assert_eq!(kv.num_free_blocks(), 5);
+        assert!((kv.usage() - 3.0 / 8.0).abs() < 1e-12);
+        kv.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn out_of_blocks_changes_nothing() {
+        let mut kv = KvCacheManager::new(2, 4).unwrap();
+        kv.allocate_slots(SeqId(1), 6).unwrap();
+        assert_eq!(
+            kv.allocate_slots(SeqId(2), 1),
+            Err(KvError::OutOfBlocks { needed: 1, free: 0 })
+        );
+        assert!(!kv.contains(SeqId(2)));
+        assert_eq!(
+            kv.allocate_slots(SeqId(1), 3),
+            Err(KvError::OutOfBlocks { needed: 1, free: 0 })
+        );
+        assert_eq!(kv.table(SeqId(1)).unwrap().logical_len_tokens(), 6);
+        // Fits the partial last block: no new block needed.
+        kv.allocate_slots(SeqId(1), 2).unwrap();
+        kv.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn free_returns_blocks_last_first() {
+        let mut kv = KvCacheManager::new(3, 2).unwrap();
+        kv.allocate_slots(SeqId(1), 6).unwrap();
+        assert_eq!(kv.free(SeqId(1)), Ok(3));
+        assert_eq!(kv.free(SeqId(1)), Err(KvError::UnknownSequence(SeqId(1))));
+        // Reuse order follows free order: tail block 2 comes back first.
+        kv.allocate_slots(SeqId(2), 2).unwrap();
+        assert_eq!(kv.table(SeqId(2)).unwrap().block_ids(), &[BlockId(2)]);
+        kv.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn shrink_physical_frees_tail_blocks_and_keeps_position() {
+        let mut kv = KvCacheManager::new(4, 4).unwrap();
+        let s = SeqId(3);
+        kv.allocate_slots(s, 15).unwrap();
+        assert_eq!(kv.shrink_physical(s, 6), Ok(2));
+        assert_eq!(kv.shrink_physical(s, 6), Ok(0));
+        assert!(kv.shrink_physical(s, 7).is_err());
+        let t = kv.table(s).unwrap();
+        assert_eq!((t.logical_len_tokens(), t.physical_len_tokens()), (15, 6));
+        // New tokens continue the logical count and fill physical slots 6..
+        kv.allocate_slots(s, 3).unwrap();
+        let t = kv.table(s).unwrap();
+        assert_eq!((t.logical_len_tokens(), t.physical_len_tokens()), (18, 9));
+        assert_eq!(t.block_ids().len(), 3);
+        kv.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn rejects_bad_configs() {
+        assert!(matches!(
+            KvCacheManager::new(4, 0),
+            Err(KvError::InvalidConfig(_))
+        ));
+        // 2 * 2^31 slots is exactly the u32 range; 3 * 2^31 is not.
+        assert!(KvCacheManager::new(2, 1 << 31).is_ok());
+        assert!(matches!(
+            KvCacheManager::new(3, 1 << 31),
+            Err(KvError::InvalidConfig(_))
+        ));
+    }
+}

@@ -1,0 +1,266 @@
+//! Turning a memory budget into a block count, and the pre-flight check that
+//! refuses to start when not even one full-length sequence fits (vLLM's rule).
+
+use crate::error::KvError;
+use crate::layout::CacheLayout;
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// How a budget is cut into blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheSizing {
+    /// Blocks that fit in the budget.
+    pub num_blocks: usize,
+    /// Token slots per block.
+    pub block_size_tokens: usize,
+    /// Bytes of one block across all layers.
+    pub bytes_per_block: u64,
+    /// Bytes of one token across all layers.
+    pub bytes_per_token: u64,
+}
+
+impl CacheSizing {
+    /// As many whole blocks of `layout` as fit in `budget_bytes`.
+    ///
+    /// The count is capped so that every flat slot index fits in a `u32`
+    /// (the slot mapping's type); that cap is ~4 billion token slots.
+    pub fn from_budget(
+        budget_bytes: u64,
+        layout: &CacheLayout,
+        block_size_tokens: usize,
+    ) -> Result<Self, KvError> {
+        if block_size_tokens == 0 {
+            return Err(KvError::InvalidConfig(
+                "block size must be > 0 tokens".into(),
+            ));
+        }
+        layout.validate()?;
+        let bytes_per_token = layout.bytes_per_token();
+        let bytes_per_block = layout.bytes_per_block(block_size_tokens);
+        let max_blocks =
+            ((u32::MAX as u64 + 1) / block_size_tokens as u64).min(u32::MAX as u64 - 1);
+        let num_blocks = (budget_bytes / bytes_per_block).min(max_blocks);
+        Ok(Self {
+            // At most u32::MAX - 1, so it fits usize on every supported target.
+            num_blocks: num_blocks as usize,
+            block_size_tokens,
+            bytes_per_block,
+            bytes_per_token,
+        })
+    }
+
+    /// Token slots across all blocks.
+    pub fn capacity_tokens(&self) -> usize {
+        self.num_blocks.saturating_mul(self.block_size_tokens)
+    }
+
+    /// Bytes the blocks occupy (at most the budget).
+    pub fn total_bytes(&self) -> u64 {
+        (self.num_blocks as u64).saturating_mul(self.bytes_per_block)
+    }
+
+    /// Blocks one sequence of `len_tokens` tokens needs.
+    pub fn blocks_for_tokens(&self, len_tokens: usize) -> usize {
+        len_tokens.div_ceil(self.block_size_tokens)
+    }
+}
+
+/// The outcome of a successful pre-flight check.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Preflight {
+    /// The block sizing to build the cache with.
+    pub sizing: CacheSizing,
+    /// Token capacity divided by the maximum model length: how many
+    /// full-length sequences fit at once (as vLLM prints it; fractional).
+    pub max_concurrency: f64,
+}
+
+/// Sizes the cache for `budget_bytes` and refuses (with
+/// [`KvError::InsufficientMemory`]) if one sequence of `max_model_len_tokens`
+/// would not fit, counting whole blocks as the allocator does.
+pub fn preflight(
+    budget_bytes: u64,
+    layout: &CacheLayout,
+    block_size_tokens: usize,
+    max_model_len_tokens: usize,
+) -> Result<Preflight, KvError> {
+    if max_model_len_tokens == 0 {
+        return Err(KvError::InvalidConfig(
+            "max_model_len must be > 0 tokens".into(),
+        ));
+    }
+    let sizing = CacheSizing::from_budget(budget_bytes, layout, block_size_tokens)?;
+    let blocks_per_seq = sizing.blocks_for_tokens(max_model_len_tokens);
+    if blocks_per_seq > sizing.num_blocks {
+        return Err(KvError::InsufficientMemory {
+            needed_bytes: (blocks_per_seq as u64).saturating_mul(sizing.bytes_per_block),
+            available_bytes: budget_bytes,
+            max_model_len_tokens,
+        });
+    }
+    Ok(Preflight {
+        sizing,
+        max_concurrency: sizing.capacity_tokens() as f64 / max_model_len_tokens as f64,
+    })
+}
+
+/// Human-readable size with two decimals: "1.50 GiB", "768.00 MiB",
+/// "4.00 KiB", "12 B".
+pub fn format_bytes(bytes: u64) -> String {
+    format_bytes_in_unit_of(bytes, bytes)
+}
+
+/// Formats `bytes` in the unit `format_bytes` would pick for `reference`, so
+/// two numbers side by side read in one unit ("1.50 GiB ... 0.75 GiB").
+pub(crate) fn format_bytes_in_unit_of(bytes: u64, reference: u64) -> String {
+    let (divisor, unit) = match reference {
+        r if r >= GIB => (GIB, "GiB"),
+        r if r >= MIB => (MIB, "MiB"),
+        r if r >= KIB => (KIB, "KiB"),
+        _ => return format!("{bytes} B"),
+    };
+    format!("{:.2} {unit}", bytes as f64 / divisor as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{CacheDtype, LayerLayout};
+
+    fn full(num_layers: usize) -> CacheLayout {
+        // 2 * 8 * 128 * 2 = 4096 bytes per token per layer.
+        CacheLayout::uniform(
+            num_layers,
+            LayerLayout::Full {
+                num_kv_heads: 8,
+                head_dim: 128,
+                dtype: CacheDtype::BF16,
+            },
+        )
+    }
+
+    #[test]
+    fn from_budget_counts_whole_blocks() {
+        let layout = full(2); // 8 KiB per token
+        let s = CacheSizing::from_budget(10 * 16 * 8192 + 5, &layout, 16).unwrap();
+        assert_eq!(s.bytes_per_token, 8192);
+        assert_eq!(s.bytes_per_block, 16 * 8192);
+        assert_eq!(s.num_blocks, 10);
+        assert_eq!(s.capacity_tokens(), 160);
+        assert_eq!(s.total_bytes(), 10 * 16 * 8192);
+    }
+
+    #[test]
+    fn low_rank_with_half_the_bytes_yields_twice_the_blocks() {
+        let budget = 64 * MIB;
+        let full_layout = full(4); // 4096 B per token per layer
+                                   // 16 heads * 48 + 256 = 1024 elements * 2 B = 2048 B per layer: half.
+        let low_rank = CacheLayout::uniform(
+            4,
+            LayerLayout::LowRank {
+                key_rank_per_head: vec![48; 16],
+                value_rank: 256,
+                dtype: CacheDtype::BF16,
+            },
+        );
+        assert_eq!(
+            low_rank.bytes_per_token() * 2,
+            full_layout.bytes_per_token()
+        );
+        let a = CacheSizing::from_budget(budget, &full_layout, 16).unwrap();
+        let b = CacheSizing::from_budget(budget, &low_rank, 16).unwrap();
+        assert_eq!(a.num_blocks, 256);
+        assert_eq!(b.num_blocks, 2 * a.num_blocks);
+    }
+
+    #[test]
+    fn preflight_refuses_with_the_right_numbers() {
+        // 32 layers * 4096 B = 128 KiB per token; 8192 tokens = 1 GiB.
+        let layout = full(32);
+        let budget = 3 * GIB / 4;
+        let err = preflight(budget, &layout, 16, 8192).unwrap_err();
+        assert_eq!(
+            err,
+            KvError::InsufficientMemory {
+                needed_bytes: GIB,
+                available_bytes: budget,
+                max_model_len_tokens: 8192,
+            }
+        );
+        let msg = err.to_string();
+        assert!(msg.contains("1.00 GiB"), "{msg}");
+        assert!(msg.contains("0.75 GiB"), "{msg}");
+        assert!(msg.contains("8192-token"), "{msg}");
+        assert!(msg.contains(&GIB.to_string()), "{msg}");
+    }
+
+    #[test]
+    fn preflight_counts_the_partial_last_block() {
+        // 1 B per token; block of 16 tokens = 16 B. A 17-token sequence needs
+        // 2 blocks = 32 B, so a 31-byte budget (1 block) is not enough.
+        let layout = CacheLayout::uniform(
+            1,
+            LayerLayout::LowRank {
+                key_rank_per_head: vec![1],
+                value_rank: 0,
+                dtype: CacheDtype::Fp8,
+            },
+        );
+        assert!(matches!(
+            preflight(31, &layout, 16, 17),
+            Err(KvError::InsufficientMemory {
+                needed_bytes: 32,
+                available_bytes: 31,
+                ..
+            })
+        ));
+        let ok = preflight(32, &layout, 16, 17).unwrap();
+        assert_eq!(ok.sizing.num_blocks, 2);
+    }
+
+    #[test]
+    fn preflight_reports_max_concurrency() {
+        let layout = full(32); // 128 KiB per token
+        let ok = preflight(5 * GIB / 2, &layout, 16, 8192).unwrap();
+        assert_eq!(ok.sizing.capacity_tokens(), 20480);
+        assert!((ok.max_concurrency - 2.5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn preflight_refuses_bad_config() {
+        let layout = full(1);
+        assert!(matches!(
+            preflight(GIB, &layout, 0, 10),
+            Err(KvError::InvalidConfig(_))
+        ));
+        assert!(matches!(
+            preflight(GIB, &layout, 16, 0),
+            Err(KvError::InvalidConfig(_))
+        ));
+    }
+
+    #[test]
+    fn slot_index_cap_applies() {
+        let layout = CacheLayout::uniform(
+            1,
+            LayerLayout::LowRank {
+                key_rank_per_head: vec![1],
+                value_rank: 0,
+                dtype: CacheDtype::Fp8,
+            },
+        );
+        let s = CacheSizing::from_budget(u64::MAX, &layout, 1 << 20).unwrap();
+        assert_eq!(s.num_blocks, 1 << 12);
+    }
+
+    #[test]
+    fn format_bytes_picks_units() {
+        assert_eq!(format_bytes(3 * GIB / 2), "1.50 GiB");
+        assert_eq!(format_bytes(768 * MIB), "768.00 MiB");
+        assert_eq!(format_bytes(4 * KIB), "4.00 KiB");
+        assert_eq!(format_bytes(12), "12 B");
+        assert_eq!(format_bytes_in_unit_of(3 * GIB / 4, GIB), "0.75 GiB");
+    }
+}

@@ -1,0 +1,272 @@
+//! Reading a Hugging Face `config.json` (plus `generation_config.json`'s stop tokens) into a
+//! [`ModelConfig`], with `transformers`' defaults for `LlamaConfig` and `Qwen2Config`.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::{Architecture, ModelConfig, ModelError, RopeConfig, RopeScaling, RopeStyle};
+
+/// The subset of `config.json` Starling reads. Older and newer `transformers` spell RoPE
+/// settings differently (`rope_theta` + `rope_scaling` vs one `rope_parameters`); both parse.
+#[derive(Debug, Deserialize)]
+struct HfConfig {
+    model_type: String,
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    rms_norm_eps: Option<f32>,
+    rope_theta: Option<f32>,
+    rope_scaling: Option<HfRopeParameters>,
+    rope_parameters: Option<HfRopeParameters>,
+    max_position_embeddings: Option<usize>,
+    tie_word_embeddings: Option<bool>,
+    attention_bias: Option<bool>,
+    bos_token_id: Option<u32>,
+    eos_token_id: Option<OneOrMany>,
+}
+
+/// `rope_scaling` / `rope_parameters`.
+#[derive(Debug, Default, Deserialize)]
+struct HfRopeParameters {
+    rope_type: Option<String>,
+    #[serde(rename = "type")]
+    legacy_type: Option<String>,
+    rope_theta: Option<f32>,
+    factor: Option<f32>,
+    low_freq_factor: Option<f32>,
+    high_freq_factor: Option<f32>,
+    original_max_position_embeddings: Option<usize>,
+}
+
+/// Token ids are written either as one number or as a list.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl OneOrMany {
+    fn into_vec(self) -> Vec<u32> {
+        match self {
+            Self::One(id) => vec![id],
+            Self::Many(ids) => ids,
+        }
+    }
+}
+
+/// Only the stop tokens of `generation_config.json` matter here.
+#[derive(Debug, Deserialize)]
+struct HfGenerationConfig {
+    eos_token_id: Option<OneOrMany>,
+}
+
+/// Reads `dir/config.json` (and `dir/generation_config.json` when present).
+pub(crate) fn read_hf_config(dir: &Path) -> Result<ModelConfig, ModelError> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+    let mut config = parse_hf_config(&text)
+        .map_err(|e| ModelError::InvalidConfig(format!("{}: {e}", path.display())))?;
+
+    let generation_path = dir.join("generation_config.json");
+    if let Ok(text) = std::fs::read_to_string(&generation_path) {
+        let generation: HfGenerationConfig = serde_json::from_str(&text).map_err(|e| {
+            ModelError::InvalidConfig(format!("{}: {e}", generation_path.display()))
+        })?;
+        for id in generation
+            .eos_token_id
+            .map(OneOrMany::into_vec)
+            .unwrap_or_default()
+        {
+            if !config.eos_token_ids.contains(&id) {
+                config.eos_token_ids.push(id);
+            }
+        }
+    }
+    Ok(config)
+}
+
+/// Parses the text of a `config.json`.
+pub(crate) fn parse_hf_config(text: &str) -> Result<ModelConfig, ModelError> {
+    let hf: HfConfig =
+        serde_json::from_str(text).map_err(|e| ModelError::InvalidConfig(e.to_string()))?;
+    let architecture = match hf.model_type.as_str() {
+        "llama" => Architecture::Llama,
+        "qwen2" => Architecture::Qwen2,
+        "gemma3" | "gemma3_text" => {
+            return Err(ModelError::UnsupportedArchitecture(format!(
+                "{} (support is planned)",
+                hf.model_type
+            )))
+        }
+        other => return Err(ModelError::UnsupportedArchitecture(other.to_owned())),
+    };
+    let head_dim = match hf.head_dim {
+        Some(dim) => dim,
+        None => hf
+            .hidden_size
+            .checked_div(hf.num_attention_heads)
+            .unwrap_or(0),
+    };
+    // `rope_parameters` (newer) carries theta and scaling together; `rope_scaling` (older)
+    // only the scaling, with theta at the top level.
+    let rope_parameters = hf.rope_parameters.or(hf.rope_scaling).unwrap_or_default();
+    let theta = rope_parameters
+        .rope_theta
+        .or(hf.rope_theta)
+        .unwrap_or(10_000.0);
+    let default_context = match architecture {
+        Architecture::Llama => 2048,
+        Architecture::Qwen2 => 32_768,
+    };
+    Ok(ModelConfig {
+        architecture,
+        vocab_size: hf.vocab_size,
+        hidden_size: hf.hidden_size,
+        intermediate_size: hf.intermediate_size,
+        num_layers: hf.num_hidden_layers,
+        num_attention_heads: hf.num_attention_heads,
+        num_kv_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
+        head_dim,
+        rms_norm_eps: hf.rms_norm_eps.unwrap_or(1e-6),
+        rope: RopeConfig {
+            theta,
+            // HF checkpoints keep the original Q/K layout, rotated by `rotate_half`.
+            style: RopeStyle::Neox,
+            scaling: rope_scaling(&rope_parameters)?,
+        },
+        max_position_embeddings: hf.max_position_embeddings.unwrap_or(default_context),
+        tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
+        // Qwen2 always has Q/K/V biases and has no flag for them.
+        attention_bias: architecture == Architecture::Qwen2 || hf.attention_bias.unwrap_or(false),
+        bos_token_id: hf.bos_token_id,
+        eos_token_ids: hf.eos_token_id.map(OneOrMany::into_vec).unwrap_or_default(),
+    })
+}
+
+fn rope_scaling(parameters: &HfRopeParameters) -> Result<Option<RopeScaling>, ModelError> {
+    let kind = parameters
+        .rope_type
+        .as_deref()
+        .or(parameters.legacy_type.as_deref());
+    let field = |name: &str, value: Option<f32>| {
+        value.ok_or_else(|| ModelError::InvalidConfig(format!("rope scaling needs `{name}`")))
+    };
+    match kind {
+        None | Some("default") => Ok(None),
+        Some("linear") => Ok(Some(RopeScaling::Linear {
+            factor: field("factor", parameters.factor)?,
+        })),
+        Some("llama3") => Ok(Some(RopeScaling::Llama3 {
+            factor: field("factor", parameters.factor)?,
+            low_freq_factor: field("low_freq_factor", parameters.low_freq_factor)?,
+            high_freq_factor: field("high_freq_factor", parameters.high_freq_factor)?,
+            original_max_position_embeddings: parameters
+                .original_max_position_embeddings
+                .ok_or_else(|| {
+                    ModelError::InvalidConfig(
+                        "rope scaling needs `original_max_position_embeddings`".to_owned(),
+                    )
+                })?,
+        })),
+        Some(other) => Err(ModelError::InvalidConfig(format!(
+            "rope scaling type `{other}` is not supported (supported: linear, llama3)"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LLAMA31_8B: &str = r#"{
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "max_position_embeddings": 131072,
+        "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
+        "tie_word_embeddings": false, "torch_dtype": "bfloat16"
+    }"#;
+
+    #[test]
+    fn llama31_config_reads_llama3_scaling() {
+        let config = parse_hf_config(LLAMA31_8B).unwrap();
+        assert_eq!(config.architecture, Architecture::Llama);
+        assert_eq!(config.head_dim, 128);
+        assert_eq!(config.num_kv_heads, 8);
+        assert_eq!(config.rope.theta, 500_000.0);
+        assert_eq!(config.rope.style, RopeStyle::Neox);
+        assert_eq!(
+            config.rope.scaling,
+            Some(RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 8192
+            })
+        );
+        assert!(!config.attention_bias);
+        assert_eq!(config.bos_token_id, Some(128_000));
+        assert_eq!(config.eos_token_ids, vec![128_001, 128_008, 128_009]);
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn qwen2_defaults_biases_and_kv_heads() {
+        let text = r#"{"model_type": "qwen2", "vocab_size": 151936, "hidden_size": 896,
+            "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+            "num_key_value_heads": 2, "rope_theta": 1000000.0, "tie_word_embeddings": true,
+            "eos_token_id": 151645, "rope_scaling": null}"#;
+        let config = parse_hf_config(text).unwrap();
+        assert_eq!(config.architecture, Architecture::Qwen2);
+        assert!(config.attention_bias);
+        assert!(config.tie_word_embeddings);
+        assert_eq!(config.head_dim, 64);
+        assert_eq!(config.max_position_embeddings, 32_768);
+        assert_eq!(config.rope.scaling, None);
+        assert_eq!(config.eos_token_ids, vec![151_645]);
+    }
+
+    #[test]
+    fn linear_legacy_type_and_rope_parameters_both_parse() {
+        let legacy = r#"{"model_type": "llama", "vocab_size": 32000, "hidden_size": 4096,
+            "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "rope_scaling": {"type": "linear", "factor": 8.0}}"#;
+        let config = parse_hf_config(legacy).unwrap();
+        assert_eq!(config.num_kv_heads, 32);
+        assert_eq!(
+            config.rope.scaling,
+            Some(RopeScaling::Linear { factor: 8.0 })
+        );
+
+        let newer = r#"{"model_type": "llama", "vocab_size": 32000, "hidden_size": 4096,
+            "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 250000.0}}"#;
+        let config = parse_hf_config(newer).unwrap();
+        assert_eq!(config.rope.theta, 250_000.0);
+        assert_eq!(config.rope.scaling, None);
+    }
+
+    #[test]
+    fn unsupported_models_and_scalings_are_named() {
+        let mistral = r#"{"model_type": "mixtral", "vocab_size": 1, "hidden_size": 1,
+            "intermediate_size": 1, "num_hidden_layers": 1, "num_attention_heads": 1}"#;
+        assert!(matches!(
+            parse_hf_config(mistral),
+            Err(ModelError::UnsupportedArchitecture(name)) if name == "mixtral"
+        ));
+        let yarn = LLAMA31_8B.replace("\"llama3\"", "\"yarn\"");
+        let err = parse_hf_config(&yarn).unwrap_err();
+        assert!(err.to_string().contains("yarn"), "{err}");
+        let missing = LLAMA31_8B.replace("\"hidden_size\": 4096,", "");
+        let err = parse_hf_config(&missing).unwrap_err();
+        assert!(err.to_string().contains("hidden_size"), "{err}");
+    }
+}

@@ -1,0 +1,86 @@
+//! The chat templates embedded in SmolLM2 and Qwen2.5-Coder, rendered as transformers renders
+//! them (fixtures from scripts/make_tokenizer_fixtures.py; no model file needed).
+
+use std::path::Path;
+
+use serde::Deserialize;
+use starling_models::chat::{ChatMessage, ChatTemplate, CHATML_FALLBACK_TEMPLATE};
+
+#[derive(Deserialize)]
+struct Fixture {
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    chat_template: String,
+    chats: Vec<Chat>,
+}
+
+#[derive(Deserialize)]
+struct Chat {
+    messages: Vec<Message>,
+    add_generation_prompt: bool,
+    rendered: String,
+}
+
+#[derive(Deserialize)]
+struct Message {
+    role: String,
+    content: String,
+}
+
+fn fixture(alias: &str) -> Fixture {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tokenizer")
+        .join(format!("{alias}.json"));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn messages(chat: &Chat) -> Vec<ChatMessage> {
+    chat.messages
+        .iter()
+        .map(|m| ChatMessage::new(&m.role, &m.content))
+        .collect()
+}
+
+fn check_renders(alias: &str) {
+    let fixture = fixture(alias);
+    let template = ChatTemplate::new(
+        &fixture.chat_template,
+        fixture.bos_token.as_deref().unwrap_or_default(),
+        fixture.eos_token.as_deref().unwrap_or_default(),
+    )
+    .unwrap();
+    assert!(!fixture.chats.is_empty());
+    for chat in &fixture.chats {
+        let rendered = template
+            .render(&messages(chat), chat.add_generation_prompt)
+            .unwrap();
+        assert_eq!(rendered, chat.rendered, "{alias}");
+    }
+}
+
+#[test]
+fn smollm2_template_renders_like_transformers() {
+    check_renders("smollm2-135m");
+}
+
+#[test]
+fn qwen2_5_template_renders_like_transformers() {
+    check_renders("qwen2.5-coder-0.5b");
+}
+
+#[test]
+fn chatml_fallback_matches_smollm2_when_a_system_message_is_given() {
+    // SmolLM2's template only adds a default system prompt; with one given, plain ChatML and
+    // the model's template agree.
+    let fixture = fixture("smollm2-135m");
+    let chat = fixture
+        .chats
+        .iter()
+        .find(|chat| chat.messages[0].role == "system")
+        .unwrap();
+    let fallback = ChatTemplate::new(CHATML_FALLBACK_TEMPLATE, "", "").unwrap();
+    assert_eq!(
+        fallback.render(&messages(chat), true).unwrap(),
+        chat.rendered
+    );
+}

@@ -1,0 +1,290 @@
+//! GGUF loading: a tiny model round trip, and every broken-file case giving the right error.
+
+mod common;
+
+use std::path::Path;
+
+use common::{gguf_bytes, tiny_metadata, tiny_tensors, write_tiny_gguf, RawGguf, TinyOptions};
+use starling_models::{
+    load_model, Architecture, GgufValue, ModelConfig, ModelError, ModelSource, RopeScaling,
+    RopeStyle,
+};
+
+fn load_bytes(dir: &Path, bytes: &[u8]) -> Result<starling_models::LoadedModel, ModelError> {
+    let path = dir.join("model.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    load_model(&path)
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn tiny_llama_round_trips_config_names_shapes_and_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    let written = write_tiny_gguf(&path, TinyOptions::llama());
+    let model = load_model(&path).unwrap();
+
+    let mut expected = ModelConfig::tiny_llama_for_tests();
+    expected.rope.style = RopeStyle::Interleaved;
+    expected.tie_word_embeddings = true;
+    assert_eq!(model.config, expected);
+    assert_eq!(model.source, ModelSource::Gguf(path.clone()));
+    let metadata = model.gguf_metadata.as_ref().unwrap();
+    assert!(matches!(
+        metadata.get("tokenizer.ggml.tokens"),
+        Some(GgufValue::Array(tokens)) if tokens.len() == 128
+    ));
+
+    let mut weights = model.weights;
+    weights.check_complete(&model.config).unwrap();
+    assert_eq!(weights.num_params(), model.config.num_params());
+    assert!(!weights.contains("lm_head.weight"));
+
+    let find = |name: &str| written.iter().find(|t| t.name == name).unwrap();
+    // F32 exact, F16 to half precision, Q8_0 to within one step of max|x|/127 ≈ 0.004.
+    let norm = weights
+        .take("model.layers.1.post_attention_layernorm.weight", &[64])
+        .unwrap();
+    assert_eq!(norm.data(), find("blk.1.ffn_norm.weight").values.as_slice());
+    let embed = weights
+        .take("model.embed_tokens.weight", &[128, 64])
+        .unwrap();
+    assert!(max_abs_diff(embed.data(), &find("token_embd.weight").values) < 1e-3);
+    let k_proj = weights
+        .take("model.layers.0.self_attn.k_proj.weight", &[32, 64])
+        .unwrap();
+    assert!(max_abs_diff(k_proj.data(), &find("blk.0.attn_k.weight").values) < 4e-3);
+    let down = weights
+        .take("model.layers.1.mlp.down_proj.weight", &[64, 128])
+        .unwrap();
+    assert!(max_abs_diff(down.data(), &find("blk.1.ffn_down.weight").values) < 4e-3);
+}
+
+#[test]
+fn qwen2_reads_biases_untied_head_and_neox_rope() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny-qwen.gguf");
+    let written = write_tiny_gguf(&path, TinyOptions::qwen2());
+    let model = load_model(&path).unwrap();
+    assert_eq!(model.config.architecture, Architecture::Qwen2);
+    assert_eq!(model.config.rope.style, RopeStyle::Neox);
+    assert!(model.config.attention_bias);
+    assert!(!model.config.tie_word_embeddings);
+    let bias = model
+        .weights
+        .get("model.layers.1.self_attn.v_proj.bias")
+        .unwrap();
+    let written_bias = written
+        .iter()
+        .find(|t| t.name == "blk.1.attn_v.bias")
+        .unwrap();
+    assert_eq!(bias.shape(), &[32]);
+    assert_eq!(bias.data(), written_bias.values.as_slice());
+    assert_eq!(
+        model.weights.get("lm_head.weight").unwrap().shape(),
+        &[128, 64]
+    );
+}
+
+/// llama.cpp stores Llama 3.1 RoPE scaling as per-pair divisors in a `rope_freqs` tensor.
+#[test]
+fn rope_freqs_tensor_becomes_per_dim_scaling() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tensors = tiny_tensors(TinyOptions::llama());
+    let factors = vec![1.0, 1.0, 1.5, 2.0, 4.0, 8.0, 8.0, 8.0];
+    tensors.push(common::TensorSpec {
+        name: "rope_freqs.weight".into(),
+        shape: vec![8],
+        values: factors.clone(),
+        dtype: candle_core::quantized::GgmlDType::F32,
+    });
+    let model = load_bytes(dir.path(), &gguf_bytes(&tiny_metadata("llama"), &tensors)).unwrap();
+    assert_eq!(
+        model.config.rope.scaling,
+        Some(RopeScaling::PerDimFactors(factors))
+    );
+    assert!(!model.weights.names().iter().any(|n| n.contains("rope")));
+}
+
+#[test]
+fn wrong_magic_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = gguf_bytes(&tiny_metadata("llama"), &tiny_tensors(TinyOptions::llama()));
+    bytes[..4].copy_from_slice(b"GGML");
+    let err = load_bytes(dir.path(), &bytes).unwrap_err();
+    assert!(
+        matches!(err, ModelError::BadMagic { found, .. } if &found == b"GGML"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("not a GGUF file"), "{err}");
+}
+
+#[test]
+fn unsupported_version_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = RawGguf::new(1, 0, 0).with_data(0);
+    let err = load_bytes(dir.path(), &bytes).unwrap_err();
+    assert!(
+        matches!(err, ModelError::UnsupportedVersion { version: 1, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn truncated_data_names_the_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = gguf_bytes(&tiny_metadata("llama"), &tiny_tensors(TinyOptions::llama()));
+    let err = load_bytes(dir.path(), &bytes[..bytes.len() - 100]).unwrap_err();
+    match &err {
+        ModelError::Truncated { what, .. } => assert!(what.contains("tensor `"), "{err}"),
+        other => panic!("expected Truncated, got {other}"),
+    }
+}
+
+#[test]
+fn truncated_header_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = gguf_bytes(&tiny_metadata("llama"), &tiny_tensors(TinyOptions::llama()));
+    for cut in [0, 3, 10, 30, 200] {
+        let err = load_bytes(dir.path(), &bytes[..cut]).unwrap_err();
+        assert!(
+            matches!(err, ModelError::Truncated { .. }),
+            "cut {cut}: {err}"
+        );
+    }
+}
+
+#[test]
+fn unknown_and_unsupported_quant_types_name_the_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    for (type_id, type_text) in [(99, "unknown ggml type 99"), (16, "IQ2_XXS")] {
+        let bytes = RawGguf::new(3, 1, 1)
+            .string_entry("general.architecture", "llama")
+            .tensor_entry("blk.0.attn_q.weight", &[256, 4], type_id, 0)
+            .with_data(4096);
+        let err = load_bytes(dir.path(), &bytes).unwrap_err();
+        match &err {
+            ModelError::UnsupportedQuantType { tensor, type_name } => {
+                assert_eq!(tensor, "blk.0.attn_q.weight");
+                assert!(type_name.contains(type_text), "{type_name}");
+            }
+            other => panic!("expected UnsupportedQuantType, got {other}"),
+        }
+        assert!(err.to_string().contains("blk.0.attn_q.weight"));
+    }
+}
+
+#[test]
+fn missing_tensor_is_named_canonically() {
+    let dir = tempfile::tempdir().unwrap();
+    let tensors: Vec<_> = tiny_tensors(TinyOptions::llama())
+        .into_iter()
+        .filter(|t| t.name != "blk.1.ffn_up.weight")
+        .collect();
+    let err = load_bytes(dir.path(), &gguf_bytes(&tiny_metadata("llama"), &tensors)).unwrap_err();
+    assert!(
+        matches!(&err, ModelError::MissingTensor { name } if name == "model.layers.1.mlp.up_proj.weight"),
+        "{err}"
+    );
+}
+
+#[test]
+fn wrongly_shaped_tensor_reports_both_shapes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tensors = tiny_tensors(TinyOptions::llama());
+    let gate = tensors
+        .iter_mut()
+        .find(|t| t.name == "blk.0.ffn_gate.weight")
+        .unwrap();
+    gate.shape = vec![96, 64];
+    gate.values.truncate(96 * 64);
+    let err = load_bytes(dir.path(), &gguf_bytes(&tiny_metadata("llama"), &tensors)).unwrap_err();
+    assert!(
+        matches!(&err, ModelError::ShapeMismatch { name, expected, found }
+            if name == "model.layers.0.mlp.gate_proj.weight"
+                && expected == &[128, 64] && found == &[96, 64]),
+        "{err}"
+    );
+}
+
+#[test]
+fn unknown_architecture_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    for (arch, text) in [("mamba", "mamba"), ("gemma3", "planned")] {
+        let bytes = gguf_bytes(&tiny_metadata(arch), &tiny_tensors(TinyOptions::llama()));
+        let err = load_bytes(dir.path(), &bytes).unwrap_err();
+        assert!(
+            matches!(&err, ModelError::UnsupportedArchitecture(name) if name.contains(text)),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn missing_metadata_names_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let metadata: Vec<_> = tiny_metadata("llama")
+        .into_iter()
+        .filter(|(key, _)| key != "llama.block_count")
+        .collect();
+    let bytes = gguf_bytes(&metadata, &tiny_tensors(TinyOptions::llama()));
+    let err = load_bytes(dir.path(), &bytes).unwrap_err();
+    assert!(
+        matches!(&err, ModelError::MissingMetadata { key } if key == "llama.block_count"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("llama.block_count"));
+}
+
+/// A corrupt layer count must fail on the first absent layer, not list millions of names.
+#[test]
+fn absurd_layer_count_fails_fast_on_the_first_missing_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let metadata: Vec<_> = tiny_metadata("llama")
+        .into_iter()
+        .map(|(key, value)| match key.as_str() {
+            "llama.block_count" => (key, GgufValue::U32(u32::MAX)),
+            _ => (key, value),
+        })
+        .collect();
+    let bytes = gguf_bytes(&metadata, &tiny_tensors(TinyOptions::llama()));
+    let err = load_bytes(dir.path(), &bytes).unwrap_err();
+    assert!(
+        matches!(&err, ModelError::MissingTensor { name } if name.starts_with("model.layers.2.")),
+        "{err}"
+    );
+}
+
+#[test]
+fn missing_file_is_an_io_error_naming_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("absent.gguf");
+    let err = load_model(&path).unwrap_err();
+    assert!(matches!(err, ModelError::Io { .. }), "{err}");
+    assert!(err.to_string().contains("absent.gguf"));
+}
+
+/// Every prefix of the header, and the header with any one byte set to 0xFF, loads or fails
+/// with an error; none panics or allocates without bound.
+#[test]
+fn corrupted_headers_never_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = gguf_bytes(&tiny_metadata("llama"), &tiny_tensors(TinyOptions::llama()));
+    // The metadata and directory take about 3.5 KB; the rest is tensor data.
+    let header_len = 4096.min(bytes.len());
+    for cut in (0..header_len).step_by(7) {
+        assert!(load_bytes(dir.path(), &bytes[..cut]).is_err(), "cut {cut}");
+    }
+    for position in (0..header_len).step_by(5) {
+        let mut corrupted = bytes.clone();
+        corrupted[position] = 0xFF;
+        let _ = load_bytes(dir.path(), &corrupted);
+    }
+}
