@@ -4,3 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo test --workspace --release "$@"
+# The HTTP server through the official OpenAI Python client.
+bash scripts/test_server.sh

@@ -88,8 +88,42 @@ pub trait Backend: Send + Sync {
     /// Element type this backend stores the KV cache in (sizes the cache from a byte budget).
     fn kv_cache_dtype(&self) -> starling_kv::CacheDtype;
 
+    /// `(free, total)` bytes of device memory, for backends that have their own (sizes the KV
+    /// cache from a utilisation share); `None` for host memory.
+    fn memory_info(&self) -> Option<(u64, u64)> {
+        None
+    }
+
     /// Copies a host tensor into backend memory (converting to the compute dtype).
     fn upload(&self, host: &HostTensor) -> Result<Self::Tensor, BackendError>;
+    /// A tensor of N(`mean`, `std`) values (deterministic for a seed), for synthetic weights.
+    /// The default makes it on the host and uploads it; device backends make it in place.
+    fn random_tensor(
+        &self,
+        shape: Vec<usize>,
+        seed: u64,
+        std: f32,
+        mean: f32,
+    ) -> Result<Self::Tensor, BackendError> {
+        let n: usize = shape.iter().product();
+        let mut state = seed;
+        let mut next = || {
+            // SplitMix64: fast, and statistically fine for filler values.
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let data = (0..n)
+            .map(|_| {
+                let (u1, u2) = (next().max(f64::MIN_POSITIVE), next());
+                let normal = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+                mean + std * normal as f32
+            })
+            .collect();
+        self.upload(&HostTensor::new(shape, data)?)
+    }
     /// Copies a tensor back to the host as f32.
     fn to_host(&self, t: &Self::Tensor) -> Result<HostTensor, BackendError>;
     /// Allocates one layer's K/V cache, zero-filled.
@@ -110,6 +144,9 @@ pub trait Backend: Send + Sync {
         w: &Self::Tensor,
         bias: Option<&Self::Tensor>,
     ) -> Result<Self::Tensor, BackendError>;
+    /// The final vocabulary projection `x · wᵀ` (no bias), returned in f32 whatever the compute
+    /// dtype, because sampling and logprobs need full-precision logits.
+    fn logits(&self, x: &Self::Tensor, w: &Self::Tensor) -> Result<Self::Tensor, BackendError>;
     /// Row-wise RMSNorm with a learned scale `w` (`[d]`).
     fn rms_norm(
         &self,

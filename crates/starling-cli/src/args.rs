@@ -13,15 +13,37 @@ pub struct ModelArg {
     pub model: String,
 }
 
+/// Where the model runs.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceArg {
+    /// CUDA if available, else CPU.
+    Auto,
+    /// The f32 CPU backend.
+    Cpu,
+    /// GPU 0 through the CUDA backend.
+    Cuda,
+}
+
+/// Default KV-cache budget on the CPU.
+pub const CPU_KV_CACHE_DEFAULT_BYTES: u64 = 2 << 30;
+
 /// KV-cache and batching limits (vLLM's flag names).
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
     /// Longest context (prompt + output) in tokens; default: the model's own limit.
     #[arg(long)]
     pub max_model_len: Option<usize>,
-    /// Memory for the KV cache, all layers (e.g. 2GiB, 512MiB, or bytes).
-    #[arg(long, default_value = "2GiB", value_parser = parse_bytes)]
-    pub kv_cache_memory: u64,
+    /// Compute device: `cuda` (GPU 0), `cpu`, or `auto` (CUDA when a driver and a GPU are present).
+    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
+    pub device: DeviceArg,
+    /// Memory for the KV cache, all layers (e.g. 2GiB, 512MiB, or bytes). Default: 2GiB on the
+    /// CPU; on a GPU, what --gpu-memory-utilization leaves after the weights.
+    #[arg(long, value_parser = parse_bytes)]
+    pub kv_cache_memory: Option<u64>,
+    /// Share of the GPU's memory Starling may use in all (weights, activations, KV cache), as
+    /// vLLM's flag; ignored on the CPU and when --kv-cache-memory is given.
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f64,
     /// Tokens per KV-cache block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,

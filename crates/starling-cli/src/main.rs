@@ -3,6 +3,7 @@
 mod args;
 mod bytes;
 mod commands;
+mod device;
 mod session;
 
 use std::process::ExitCode;
@@ -30,6 +31,8 @@ enum Command {
     Demo(commands::demo::DemoArgs),
     /// Benchmarks.
     Bench(commands::bench::BenchArgs),
+    /// Serve the OpenAI-compatible HTTP API.
+    Serve(commands::serve::ServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => commands::generate::run(a),
         Command::Demo(a) => commands::demo::run(a),
         Command::Bench(a) => commands::bench::run(a),
+        Command::Serve(a) => commands::serve::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

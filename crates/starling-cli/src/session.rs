@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use starling_backend::cpu::CpuBackend;
+use starling_backend::Backend;
 use starling_engine::engine::TokenizerText;
 use starling_engine::scheduler::SchedulerConfig;
 use starling_engine::{Engine, EngineConfig};
@@ -14,7 +14,7 @@ use starling_models::llama::LlamaModel;
 use starling_models::tokenizer::Tokenizer;
 use starling_models::{load_model, LoadedModel, ModelConfig};
 
-use crate::args::EngineArgs;
+use crate::args::{EngineArgs, CPU_KV_CACHE_DEFAULT_BYTES};
 
 /// A model resolved and loaded from disk (weights still on the host).
 pub struct OpenedModel {
@@ -44,8 +44,13 @@ pub fn tokenizer_for(opened: &OpenedModel) -> Result<Tokenizer> {
     tokenizer.with_context(|| format!("building the tokenizer of {}", opened.path.display()))
 }
 
-/// The engine configuration the flags describe, for `config`'s model.
-pub fn engine_config(args: &EngineArgs, config: &ModelConfig) -> EngineConfig {
+/// The engine configuration the flags describe, for `config`'s model; `kv_cache_memory_bytes` is
+/// the budget already resolved (see [`kv_budget_bytes`]).
+pub fn engine_config(
+    args: &EngineArgs,
+    config: &ModelConfig,
+    kv_cache_memory_bytes: u64,
+) -> EngineConfig {
     let max_model_len_tokens = args.max_model_len.unwrap_or(config.max_position_embeddings);
     EngineConfig {
         scheduler: SchedulerConfig {
@@ -55,14 +60,43 @@ pub fn engine_config(args: &EngineArgs, config: &ModelConfig) -> EngineConfig {
             max_model_len_tokens,
             block_size_tokens: args.block_size,
         },
-        kv_cache_memory_bytes: args.kv_cache_memory,
+        kv_cache_memory_bytes,
     }
 }
 
+/// Memory kept free on a GPU beyond the utilisation share, for activations and workspaces.
+const GPU_ACTIVATION_RESERVE_BYTES: u64 = 2 << 30;
+
+/// The KV budget: `--kv-cache-memory` when given; on a device with its own memory (called after
+/// the weights are loaded) what `--gpu-memory-utilization` leaves; else the CPU default.
+pub fn kv_budget_bytes<B: Backend>(args: &EngineArgs, backend: &B) -> Result<u64> {
+    if let Some(bytes) = args.kv_cache_memory {
+        return Ok(bytes);
+    }
+    let Some((free, total)) = backend.memory_info() else {
+        return Ok(CPU_KV_CACHE_DEFAULT_BYTES);
+    };
+    let util = args.gpu_memory_utilization;
+    if !(util > 0.0 && util <= 1.0) {
+        anyhow::bail!("--gpu-memory-utilization must be in (0, 1], got {util}");
+    }
+    let keep_free = ((1.0 - util) * total as f64) as u64 + GPU_ACTIVATION_RESERVE_BYTES;
+    let budget = free.saturating_sub(keep_free);
+    if budget == 0 {
+        anyhow::bail!(
+            "no GPU memory left for the KV cache: {} free of {}, {} to keep free at utilisation {util}",
+            starling_kv::format_bytes(free),
+            starling_kv::format_bytes(total),
+            starling_kv::format_bytes(keep_free)
+        );
+    }
+    Ok(budget)
+}
+
 /// A ready engine plus the tokenizer its requests are encoded with.
-pub struct Session {
-    /// The engine, on the CPU backend.
-    pub engine: Engine<CpuBackend>,
+pub struct Session<B: Backend> {
+    /// The engine.
+    pub engine: Engine<B>,
     /// The model's tokenizer.
     pub tokenizer: Arc<Tokenizer>,
     /// Where the model came from.
@@ -71,11 +105,14 @@ pub struct Session {
     pub load_ms: u64,
 }
 
-/// Resolves, loads and starts an engine for `model_arg`.
-pub fn open_session(model_arg: &str, args: &EngineArgs) -> Result<Session> {
+/// Resolves, loads and starts an engine for `model_arg` on `backend`.
+pub fn open_session<B: Backend + 'static>(
+    backend: B,
+    model_arg: &str,
+    args: &EngineArgs,
+) -> Result<Session<B>> {
     let opened = open_model(model_arg)?;
     let tokenizer = Arc::new(tokenizer_for(&opened)?);
-    let backend = CpuBackend::new();
     let mut config = opened.loaded.config.clone();
     // The tokenizer knows every end-of-generation marker (e.g. Qwen's <|endoftext|> beside
     // <|im_end|>); the model config may list only the declared EOS.
@@ -84,18 +121,20 @@ pub fn open_session(model_arg: &str, args: &EngineArgs) -> Result<Session> {
             config.eos_token_ids.push(id);
         }
     }
-    let engine_config = engine_config(args, &config);
-    if engine_config.scheduler.max_model_len_tokens > config.max_position_embeddings {
-        anyhow::bail!(
-            "--max-model-len {} exceeds the model's context window of {} tokens",
-            engine_config.scheduler.max_model_len_tokens,
-            config.max_position_embeddings
-        );
+    if let Some(len) = args.max_model_len {
+        if len > config.max_position_embeddings {
+            anyhow::bail!(
+                "--max-model-len {len} exceeds the model's context window of {} tokens",
+                config.max_position_embeddings
+            );
+        }
     }
     let load_ms = opened.loaded.load_ms;
     let path = opened.path;
     let model = LlamaModel::load(&backend, &config, opened.loaded.weights)?;
+    let engine_config = engine_config(args, &config, kv_budget_bytes(args, &backend)?);
     let text = Arc::new(TokenizerText(tokenizer.clone()));
+    tracing::info!("engine on {}", backend.name());
     let engine = Engine::new(backend, model, Some(text), engine_config)?;
     Ok(Session {
         engine,

@@ -82,6 +82,10 @@ impl Backend for CpuBackend {
         linear::linear(x, w, bias)
     }
 
+    fn logits(&self, x: &HostTensor, w: &HostTensor) -> Result<HostTensor, BackendError> {
+        linear::linear(x, w, None)
+    }
+
     fn rms_norm(
         &self,
         x: &HostTensor,

@@ -7,7 +7,9 @@ use clap::{Args, Subcommand};
 use starling_engine::sampling::SamplingParams;
 
 use crate::args::{EngineArgs, ModelArg};
+use crate::device::{with_backend, BackendJob};
 use crate::session::open_session;
+use starling_backend::Backend;
 
 /// `starling bench ...`
 #[derive(Args, Debug)]
@@ -21,6 +23,13 @@ enum BenchCommand {
     /// Prefill and decode throughput of the engine at fixed batch sizes (synthetic prompts,
     /// greedy, fixed output length).
     Throughput(ThroughputArgs),
+    /// GPU kernel timings: paged decode / prefill attention and the KV write, each with its
+    /// bandwidth against the device copy bandwidth measured in the same run.
+    Kernels(crate::commands::bench_gpu::KernelsArgs),
+    /// GPU decode step time of synthetic real-shape models against the memory roofline.
+    Decode(crate::commands::bench_gpu::DecodeArgs),
+    /// Serving benchmark against a running `starling serve` (vLLM benchmark_serving metrics).
+    Serve(super::bench_serve::BenchServeArgs),
 }
 
 /// `starling bench throughput` flags.
@@ -61,6 +70,9 @@ struct ThroughputRow {
 pub fn run(args: BenchArgs) -> Result<()> {
     match args.command {
         BenchCommand::Throughput(a) => throughput(a),
+        BenchCommand::Serve(a) => super::bench_serve::run(a),
+        BenchCommand::Kernels(a) => crate::commands::bench_gpu::kernels(a),
+        BenchCommand::Decode(a) => crate::commands::bench_gpu::decode(a),
     }
 }
 
@@ -68,7 +80,18 @@ fn throughput(args: ThroughputArgs) -> Result<()> {
     if args.output_tokens < 2 || args.prompt_tokens == 0 {
         bail!("need --prompt-tokens ≥ 1 and --output-tokens ≥ 2");
     }
-    let mut session = open_session(&args.model.model, &args.engine)?;
+    with_backend(args.engine.device, args)
+}
+
+impl BackendJob for ThroughputArgs {
+    fn run<B: Backend + 'static>(self, backend: B) -> Result<()> {
+        throughput_on(backend, self)
+    }
+}
+
+fn throughput_on<B: Backend + 'static>(backend: B, args: ThroughputArgs) -> Result<()> {
+    let mut session = open_session(backend, &args.model.model, &args.engine)?;
+    let backend_name = session.engine.backend_name();
     let vocab = session.engine.model().config().vocab_size as u32;
     let mut rows = Vec::new();
     println!("| batch | prompt | output | prefill tok/s | decode tok/s | decode step ms |");
@@ -129,7 +152,7 @@ fn throughput(args: ThroughputArgs) -> Result<()> {
         let doc = serde_json::json!({
             "bench": "throughput",
             "model": args.model.model,
-            "backend": "cpu",
+            "backend": backend_name,
             "threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             "rows": rows,
         });

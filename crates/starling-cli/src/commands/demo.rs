@@ -11,7 +11,9 @@ use starling_kv::format_bytes;
 
 use crate::args::{EngineArgs, ModelArg};
 use crate::commands::generate::encode_prompt;
+use crate::device::{with_backend, BackendJob};
 use crate::session::open_session;
+use starling_backend::Backend;
 
 const PROMPTS: [&str; 4] = [
     "What is the capital of France?",
@@ -34,7 +36,18 @@ pub struct DemoArgs {
 
 /// Runs `starling demo`.
 pub fn run(args: DemoArgs) -> Result<()> {
-    let mut session = open_session(&args.model.model, &args.engine)?;
+    with_backend(args.engine.device, args)
+}
+
+impl BackendJob for DemoArgs {
+    fn run<B: Backend + 'static>(self, backend: B) -> Result<()> {
+        demo(backend, self)
+    }
+}
+
+fn demo<B: Backend + 'static>(backend: B, args: DemoArgs) -> Result<()> {
+    let mut session = open_session(backend, &args.model.model, &args.engine)?;
+    println!("device: {}", session.engine.backend_name());
     println!(
         "model: {} (loaded in {} ms)",
         session.path.display(),

@@ -8,7 +8,9 @@ use clap::Args;
 use starling_engine::sampling::SamplingParams;
 
 use crate::args::{EngineArgs, ModelArg};
+use crate::device::{with_backend, BackendJob};
 use crate::session::{open_session, Session};
+use starling_backend::Backend;
 
 /// Sampling flags (OpenAI / vLLM semantics and defaults).
 #[derive(Args, Debug, Clone)]
@@ -89,8 +91,8 @@ pub struct GenerateArgs {
 }
 
 /// Encodes `prompt`, rendering it through the chat template first when `chat` is set.
-pub fn encode_prompt(
-    session: &Session,
+pub fn encode_prompt<B: Backend>(
+    session: &Session<B>,
     prompt: &str,
     chat: bool,
     system: Option<&str>,
@@ -113,7 +115,17 @@ pub fn encode_prompt(
 
 /// Runs `starling generate`.
 pub fn run(args: GenerateArgs) -> Result<()> {
-    let mut session = open_session(&args.model.model, &args.engine)?;
+    with_backend(args.engine.device, args)
+}
+
+impl BackendJob for GenerateArgs {
+    fn run<B: Backend + 'static>(self, backend: B) -> Result<()> {
+        generate(backend, self)
+    }
+}
+
+fn generate<B: Backend + 'static>(backend: B, args: GenerateArgs) -> Result<()> {
+    let mut session = open_session(backend, &args.model.model, &args.engine)?;
     let ids = encode_prompt(&session, &args.prompt, args.chat, args.system.as_deref())?;
     let started = Instant::now();
     let id = session

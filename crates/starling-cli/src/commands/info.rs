@@ -69,7 +69,11 @@ pub fn run(args: InfoArgs) -> Result<()> {
         c.num_params() as f64 / 1e6,
         opened.loaded.load_ms
     );
-    let engine = engine_config(&args.engine, c);
+    let budget = args
+        .engine
+        .kv_cache_memory
+        .unwrap_or(crate::args::CPU_KV_CACHE_DEFAULT_BYTES);
+    let engine = engine_config(&args.engine, c, budget);
     let sched = &engine.scheduler;
     // The CPU backend stores the cache in f32; the bf16 figure is what a GPU cache costs.
     for dtype in [CacheDtype::F32, CacheDtype::BF16] {
@@ -81,7 +85,18 @@ pub fn run(args: InfoArgs) -> Result<()> {
             format_bytes(layout.bytes_per_token() / c.num_layers.max(1) as u64),
         );
     }
-    let layout = full_layout(c, CacheDtype::F32);
+    // The CPU backend caches f32, the CUDA backend bf16.
+    let on_gpu = match args.engine.device {
+        crate::args::DeviceArg::Cpu => false,
+        crate::args::DeviceArg::Cuda => true,
+        crate::args::DeviceArg::Auto => starling_cuda::cuda_available(),
+    };
+    let (dtype, dtype_name) = if on_gpu {
+        (CacheDtype::BF16, "bf16, cuda")
+    } else {
+        (CacheDtype::F32, "f32, cpu")
+    };
+    let layout = full_layout(c, dtype);
     let pf = preflight(
         engine.kv_cache_memory_bytes,
         &layout,
@@ -89,7 +104,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
         sched.max_model_len_tokens,
     )?;
     println!(
-        "budget:        {} (f32, cpu) → {} blocks × {} tokens = {} tokens; max concurrency {:.2} at {} tokens",
+        "budget:        {} ({dtype_name}) → {} blocks × {} tokens = {} tokens; max concurrency {:.2} at {} tokens",
         format_bytes(engine.kv_cache_memory_bytes),
         pf.sizing.num_blocks,
         pf.sizing.block_size_tokens,

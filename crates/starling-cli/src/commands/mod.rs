@@ -1,7 +1,10 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod bench_gpu;
+pub mod bench_serve;
 pub mod demo;
 pub mod generate;
 pub mod info;
 pub mod model;
+pub mod serve;

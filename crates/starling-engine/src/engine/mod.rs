@@ -139,9 +139,25 @@ impl<B: Backend> Engine<B> {
         &self.preflight
     }
 
+    /// The backend's name ("cpu", "cuda:0 (…)").
+    pub fn backend_name(&self) -> String {
+        self.backend.name()
+    }
+
     /// The model being served.
     pub fn model(&self) -> &LlamaModel<B> {
         &self.model
+    }
+
+    /// The batching limits and context window this engine enforces.
+    pub fn scheduler_config(&self) -> &crate::scheduler::SchedulerConfig {
+        self.scheduler.config()
+    }
+
+    /// Whether `seq_id` is still waiting or running (false once finished or aborted), so a
+    /// caller can tell which requests a failed step aborted.
+    pub fn has_request(&self, seq_id: SeqId) -> bool {
+        self.seqs.contains_key(&seq_id)
     }
 
     /// Queues a request; returns its id. Invalid parameters or prompts are refused here, before

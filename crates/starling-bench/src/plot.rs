@@ -1,0 +1,156 @@
+//! The concurrency-sweep PNG: output throughput, and median TTFT / TPOT, against concurrency.
+//!
+//! Text is drawn with a font shipped in the crate (DejaVu Sans Mono, free license beside it in
+//! `assets/`), so no system font or fontconfig is needed.
+
+use std::path::Path;
+
+use plotters::prelude::*;
+
+use crate::error::BenchError;
+use crate::report::SweepRow;
+
+const FONT: &[u8] = include_bytes!("../assets/DejaVuSansMono.ttf");
+const FONT_FAMILY: &str = "sans-serif";
+
+fn plot_error(e: impl std::fmt::Display) -> BenchError {
+    BenchError::Plot(e.to_string())
+}
+
+/// Writes the sweep plot to `path` (PNG, 1200×500).
+pub fn write_sweep_png(rows: &[SweepRow], title: &str, path: &Path) -> Result<(), BenchError> {
+    if rows.is_empty() {
+        return Err(BenchError::Invalid(
+            "nothing to plot: the sweep has no rows".into(),
+        ));
+    }
+    // Registering twice is harmless; the font is compiled in, so this cannot meet a bad file.
+    plotters::style::register_font(FONT_FAMILY, FontStyle::Normal, FONT)
+        .map_err(|_| BenchError::Plot("the shipped font does not parse".into()))?;
+    let root = BitMapBackend::new(path, (1200, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(plot_error)?;
+    let root = root.titled(title, (FONT_FAMILY, 22)).map_err(plot_error)?;
+    let (left, right) = root.split_horizontally(600);
+    let max_x = rows.iter().map(|r| r.concurrency).max().unwrap_or(1) as f64 * 1.05;
+
+    let throughput: Vec<(f64, f64)> = rows
+        .iter()
+        .map(|r| (r.concurrency as f64, r.metrics.output_throughput))
+        .collect();
+    let max_tput = throughput.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-9) * 1.1;
+    let mut chart = ChartBuilder::on(&left)
+        .caption("output throughput", (FONT_FAMILY, 18))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..max_x, 0.0..max_tput)
+        .map_err(plot_error)?;
+    chart
+        .configure_mesh()
+        .x_desc("max concurrency")
+        .y_desc("tokens/s")
+        .label_style((FONT_FAMILY, 14))
+        .draw()
+        .map_err(plot_error)?;
+    chart
+        .draw_series(LineSeries::new(throughput.clone(), BLUE.stroke_width(2)))
+        .map_err(plot_error)?;
+    chart
+        .draw_series(throughput.iter().map(|&p| Circle::new(p, 4, BLUE.filled())))
+        .map_err(plot_error)?;
+
+    let ttft: Vec<(f64, f64)> = rows
+        .iter()
+        .map(|r| (r.concurrency as f64, r.metrics.ttft.median_ms))
+        .collect();
+    let tpot: Vec<(f64, f64)> = rows
+        .iter()
+        .map(|r| (r.concurrency as f64, r.metrics.tpot.median_ms))
+        .collect();
+    let max_ms = ttft
+        .iter()
+        .chain(&tpot)
+        .map(|p| p.1)
+        .fold(0.0, f64::max)
+        .max(1e-9)
+        * 1.1;
+    let mut chart = ChartBuilder::on(&right)
+        .caption("median latency", (FONT_FAMILY, 18))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..max_x, 0.0..max_ms)
+        .map_err(plot_error)?;
+    chart
+        .configure_mesh()
+        .x_desc("max concurrency")
+        .y_desc("ms")
+        .label_style((FONT_FAMILY, 14))
+        .draw()
+        .map_err(plot_error)?;
+    for (points, color, name) in [(ttft, RED, "TTFT"), (tpot, GREEN, "TPOT")] {
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+            .map_err(plot_error)?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart
+            .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))
+            .map_err(plot_error)?;
+    }
+    chart
+        .configure_series_labels()
+        .label_font((FONT_FAMILY, 14))
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(plot_error)?;
+    root.present().map_err(plot_error)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server_metrics::ServerFigures;
+    use crate::stats::{BenchmarkMetrics, LatencySummary};
+
+    #[test]
+    fn writes_a_png() {
+        let row = |c: usize, tput: f64| SweepRow {
+            concurrency: c,
+            metrics: BenchmarkMetrics {
+                output_throughput: tput,
+                ttft: LatencySummary {
+                    mean_ms: 1.0,
+                    median_ms: 10.0 * c as f64,
+                    p99_ms: 1.0,
+                },
+                tpot: LatencySummary {
+                    mean_ms: 1.0,
+                    median_ms: 5.0 + c as f64,
+                    p99_ms: 1.0,
+                },
+                ..BenchmarkMetrics::default()
+            },
+            server: ServerFigures::default(),
+        };
+        let dir = std::env::temp_dir().join(format!("starling-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("sweep.png");
+        write_sweep_png(
+            &[row(1, 20.0), row(4, 60.0), row(8, 90.0)],
+            "test sweep",
+            &path,
+        )
+        .unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+        assert!(
+            bytes.len() > 5_000,
+            "a real picture, not an empty canvas: {}",
+            bytes.len()
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,157 @@
+//! Server-side figures from Prometheus `/metrics`: read before and after a run, and sampled
+//! during it for the KV peak.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::client::StreamClient;
+use crate::error::BenchError;
+
+/// Metric values by name, summed over label sets.
+pub type MetricValues = HashMap<String, f64>;
+
+/// Parses the Prometheus text format (comments skipped, labels summed over).
+pub fn parse_prometheus(text: &str) -> MetricValues {
+    let mut values = MetricValues::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+    {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(value) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        let name = series.split('{').next().unwrap_or(series).trim();
+        *values.entry(name.to_owned()).or_insert(0.0) += value;
+    }
+    values
+}
+
+/// Scheduler figures of one run, from counter deltas and the sampled KV peak.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct ServerFigures {
+    /// Sequences per decode step, averaged over the run's decode steps.
+    pub mean_decode_batch: f64,
+    /// Share of the run's decode steps that decoded one sequence.
+    pub batch1_step_share: f64,
+    /// Decode steps in the run.
+    pub decode_steps: f64,
+    /// Most KV blocks held during the run.
+    pub peak_kv_blocks: f64,
+    /// KV blocks in the pool.
+    pub kv_blocks_total: f64,
+    /// Peak occupancy in percent.
+    pub peak_kv_usage_pct: f64,
+    /// Preemptions during the run.
+    pub preemptions: f64,
+}
+
+fn get(values: &MetricValues, name: &str) -> f64 {
+    values.get(name).copied().unwrap_or(0.0)
+}
+
+/// Figures of a run from the snapshots before and after it, and the largest
+/// `starling:kv_blocks_used` sampled during it.
+pub fn figures(
+    before: &MetricValues,
+    after: &MetricValues,
+    sampled_peak_blocks: f64,
+) -> ServerFigures {
+    let delta = |name: &str| get(after, name) - get(before, name);
+    let decode_steps = delta("starling:decode_steps_total");
+    let ratio = |x: f64| {
+        if decode_steps > 0.0 {
+            x / decode_steps
+        } else {
+            0.0
+        }
+    };
+    // The server's all-time maximum is exact when this run raised it; otherwise sampling is
+    // the best bound available.
+    let max_name = "starling:kv_blocks_used_max";
+    let peak_kv_blocks = if get(after, max_name) > get(before, max_name) {
+        get(after, max_name)
+    } else {
+        sampled_peak_blocks
+    };
+    let kv_blocks_total = get(after, "starling:kv_blocks_total");
+    ServerFigures {
+        mean_decode_batch: ratio(delta("starling:decode_batch_size_sum")),
+        batch1_step_share: ratio(delta("starling:decode_steps_batch1_total")),
+        decode_steps,
+        peak_kv_blocks,
+        kv_blocks_total,
+        peak_kv_usage_pct: if kv_blocks_total > 0.0 {
+            100.0 * peak_kv_blocks / kv_blocks_total
+        } else {
+            0.0
+        },
+        preemptions: delta("vllm:num_preemptions_total"),
+    }
+}
+
+/// Reads `/metrics` once.
+pub async fn snapshot(client: &StreamClient) -> Result<MetricValues, BenchError> {
+    Ok(parse_prometheus(&client.get_text("/metrics").await?))
+}
+
+/// Polls `/metrics` every `period` until `stop` is set; returns the largest
+/// `starling:kv_blocks_used` seen.
+pub async fn sample_kv_peak(client: StreamClient, period: Duration, stop: Arc<AtomicBool>) -> f64 {
+    let mut peak: f64 = 0.0;
+    while !stop.load(Ordering::Relaxed) {
+        if let Ok(values) = snapshot(&client).await {
+            peak = peak.max(get(&values, "starling:kv_blocks_used"));
+        }
+        tokio::time::sleep(period).await;
+    }
+    peak
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_labels_comments_and_sums_series() {
+        let text = "# HELP x y\nvllm:request_success_total{finished_reason=\"stop\"} 3\n\
+                    vllm:request_success_total{finished_reason=\"length\"} 4\nstarling:kv_blocks_used 7\n";
+        let v = parse_prometheus(text);
+        assert_eq!(v["vllm:request_success_total"], 7.0);
+        assert_eq!(v["starling:kv_blocks_used"], 7.0);
+    }
+
+    #[test]
+    fn figures_use_counter_deltas_and_the_best_peak() {
+        let before: MetricValues = [
+            ("starling:decode_steps_total", 10.0),
+            ("starling:decode_batch_size_sum", 10.0),
+            ("starling:decode_steps_batch1_total", 10.0),
+            ("starling:kv_blocks_used_max", 50.0),
+            ("vllm:num_preemptions_total", 1.0),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let mut after = before.clone();
+        after.insert("starling:decode_steps_total".into(), 20.0);
+        after.insert("starling:decode_batch_size_sum".into(), 50.0);
+        after.insert("starling:decode_steps_batch1_total".into(), 12.0);
+        after.insert("starling:kv_blocks_total".into(), 100.0);
+        after.insert("vllm:num_preemptions_total".into(), 4.0);
+        let f = figures(&before, &after, 30.0);
+        assert_eq!(f.mean_decode_batch, 4.0);
+        assert_eq!(f.batch1_step_share, 0.2);
+        assert_eq!(f.peak_kv_blocks, 30.0, "the old maximum is not this run's");
+        assert_eq!(f.peak_kv_usage_pct, 30.0);
+        assert_eq!(f.preemptions, 3.0);
+        after.insert("starling:kv_blocks_used_max".into(), 80.0);
+        assert_eq!(figures(&before, &after, 30.0).peak_kv_blocks, 80.0);
+    }
+}

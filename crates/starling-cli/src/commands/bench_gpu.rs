@@ -1,0 +1,252 @@
+//! `starling bench kernels` and `starling bench decode`: GPU measurements (CUDA backend). Each
+//! result file records the copy bandwidth measured in the same run, so figures are ratios to a
+//! ceiling taken on the same card at the same time.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use starling_backend::{AttentionDims, Backend};
+use starling_cuda::bench::{
+    attention_meta, bench_attention, bench_kv_write, copy_bandwidth_tb_s, fill_cache,
+};
+use starling_cuda::CudaBackend;
+use starling_models::llama::LlamaModel;
+use starling_models::preset;
+
+/// `starling bench kernels` flags.
+#[derive(Args, Debug)]
+pub struct KernelsArgs {
+    /// Write the rows as JSON here.
+    #[arg(long)]
+    output: Option<PathBuf>,
+    /// Smaller grid (for a quick check).
+    #[arg(long)]
+    quick: bool,
+}
+
+/// `starling bench decode` flags.
+#[derive(Args, Debug)]
+pub struct DecodeArgs {
+    /// Synthetic model presets (real shapes, random weights made on the GPU).
+    #[arg(long, value_delimiter = ',', default_value = "llama2-7b,qwen2.5-7b")]
+    models: Vec<String>,
+    /// Batch sizes.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32,64,128,256")]
+    batch_sizes: Vec<usize>,
+    /// Context lengths (tokens already in the cache per sequence).
+    #[arg(long, value_delimiter = ',', default_value = "512,2048")]
+    contexts: Vec<usize>,
+    /// Most KV-cache memory to use for one point; larger points are skipped.
+    #[arg(long, default_value = "100GiB", value_parser = crate::bytes::parse_bytes)]
+    kv_budget: u64,
+    /// Timed steps per point (after 3 warm-up steps).
+    #[arg(long, default_value_t = 10)]
+    steps: usize,
+    /// Write the rows as JSON here.
+    #[arg(long)]
+    output: Option<PathBuf>,
+}
+
+fn gpu() -> Result<CudaBackend> {
+    CudaBackend::new(0).context("the GPU benchmarks need a CUDA device")
+}
+
+fn write_json(path: &Option<PathBuf>, doc: serde_json::Value) -> Result<()> {
+    if let Some(path) = path {
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Runs `starling bench kernels`.
+pub fn kernels(args: KernelsArgs) -> Result<()> {
+    let gpu = gpu()?;
+    let copy_tb_s = copy_bandwidth_tb_s(&gpu, 4 << 30)?;
+    println!(
+        "device {}; copy bandwidth {copy_tb_s:.2} TB/s (read + write)",
+        gpu.name()
+    );
+    let shapes = [
+        (
+            "MHA 32x128",
+            AttentionDims {
+                num_heads: 32,
+                num_kv_heads: 32,
+                head_dim: 128,
+                scale: 0.088,
+            },
+        ),
+        (
+            "GQA 32/8x128",
+            AttentionDims {
+                num_heads: 32,
+                num_kv_heads: 8,
+                head_dim: 128,
+                scale: 0.088,
+            },
+        ),
+    ];
+    let mut decode_points: Vec<(usize, usize)> = Vec::new();
+    let seqs: &[usize] = if args.quick {
+        &[1024, 8192]
+    } else {
+        &[1024, 2048, 4096, 8192]
+    };
+    let batches: &[usize] = if args.quick { &[1, 64] } else { &[1, 16, 64] };
+    for &s in seqs {
+        for &b in batches {
+            decode_points.push((b, s));
+        }
+    }
+    decode_points.push((20, 32768));
+    let mut rows = Vec::new();
+    println!("| kind | shape | batch | seq | query | ms | KV GB | TB/s | % of copy |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    let mut emit = |label: &str, r: starling_cuda::bench::AttentionRow| {
+        println!(
+            "| {} | {label} | {} | {} | {} | {:.4} | {:.3} | {:.2} | {:.0}% |",
+            r.kind,
+            r.batch,
+            r.seq_tokens,
+            r.query_tokens,
+            r.median_ms,
+            r.kv_bytes as f64 / 1e9,
+            r.achieved_tb_s,
+            100.0 * r.achieved_tb_s / copy_tb_s
+        );
+        rows.push(serde_json::json!({ "shape": label, "row": r }));
+    };
+    for (label, dims) in shapes {
+        for &(b, s) in &decode_points {
+            emit(label, bench_attention(&gpu, dims, b, s, 1)?);
+        }
+        for &s in &[8192usize, 32768] {
+            for &b in &[1usize, 4] {
+                for &chunk in &[128usize, 512] {
+                    emit(label, bench_attention(&gpu, dims, b, s, chunk)?);
+                }
+            }
+        }
+    }
+    let mut writes = Vec::new();
+    println!("\n| KV write tokens | kv width | write ms | copy ms | write / copy |");
+    println!("|---:|---:|---:|---:|---:|");
+    for &(label, dims) in &shapes {
+        for &tokens in &[16usize, 512, 8192, 65536] {
+            let r = bench_kv_write(&gpu, dims, tokens)?;
+            println!(
+                "| {} ({label}) | {} | {:.4} | {:.4} | {:.2} |",
+                r.tokens, r.kv_width, r.write_ms, r.copy_ms, r.ratio_to_copy
+            );
+            writes.push(serde_json::json!({ "shape": label, "row": r }));
+        }
+    }
+    write_json(
+        &args.output,
+        serde_json::json!({
+            "bench": "kernels",
+            "device": gpu.name(),
+            "copy_tb_s": copy_tb_s,
+            "attention": rows,
+            "kv_write": writes,
+        }),
+    )
+}
+
+/// Runs `starling bench decode`.
+pub fn decode(args: DecodeArgs) -> Result<()> {
+    if args.steps == 0 {
+        bail!("--steps must be at least 1");
+    }
+    let gpu = gpu()?;
+    let copy_tb_s = copy_bandwidth_tb_s(&gpu, 4 << 30)?;
+    println!(
+        "device {}; copy bandwidth {copy_tb_s:.2} TB/s (read + write)",
+        gpu.name()
+    );
+    println!("| model | batch | context | step ms | tokens/s | roofline ms | % of roofline |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let mut rows = Vec::new();
+    for name in &args.models {
+        let config = preset(name)?;
+        let started = Instant::now();
+        let model = LlamaModel::synthetic(&gpu, &config, 1)?;
+        gpu.synchronize()?;
+        let build_ms = started.elapsed().as_secs_f64() * 1e3;
+        let embed_bytes = (config.vocab_size * config.hidden_size * 2) as u64;
+        // Every weight is read once per step, except the embedding table when it is not also the
+        // LM head (only the batch's rows are gathered).
+        let weight_bytes = config.num_params() * 2
+            - if config.tie_word_embeddings {
+                0
+            } else {
+                embed_bytes
+            };
+        let kv_bytes_per_token = config.kv_bytes_per_token(2) as u64;
+        for &ctx in &args.contexts {
+            for &batch in &args.batch_sizes {
+                let kv_total = kv_bytes_per_token * (batch * (ctx + 1)) as u64;
+                if kv_total > args.kv_budget {
+                    println!(
+                        "| {name} | {batch} | {ctx} | skipped: KV {:.0} GB > budget | | | |",
+                        kv_total as f64 / 1e9
+                    );
+                    continue;
+                }
+                let block_size = 16;
+                // One new token per sequence after `ctx` cached ones.
+                let meta = attention_meta(batch, ctx + 1, 1, block_size);
+                let num_blocks = batch * (ctx + 1).div_ceil(block_size);
+                let spec = model.kv_cache_spec(num_blocks, block_size);
+                let mut caches = Vec::with_capacity(config.num_layers);
+                for l in 0..config.num_layers {
+                    let mut c = gpu.alloc_kv_cache(&spec)?;
+                    fill_cache(&gpu, &mut c, l as u64)?;
+                    caches.push(c);
+                }
+                let ids: Vec<u32> = (0..batch as u32)
+                    .map(|i| (i * 7919) % config.vocab_size as u32)
+                    .collect();
+                let mut times = Vec::with_capacity(args.steps);
+                for i in 0..args.steps + 3 {
+                    let t = Instant::now();
+                    let prepared = gpu.prepare_batch(&meta, num_blocks)?;
+                    let logits = model.forward(&gpu, &ids, &meta, &prepared, &mut caches)?;
+                    std::hint::black_box(&logits);
+                    if i >= 3 {
+                        times.push(t.elapsed().as_secs_f64() * 1e3);
+                    }
+                }
+                times.sort_by(f64::total_cmp);
+                let step_ms = times[times.len() / 2];
+                let kv_read = kv_bytes_per_token * (batch * (ctx + 1)) as u64;
+                let roofline_ms = (weight_bytes + kv_read) as f64 / (copy_tb_s * 1e12) * 1e3;
+                println!(
+                    "| {name} | {batch} | {ctx} | {step_ms:.3} | {:.0} | {roofline_ms:.3} | {:.0}% |",
+                    batch as f64 / (step_ms * 1e-3),
+                    100.0 * roofline_ms / step_ms
+                );
+                rows.push(serde_json::json!({
+                    "model": name, "batch": batch, "context_tokens": ctx,
+                    "step_ms": step_ms, "tokens_per_s": batch as f64 / (step_ms * 1e-3),
+                    "weight_bytes": weight_bytes, "kv_bytes_read": kv_read,
+                    "roofline_ms": roofline_ms, "fraction_of_roofline": roofline_ms / step_ms,
+                    "model_build_ms": build_ms,
+                }));
+            }
+        }
+    }
+    write_json(
+        &args.output,
+        serde_json::json!({
+            "bench": "decode",
+            "device": gpu.name(),
+            "copy_tb_s": copy_tb_s,
+            "note": "step = prepare_batch + forward + f32 logits to host; no CUDA graphs; synthetic bf16 weights",
+            "rows": rows,
+        }),
+    )
+}

@@ -1,0 +1,194 @@
+//! `starling bench serve`: the serving benchmark client against a running server.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use starling_bench::dataset::random_requests;
+use starling_bench::report::{markdown, sweep_markdown};
+use starling_bench::{
+    plot, run_benchmark, sharegpt, BenchReport, BenchRequest, Pacing, RandomSpec, RunConfig,
+    StreamClient, SweepRow,
+};
+
+/// `starling bench serve` flags (vLLM benchmark_serving names).
+#[derive(Args, Debug)]
+pub struct BenchServeArgs {
+    /// The server.
+    #[arg(long, default_value = "http://127.0.0.1:8000")]
+    base_url: String,
+    /// Model name for the request bodies; default: the server's first model.
+    #[arg(long)]
+    model: Option<String>,
+    /// `random`, `sharegpt` (chitchat-dataset, fetched and converted once into
+    /// $STARLING_HOME/datasets/), or a ShareGPT JSON file.
+    #[arg(long, default_value = "random")]
+    dataset: String,
+    /// Requests per run.
+    #[arg(long, default_value_t = 100)]
+    num_prompts: usize,
+    /// Most requests in flight (all released at once).
+    #[arg(long, conflicts_with = "request_rate")]
+    max_concurrency: Option<usize>,
+    /// Poisson arrival rate, requests/s.
+    #[arg(long)]
+    request_rate: Option<f64>,
+    /// Seed of the dataset sampling and the arrivals.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Random dataset: mean prompt length, tokens.
+    #[arg(long, default_value_t = 1024)]
+    random_input_len: usize,
+    /// Random dataset: mean output length, tokens.
+    #[arg(long, default_value_t = 128)]
+    random_output_len: usize,
+    /// Random dataset: lengths uniform in [len·(1−r), len·(1+r)].
+    #[arg(long, default_value_t = 0.0)]
+    random_range_ratio: f64,
+    /// Generate the full output length even past EOS.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Run once per concurrency (e.g. 1,4,8,16), print the table and plot it.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["max_concurrency", "request_rate"])]
+    sweep_concurrency: Vec<usize>,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    output_json: Option<PathBuf>,
+    /// Write the markdown table here.
+    #[arg(long)]
+    output_md: Option<PathBuf>,
+    /// The sweep plot (PNG).
+    #[arg(long, default_value = "bench_serve_sweep.png")]
+    output_png: PathBuf,
+}
+
+/// Runs `starling bench serve`.
+pub fn run(args: BenchServeArgs) -> Result<()> {
+    if args.num_prompts == 0 {
+        bail!("--num-prompts must be at least 1");
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(run_async(args))
+}
+
+async fn run_async(args: BenchServeArgs) -> Result<()> {
+    let probe = StreamClient::new(&args.base_url, "");
+    let models = probe.get_text("/v1/models").await?;
+    let model = match &args.model {
+        Some(m) => m.clone(),
+        None => serde_json::from_str::<serde_json::Value>(&models)?["data"][0]["id"]
+            .as_str()
+            .context("the server lists no model; pass --model")?
+            .to_owned(),
+    };
+    let client = StreamClient::new(&args.base_url, &model);
+    let requests = load_dataset(&args, &client).await?;
+    let mut doc = serde_json::Map::new();
+    let mut md = String::new();
+    if args.sweep_concurrency.is_empty() {
+        let pacing = match (args.request_rate, args.max_concurrency) {
+            (Some(per_s), cap) => Pacing::Rate {
+                per_s,
+                max_concurrency: cap,
+            },
+            (None, Some(c)) => Pacing::Concurrency(c),
+            (None, None) => Pacing::Concurrency(args.num_prompts),
+        };
+        let outcome = run_benchmark(&client, &requests, &run_config(&args, pacing)).await?;
+        let report = BenchReport {
+            base_url: args.base_url.clone(),
+            model: model.clone(),
+            dataset: args.dataset.clone(),
+            num_prompts: args.num_prompts,
+            max_concurrency: args.max_concurrency,
+            request_rate: args.request_rate,
+            seed: args.seed,
+            metrics: outcome.metrics,
+            server: outcome.server,
+        };
+        md = markdown(&report);
+        doc.insert("run".into(), serde_json::to_value(&report)?);
+        report_failures(&outcome.results);
+    } else {
+        let mut rows = Vec::new();
+        for &concurrency in &args.sweep_concurrency {
+            eprintln!("concurrency {concurrency}: {} requests…", requests.len());
+            let config = run_config(&args, Pacing::Concurrency(concurrency));
+            let outcome = run_benchmark(&client, &requests, &config).await?;
+            report_failures(&outcome.results);
+            rows.push(SweepRow {
+                concurrency,
+                metrics: outcome.metrics,
+                server: outcome.server,
+            });
+        }
+        md.push_str(&format!(
+            "## Concurrency sweep: {model}, dataset {}, {} prompts, seed {}\n\n",
+            args.dataset, args.num_prompts, args.seed
+        ));
+        md.push_str(&sweep_markdown(&rows));
+        let title = format!(
+            "{model}: {} prompts from {}",
+            args.num_prompts, args.dataset
+        );
+        plot::write_sweep_png(&rows, &title, &args.output_png)?;
+        eprintln!("plot written to {}", args.output_png.display());
+        doc.insert("sweep".into(), serde_json::to_value(&rows)?);
+    }
+    println!("{md}");
+    if let Some(path) = &args.output_md {
+        std::fs::write(path, &md).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.output_json {
+        doc.insert("bench".into(), "serve".into());
+        doc.insert("model".into(), model.into());
+        doc.insert("dataset".into(), args.dataset.clone().into());
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn run_config(args: &BenchServeArgs, pacing: Pacing) -> RunConfig {
+    RunConfig {
+        pacing,
+        seed: args.seed,
+        ignore_eos: args.ignore_eos,
+        metrics_period: Duration::from_millis(100),
+    }
+}
+
+async fn load_dataset(args: &BenchServeArgs, client: &StreamClient) -> Result<Vec<BenchRequest>> {
+    if args.dataset == "random" {
+        let spec = RandomSpec {
+            input_len_tokens: args.random_input_len,
+            output_len_tokens: args.random_output_len,
+            range_ratio: args.random_range_ratio,
+        };
+        return Ok(random_requests(args.num_prompts, spec, args.seed)?);
+    }
+    let path = if args.dataset == "sharegpt" {
+        let options = starling_hub::FetchOptions::from_env()?;
+        sharegpt::ensure_cached(&options.home, &options.python)?
+    } else {
+        PathBuf::from(&args.dataset)
+    };
+    let pairs = sharegpt::load_pairs(&path)?;
+    let max_model_len = client.max_model_len().await?;
+    Ok(
+        sharegpt::sample_requests(pairs, args.num_prompts, args.seed, client, max_model_len)
+            .await?,
+    )
+}
+
+fn report_failures(results: &[starling_bench::RequestResult]) {
+    let failed: Vec<_> = results.iter().filter_map(|r| r.error.as_deref()).collect();
+    if let Some(first) = failed.first() {
+        eprintln!("{} requests failed; first error: {first}", failed.len());
+    }
+}

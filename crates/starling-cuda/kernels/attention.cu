@@ -1,0 +1,227 @@
+// Paged causal attention (CPU reference: starling-backend cpu::attention::paged_attention).
+//
+// One block per (query token, KV head, context split). The block holds the G query heads that
+// share the KV head, so every K/V row is read once per group (GQA-aware). Rows are read as 16-byte
+// vectors by D/8 lanes, several rows per warp and UNROLL passes in flight per lane; scores use an
+// online softmax per head. Warps are merged in shared memory; with several splits
+// (flash-decoding, for long contexts at small batch) each split writes an unnormalised partial
+// and attention_combine_bf16 merges them.
+#include <cuda_bf16.h>
+typedef __nv_bfloat16 bf16;
+
+#define MAX_GROUP 8
+#define WARPS 4
+// NVRTC has no math.h: -inf by its bit pattern.
+#define NEG_INF (__int_as_float(0xff800000))
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Row layout: a K or V row of D bf16 is read as D/8 16-byte vectors by LPR = D/8 consecutive
+// lanes, so one warp covers RPW = 32/LPR context positions at once, and each lane issues UNROLL
+// positions' loads before any arithmetic (memory-level parallelism is what decode needs).
+#define UNROLL 2
+
+__device__ __forceinline__ void bf16x8_to_float(const uint4& raw, float* out) {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 f = __bfloat1622float2(h[i]);
+        out[2 * i] = f.x;
+        out[2 * i + 1] = f.y;
+    }
+}
+
+template <int D>
+__device__ void paged_attention_impl(
+    bf16* __restrict__ out,               // [T, Hq*D] (splits == 1)
+    float* __restrict__ part_acc,         // [T, Hq, splits, D] (splits > 1)
+    float* __restrict__ part_ml,          // [T, Hq, splits, 2]
+    const bf16* __restrict__ qkv, int qkv_width,
+    const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+    const unsigned* __restrict__ tok_seq,      // sequence of each query token
+    const unsigned* __restrict__ tok_visible,  // context positions each query token sees
+    const unsigned* __restrict__ block_tables, int max_blocks, int block_size,
+    int num_kv_heads, int group, float scale, int splits, int split_len) {
+    constexpr int LPR = D / 8;       // lanes per row
+    constexpr int RPW = 32 / LPR;    // rows per warp pass
+    const int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int sub = lane / LPR, sl = lane % LPR;  // row within the pass, lane within the row
+    const int num_q_heads = num_kv_heads * group;
+    const int visible = (int)tok_visible[t];
+    const int start = split * split_len;
+    const int end = min(visible, start + split_len);
+    const unsigned* table = block_tables + (size_t)tok_seq[t] * max_blocks;
+
+    // This lane's 8 query elements of each head in the group, pre-scaled.
+    float q[MAX_GROUP][8];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUP; g++) {
+        if (g < group) {
+            const uint4 raw = *reinterpret_cast<const uint4*>(
+                qkv + (size_t)t * qkv_width + (kvh * group + g) * D + sl * 8);
+            bf16x8_to_float(raw, q[g]);
+#pragma unroll
+            for (int e = 0; e < 8; e++) q[g][e] *= scale;
+        }
+    }
+    float acc[MAX_GROUP][8];
+    float m[MAX_GROUP], l[MAX_GROUP];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUP; g++) {
+        m[g] = NEG_INF;
+        l[g] = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[g][e] = 0.f;
+    }
+    const size_t head_off = (size_t)kvh * D + sl * 8;
+    const int stride = WARPS * RPW;
+    for (int j0 = start + warp * RPW + sub; j0 < end; j0 += stride * UNROLL) {
+        uint4 kr[UNROLL], vr[UNROLL];
+        bool valid[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const int j = j0 + u * stride;
+            valid[u] = j < end;
+            if (valid[u]) {
+                const size_t slot = (size_t)table[j / block_size] * block_size + j % block_size;
+                const size_t off = slot * num_kv_heads * D + head_off;
+                kr[u] = *reinterpret_cast<const uint4*>(k_cache + off);
+                vr[u] = *reinterpret_cast<const uint4*>(v_cache + off);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            // Every lane of a row agrees on `valid`, and shuffles stay within the row's lanes,
+            // but all 32 lanes must take part in each shuffle: compute, then mask the update.
+            float k[8], v[8];
+            bf16x8_to_float(kr[u], k);
+            bf16x8_to_float(vr[u], v);
+#pragma unroll
+            for (int g = 0; g < MAX_GROUP; g++) {
+                if (g < group) {
+                    float dot = 0.f;
+#pragma unroll
+                    for (int e = 0; e < 8; e++) dot += q[g][e] * k[e];
+#pragma unroll
+                    for (int o = LPR / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+                    if (valid[u]) {
+                        const float m_new = fmaxf(m[g], dot);
+                        const float corr = __expf(m[g] - m_new);
+                        const float p = __expf(dot - m_new);
+                        l[g] = l[g] * corr + p;
+#pragma unroll
+                        for (int e = 0; e < 8; e++) acc[g][e] = acc[g][e] * corr + p * v[e];
+                        m[g] = m_new;
+                    }
+                }
+            }
+        }
+    }
+    // Merge the RPW row-states of the warp (lanes with equal `sl` hold the same elements).
+#pragma unroll
+    for (int g = 0; g < MAX_GROUP; g++) {
+        if (g < group) {
+#pragma unroll
+            for (int o = LPR; o < 32; o <<= 1) {
+                const float m_o = __shfl_xor_sync(0xffffffffu, m[g], o);
+                const float l_o = __shfl_xor_sync(0xffffffffu, l[g], o);
+                const float m_new = fmaxf(m[g], m_o);
+                const float s_me = (m[g] == NEG_INF) ? 0.f : __expf(m[g] - m_new);
+                const float s_o = (m_o == NEG_INF) ? 0.f : __expf(m_o - m_new);
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    const float a_o = __shfl_xor_sync(0xffffffffu, acc[g][e], o);
+                    acc[g][e] = acc[g][e] * s_me + a_o * s_o;
+                }
+                l[g] = l[g] * s_me + l_o * s_o;
+                m[g] = m_new;
+            }
+        }
+    }
+    // Merge the warps in shared memory, one head at a time.
+    __shared__ float ml_s[WARPS][MAX_GROUP][2];
+    __shared__ float acc_s[WARPS][D];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUP; g++) {
+        if (g < group && lane == 0) {
+            ml_s[warp][g][0] = m[g];
+            ml_s[warp][g][1] = l[g];
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < MAX_GROUP; g++) {
+        if (g >= group) break;
+        float m_max = NEG_INF;
+        for (int w = 0; w < WARPS; w++) m_max = fmaxf(m_max, ml_s[w][g][0]);
+        const float my_scale = (m[g] == NEG_INF) ? 0.f : __expf(m[g] - m_max);
+        if (sub == 0) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc_s[warp][sl * 8 + e] = acc[g][e] * my_scale;
+        }
+        __syncthreads();
+        float l_sum = 0.f;
+        for (int w = 0; w < WARPS; w++) {
+            const float mw = ml_s[w][g][0];
+            if (mw != NEG_INF) l_sum += ml_s[w][g][1] * __expf(mw - m_max);
+        }
+        const int h = kvh * group + g;
+        for (int d = threadIdx.x; d < D; d += blockDim.x) {
+            float a = 0.f;
+            for (int w = 0; w < WARPS; w++) a += acc_s[w][d];
+            if (splits == 1) {
+                out[(size_t)t * num_q_heads * D + h * D + d] =
+                    __float2bfloat16(l_sum > 0.f ? a / l_sum : 0.f);
+            } else {
+                part_acc[(((size_t)t * num_q_heads + h) * splits + split) * D + d] = a;
+            }
+        }
+        if (splits > 1 && threadIdx.x == 0) {
+            float* ml = part_ml + (((size_t)t * num_q_heads + h) * splits + split) * 2;
+            ml[0] = m_max;
+            ml[1] = l_sum;
+        }
+        __syncthreads();
+    }
+}
+
+#define INSTANTIATE(D)                                                                           \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) paged_attention_d##D##_bf16(        \
+        bf16* out, float* part_acc, float* part_ml, const bf16* qkv, int qkv_width,              \
+        const bf16* k_cache, const bf16* v_cache, const unsigned* tok_seq,                       \
+        const unsigned* tok_visible, const unsigned* block_tables, int max_blocks,               \
+        int block_size, int num_kv_heads, int group, float scale, int splits, int split_len) {   \
+        paged_attention_impl<D>(out, part_acc, part_ml, qkv, qkv_width, k_cache, v_cache,        \
+                                tok_seq, tok_visible, block_tables, max_blocks, block_size,      \
+                                num_kv_heads, group, scale, splits, split_len);                  \
+    }
+INSTANTIATE(64)
+INSTANTIATE(128)
+INSTANTIATE(256)
+
+// Merges the splits of one (token, head): grid (T, Hq), block = D threads.
+extern "C" __global__ void attention_combine_bf16(bf16* __restrict__ out,
+                                                  const float* __restrict__ part_acc,
+                                                  const float* __restrict__ part_ml, int num_q_heads,
+                                                  int splits, int head_dim) {
+    const int t = blockIdx.x, h = blockIdx.y;
+    const size_t base = ((size_t)t * num_q_heads + h) * splits;
+    float m_max = NEG_INF;
+    for (int s = 0; s < splits; s++) m_max = fmaxf(m_max, part_ml[(base + s) * 2]);
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float num = 0.f, den = 0.f;
+        for (int s = 0; s < splits; s++) {
+            const float ms = part_ml[(base + s) * 2];
+            if (ms == NEG_INF) continue;
+            const float w = __expf(ms - m_max);
+            num += part_acc[(base + s) * head_dim + d] * w;
+            den += part_ml[(base + s) * 2 + 1] * w;
+        }
+        out[((size_t)t * num_q_heads + h) * head_dim + d] = __float2bfloat16(den > 0.f ? num / den : 0.f);
+    }
+}

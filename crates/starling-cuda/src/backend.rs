@@ -1,0 +1,801 @@
+//! [`CudaBackend`]: the `Backend` ops on one GPU, on one stream.
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublas::sys::{
+    cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t,
+};
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
+use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
+use half::bf16;
+use rayon::prelude::*;
+use starling_backend::{
+    AttentionDims, Backend, BackendError, BatchMeta, HostTensor, KvCacheSpec, RopeSpec, RopeStyle,
+};
+use starling_kv::CacheDtype;
+
+use crate::kernels::Kernels;
+use crate::{cuda_available, CudaError, CudaTensor, DeviceBuf, KernelCache};
+
+/// Threads per block of the elementwise kernels (grid-stride loops).
+const ELEMENTWISE_THREADS: u32 = 256;
+
+/// Launches `$f` on the backend's stream with the given arguments, in the kernel's order.
+macro_rules! launch {
+    ($self:expr, $f:expr, $cfg:expr, $($arg:expr),* $(,)?) => {{
+        let mut builder = $self.stream.launch_builder($f);
+        $( builder.arg($arg); )*
+        // SAFETY: each call site passes the arguments its kernel declares, in order, with
+        // buffers sized for the launch geometry it computes.
+        unsafe { builder.launch($cfg) }.map(|_| ()).map_err(CudaError::from)
+    }};
+}
+
+/// A RoPE frequency table on the host and its device copy.
+type RopeTable = (Vec<f32>, Arc<CudaSlice<f32>>);
+
+/// One GPU's backend.
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    kernels: Kernels,
+    num_sms: usize,
+    name: String,
+    /// The last RoPE frequency table uploaded (every layer passes the same one).
+    rope_table: Mutex<Option<RopeTable>>,
+}
+
+/// One layer's K and V caches: `[num_slots, num_kv_heads, head_dim]` bf16 each.
+pub struct CudaKvCache {
+    spec: KvCacheSpec,
+    pub(crate) keys: CudaSlice<bf16>,
+    pub(crate) values: CudaSlice<bf16>,
+}
+
+impl CudaKvCache {
+    /// The cache geometry.
+    pub fn spec(&self) -> &KvCacheSpec {
+        &self.spec
+    }
+}
+
+/// A step's metadata on the device (uploaded once, read by every layer).
+pub struct CudaBatch {
+    meta: BatchMeta,
+    positions: CudaSlice<u32>,
+    slots: CudaSlice<u32>,
+    tok_seq: CudaSlice<u32>,
+    tok_visible: CudaSlice<u32>,
+    block_tables: CudaSlice<u32>,
+    max_blocks: usize,
+    max_visible: usize,
+}
+
+fn err(e: impl Into<CudaError>) -> BackendError {
+    BackendError::from(e.into())
+}
+
+fn grid_for(n: usize) -> LaunchConfig {
+    let blocks = n
+        .div_ceil(ELEMENTWISE_THREADS as usize)
+        .clamp(1, 65_535 * 8) as u32;
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (ELEMENTWISE_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn rows_config(rows: usize, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows.max(1) as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl CudaBackend {
+    /// Opens GPU `ordinal`, creates its stream and cuBLAS handle, and loads (compiling on first
+    /// use, then from the disk cache) every kernel for the device's architecture.
+    pub fn new(ordinal: usize) -> Result<Self, CudaError> {
+        if !cuda_available() {
+            return Err(CudaError::Unavailable(
+                "the CUDA driver library (libcuda) is not installed".into(),
+            ));
+        }
+        let count =
+            CudaContext::device_count().map_err(|e| CudaError::Unavailable(e.to_string()))?;
+        if ordinal >= count.max(0) as usize {
+            return Err(CudaError::Unavailable(format!(
+                "GPU {ordinal} requested, {count} present"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal)?;
+        let stream = ctx.default_stream();
+        let blas = CudaBlas::new(stream.clone())?;
+        let (major, minor) = ctx.compute_capability()?;
+        // NVRTC wants a &'static str; one small leak per backend created.
+        let arch: &'static str = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
+        let kernels = Kernels::load(&ctx, &KernelCache::from_env(), arch)?;
+        let num_sms =
+            ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
+        let name = format!("cuda:{ordinal} ({}, {arch})", ctx.name()?);
+        Ok(Self {
+            ctx,
+            stream,
+            blas,
+            kernels,
+            num_sms,
+            name,
+            rope_table: Mutex::new(None),
+        })
+    }
+
+    /// The stream every op runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The device context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Waits for all queued work (and surfaces asynchronous kernel errors).
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        Ok(self.stream.synchronize()?)
+    }
+
+    /// A device tensor of N(mean, std) bf16 values made on the GPU (synthetic weights: no host
+    /// copy, no transfer).
+    pub fn random_bf16(
+        &self,
+        shape: Vec<usize>,
+        seed: u64,
+        std: f32,
+        mean: f32,
+    ) -> Result<CudaTensor, CudaError> {
+        let n: usize = shape.iter().product();
+        let mut buf = self.alloc_bf16(n)?;
+        launch!(
+            self,
+            &self.kernels.fill_normal,
+            grid_for(n),
+            &mut buf,
+            &n,
+            &seed,
+            &std,
+            &mean
+        )?;
+        Ok(CudaTensor {
+            buf: DeviceBuf::Bf16(buf),
+            shape,
+        })
+    }
+
+    /// Overwrites a device buffer with N(0, `std`) values (benchmarks fill caches this way).
+    pub fn fill_normal_slice(
+        &self,
+        buf: &mut CudaSlice<bf16>,
+        seed: u64,
+        std: f32,
+    ) -> Result<(), CudaError> {
+        let n = buf.len();
+        let mean = 0.0f32;
+        launch!(
+            self,
+            &self.kernels.fill_normal,
+            grid_for(n),
+            buf,
+            &n,
+            &seed,
+            &std,
+            &mean
+        )
+    }
+
+    fn alloc_bf16(&self, n: usize) -> Result<CudaSlice<bf16>, CudaError> {
+        // SAFETY: every caller fully overwrites the buffer before it is read.
+        Ok(unsafe { self.stream.alloc::<bf16>(n.max(1)) }?)
+    }
+
+    fn upload_u32(&self, v: &[u32]) -> Result<CudaSlice<u32>, CudaError> {
+        if v.is_empty() {
+            return Ok(self.stream.clone_htod(&[0u32][..])?);
+        }
+        Ok(self.stream.clone_htod(v)?)
+    }
+
+    fn rope_freqs(&self, inv_freqs: &[f32]) -> Result<Arc<CudaSlice<f32>>, CudaError> {
+        let mut guard = self
+            .rope_table
+            .lock()
+            .map_err(|_| CudaError::Shape("rope table lock poisoned".into()))?;
+        if let Some((host, dev)) = guard.as_ref() {
+            if host.as_slice() == inv_freqs {
+                return Ok(dev.clone());
+            }
+        }
+        let dev = Arc::new(self.stream.clone_htod(inv_freqs)?);
+        *guard = Some((inv_freqs.to_vec(), dev.clone()));
+        Ok(dev)
+    }
+
+    fn gemm_bf16(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        f32_out: bool,
+    ) -> Result<CudaTensor, CudaError> {
+        let (n, k) = x.matrix_dims()?;
+        let (m, wk) = w.matrix_dims()?;
+        if k != wk {
+            return Err(CudaError::Shape(format!(
+                "linear: input [{n}, {k}] vs weight [{m}, {wk}]"
+            )));
+        }
+        // Row-major y[n, m] = x[n, k] · w[m, k]ᵀ is column-major yᵀ = w · xᵀ:
+        // A = w (stored k×m column-major, transposed), B = x (k×n column-major).
+        if !f32_out {
+            let mut out = self.alloc_bf16(n * m)?;
+            let cfg = GemmConfig {
+                transa: cublasOperation_t::CUBLAS_OP_T,
+                transb: cublasOperation_t::CUBLAS_OP_N,
+                m: m as i32,
+                n: n as i32,
+                k: k as i32,
+                alpha: bf16::ONE,
+                lda: k as i32,
+                ldb: k as i32,
+                beta: bf16::ZERO,
+                ldc: m as i32,
+            };
+            // SAFETY: shapes checked above; buffers hold m*k, n*k and n*m elements.
+            unsafe { self.blas.gemm(cfg, w.bf16()?, x.bf16()?, &mut out) }?;
+            return Ok(CudaTensor {
+                buf: DeviceBuf::Bf16(out),
+                shape: vec![n, m],
+            });
+        }
+        // SAFETY: as above; the output is f32 (cuBLAS bf16 × bf16 → f32 with f32 compute).
+        let mut out = unsafe { self.stream.alloc::<f32>((n * m).max(1)) }?;
+        {
+            let (a, _ga) = w.bf16()?.device_ptr(&self.stream);
+            let (b, _gb) = x.bf16()?.device_ptr(&self.stream);
+            let (c, _gc) = out.device_ptr_mut(&self.stream);
+            let alpha = 1.0f32;
+            let beta = 0.0f32;
+            // SAFETY: pointers are live device buffers of the sizes checked above.
+            unsafe {
+                cudarc::cublas::result::gemm_ex(
+                    *self.blas.handle(),
+                    cublasOperation_t::CUBLAS_OP_T,
+                    cublasOperation_t::CUBLAS_OP_N,
+                    m as i32,
+                    n as i32,
+                    k as i32,
+                    (&alpha) as *const f32 as *const _,
+                    a as *const _,
+                    cudaDataType_t::CUDA_R_16BF,
+                    k as i32,
+                    b as *const _,
+                    cudaDataType_t::CUDA_R_16BF,
+                    k as i32,
+                    (&beta) as *const f32 as *const _,
+                    c as *mut _,
+                    cudaDataType_t::CUDA_R_32F,
+                    m as i32,
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }?;
+        }
+        Ok(CudaTensor {
+            buf: DeviceBuf::F32(out),
+            shape: vec![n, m],
+        })
+    }
+
+    fn paged_attention_impl(
+        &self,
+        qkv: &CudaTensor,
+        cache: &CudaKvCache,
+        dims: &AttentionDims,
+        batch: &CudaBatch,
+    ) -> Result<CudaTensor, CudaError> {
+        let (n, width) = qkv.matrix_dims()?;
+        if width != dims.qkv_size() || n != batch.meta.num_tokens() {
+            return Err(CudaError::Shape(format!(
+                "attention: [{n}, {width}] for {} tokens of width {}",
+                batch.meta.num_tokens(),
+                dims.qkv_size()
+            )));
+        }
+        if dims.num_kv_heads != cache.spec.num_kv_heads || dims.head_dim != cache.spec.head_dim {
+            return Err(CudaError::Shape(format!(
+                "attention: {dims:?} vs cache {:?}",
+                cache.spec
+            )));
+        }
+        let group = dims.num_heads / dims.num_kv_heads.max(1);
+        if group == 0 || group > 8 || group * dims.num_kv_heads != dims.num_heads {
+            return Err(CudaError::Shape(format!(
+                "attention: {} query heads per KV head unsupported (1..=8)",
+                group
+            )));
+        }
+        let kernel = match dims.head_dim {
+            64 => &self.kernels.attention_d64,
+            128 => &self.kernels.attention_d128,
+            256 => &self.kernels.attention_d256,
+            d => {
+                return Err(CudaError::Shape(format!(
+                    "attention: head_dim {d} unsupported"
+                )))
+            }
+        };
+        // Flash-decoding split of long contexts when the grid would not fill the GPU.
+        let grid_blocks = n * dims.num_kv_heads;
+        let splits = if grid_blocks < 2 * self.num_sms && batch.max_visible > 256 {
+            (2 * self.num_sms)
+                .div_ceil(grid_blocks)
+                .min(batch.max_visible.div_ceil(128))
+                .clamp(1, 64)
+        } else {
+            1
+        };
+        let split_len = batch.max_visible.div_ceil(splits).max(1);
+        let mut out = self.alloc_bf16(n * dims.q_size())?;
+        let part_len = if splits > 1 {
+            n * dims.num_heads * splits
+        } else {
+            1
+        };
+        // SAFETY: the kernel writes every partial it later reads (empty splits write m = -inf).
+        let mut part_acc = unsafe { self.stream.alloc::<f32>(part_len * dims.head_dim) }?;
+        let mut part_ml = unsafe { self.stream.alloc::<f32>(part_len * 2) }?;
+        let cfg = LaunchConfig {
+            grid_dim: (n as u32, dims.num_kv_heads as u32, splits as u32),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (qkv_width, max_blocks, block_size) = (
+            width as i32,
+            batch.max_blocks as i32,
+            batch.meta.block_size_tokens as i32,
+        );
+        let (num_kv, group_i, splits_i, split_len_i) = (
+            dims.num_kv_heads as i32,
+            group as i32,
+            splits as i32,
+            split_len as i32,
+        );
+        launch!(
+            self,
+            kernel,
+            cfg,
+            &mut out,
+            &mut part_acc,
+            &mut part_ml,
+            qkv.bf16()?,
+            &qkv_width,
+            &cache.keys,
+            &cache.values,
+            &batch.tok_seq,
+            &batch.tok_visible,
+            &batch.block_tables,
+            &max_blocks,
+            &block_size,
+            &num_kv,
+            &group_i,
+            &dims.scale,
+            &splits_i,
+            &split_len_i
+        )?;
+        if splits > 1 {
+            let cfg = LaunchConfig {
+                grid_dim: (n as u32, dims.num_heads as u32, 1),
+                block_dim: (dims.head_dim as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (heads, hd) = (dims.num_heads as i32, dims.head_dim as i32);
+            launch!(
+                self,
+                &self.kernels.attention_combine,
+                cfg,
+                &mut out,
+                &part_acc,
+                &part_ml,
+                &heads,
+                &splits_i,
+                &hd
+            )?;
+        }
+        Ok(CudaTensor {
+            buf: DeviceBuf::Bf16(out),
+            shape: vec![n, dims.q_size()],
+        })
+    }
+}
+
+impl Backend for CudaBackend {
+    type Tensor = CudaTensor;
+    type KvCache = CudaKvCache;
+    type Batch = CudaBatch;
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn kv_cache_dtype(&self) -> CacheDtype {
+        CacheDtype::BF16
+    }
+
+    fn memory_info(&self) -> Option<(u64, u64)> {
+        self.ctx
+            .mem_get_info()
+            .ok()
+            .map(|(free, total)| (free as u64, total as u64))
+    }
+
+    fn upload(&self, host: &HostTensor) -> Result<CudaTensor, BackendError> {
+        let data: Vec<bf16> = host.data().par_iter().map(|&v| bf16::from_f32(v)).collect();
+        let buf = if data.is_empty() {
+            self.alloc_bf16(1).map_err(err)?
+        } else {
+            self.stream.clone_htod(&data).map_err(err)?
+        };
+        Ok(CudaTensor {
+            buf: DeviceBuf::Bf16(buf),
+            shape: host.shape().to_vec(),
+        })
+    }
+
+    fn random_tensor(
+        &self,
+        shape: Vec<usize>,
+        seed: u64,
+        std: f32,
+        mean: f32,
+    ) -> Result<CudaTensor, BackendError> {
+        self.random_bf16(shape, seed, std, mean).map_err(err)
+    }
+
+    fn to_host(&self, t: &CudaTensor) -> Result<HostTensor, BackendError> {
+        let n = t.numel();
+        let data = match &t.buf {
+            DeviceBuf::Bf16(b) => {
+                let v: Vec<bf16> = self.stream.clone_dtoh(b).map_err(err)?;
+                v[..n].iter().map(|x| x.to_f32()).collect()
+            }
+            DeviceBuf::F32(b) => {
+                let mut v: Vec<f32> = self.stream.clone_dtoh(b).map_err(err)?;
+                v.truncate(n);
+                v
+            }
+        };
+        HostTensor::new(t.shape.clone(), data)
+    }
+
+    fn alloc_kv_cache(&self, spec: &KvCacheSpec) -> Result<CudaKvCache, BackendError> {
+        let len = spec.num_slots() * spec.num_kv_heads * spec.head_dim;
+        Ok(CudaKvCache {
+            spec: *spec,
+            keys: self.stream.alloc_zeros::<bf16>(len.max(1)).map_err(err)?,
+            values: self.stream.alloc_zeros::<bf16>(len.max(1)).map_err(err)?,
+        })
+    }
+
+    fn prepare_batch(
+        &self,
+        meta: &BatchMeta,
+        num_cache_blocks: usize,
+    ) -> Result<CudaBatch, BackendError> {
+        meta.validate(num_cache_blocks)?;
+        let n = meta.num_tokens();
+        let max_blocks = meta
+            .seqs
+            .iter()
+            .map(|s| s.block_table.len())
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let mut tables = vec![0u32; meta.seqs.len().max(1) * max_blocks];
+        let mut tok_seq = Vec::with_capacity(n);
+        let mut tok_visible = Vec::with_capacity(n);
+        for (s, seq) in meta.seqs.iter().enumerate() {
+            tables[s * max_blocks..s * max_blocks + seq.block_table.len()]
+                .copy_from_slice(&seq.block_table);
+            for i in 0..seq.query_len {
+                tok_seq.push(s as u32);
+                tok_visible.push((seq.context_len_tokens - seq.query_len + i + 1) as u32);
+            }
+        }
+        let max_visible = tok_visible.iter().copied().max().unwrap_or(0) as usize;
+        Ok(CudaBatch {
+            positions: self.upload_u32(&meta.positions).map_err(err)?,
+            slots: self.upload_u32(&meta.slot_mapping).map_err(err)?,
+            tok_seq: self.upload_u32(&tok_seq).map_err(err)?,
+            tok_visible: self.upload_u32(&tok_visible).map_err(err)?,
+            block_tables: self.upload_u32(&tables).map_err(err)?,
+            max_blocks,
+            max_visible,
+            meta: meta.clone(),
+        })
+    }
+
+    fn embedding(&self, table: &CudaTensor, ids: &[u32]) -> Result<CudaTensor, BackendError> {
+        let (vocab, d) = table.matrix_dims().map_err(err)?;
+        if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
+            return Err(BackendError::Shape(format!(
+                "token id {bad} outside a vocabulary of {vocab}"
+            )));
+        }
+        self.gather_rows(table, ids).map(|mut t| {
+            t.shape = vec![ids.len(), d];
+            t
+        })
+    }
+
+    fn linear(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: Option<&CudaTensor>,
+    ) -> Result<CudaTensor, BackendError> {
+        let mut y = self.gemm_bf16(x, w, false).map_err(err)?;
+        if let Some(b) = bias {
+            let (rows, cols) = (y.shape[0], y.shape[1]);
+            if b.numel() != cols {
+                return Err(BackendError::Shape(format!(
+                    "linear: bias of {} for {cols} outputs",
+                    b.numel()
+                )));
+            }
+            let n = rows * cols;
+            let cols_i = cols as i32;
+            let bb = b.bf16().map_err(err)?;
+            let yb = y.bf16_mut().map_err(err)?;
+            launch!(
+                self,
+                &self.kernels.add_bias,
+                grid_for(n),
+                yb,
+                bb,
+                &rows,
+                &cols_i
+            )
+            .map_err(err)?;
+        }
+        Ok(y)
+    }
+
+    fn logits(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor, BackendError> {
+        self.gemm_bf16(x, w, true).map_err(err)
+    }
+
+    fn rms_norm(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        eps: f32,
+    ) -> Result<CudaTensor, BackendError> {
+        let (rows, d) = x.matrix_dims().map_err(err)?;
+        if w.numel() != d {
+            return Err(BackendError::Shape(format!(
+                "rms_norm: weight of {} for rows of {d}",
+                w.numel()
+            )));
+        }
+        let mut out = self.alloc_bf16(rows * d).map_err(err)?;
+        let d_i = d as i32;
+        launch!(
+            self,
+            &self.kernels.rms_norm,
+            rows_config(rows, 256),
+            x.bf16().map_err(err)?,
+            w.bf16().map_err(err)?,
+            &mut out,
+            &d_i,
+            &eps
+        )
+        .map_err(err)?;
+        Ok(CudaTensor {
+            buf: DeviceBuf::Bf16(out),
+            shape: x.shape.clone(),
+        })
+    }
+
+    fn add_rms_norm(
+        &self,
+        residual: &mut CudaTensor,
+        delta: &CudaTensor,
+        w: &CudaTensor,
+        eps: f32,
+    ) -> Result<CudaTensor, BackendError> {
+        let (rows, d) = residual.matrix_dims().map_err(err)?;
+        if delta.shape != residual.shape || w.numel() != d {
+            return Err(BackendError::Shape(format!(
+                "add_rms_norm: {:?} + {:?}, weight {}",
+                residual.shape,
+                delta.shape,
+                w.numel()
+            )));
+        }
+        let mut out = self.alloc_bf16(rows * d).map_err(err)?;
+        let d_i = d as i32;
+        let shape = residual.shape.clone();
+        let (db, wb) = (delta.bf16().map_err(err)?, w.bf16().map_err(err)?);
+        let rb = residual.bf16_mut().map_err(err)?;
+        launch!(
+            self,
+            &self.kernels.add_rms_norm,
+            rows_config(rows, 256),
+            rb,
+            db,
+            wb,
+            &mut out,
+            &d_i,
+            &eps
+        )
+        .map_err(err)?;
+        Ok(CudaTensor {
+            buf: DeviceBuf::Bf16(out),
+            shape,
+        })
+    }
+
+    fn add_inplace(&self, x: &mut CudaTensor, delta: &CudaTensor) -> Result<(), BackendError> {
+        if x.shape != delta.shape {
+            return Err(BackendError::Shape(format!(
+                "add: {:?} vs {:?}",
+                x.shape, delta.shape
+            )));
+        }
+        let n = x.numel();
+        let db = delta.bf16().map_err(err)?;
+        let xb = x.bf16_mut().map_err(err)?;
+        launch!(self, &self.kernels.add_inplace, grid_for(n), xb, db, &n).map_err(err)
+    }
+
+    fn silu_mul(&self, gate_up: &CudaTensor) -> Result<CudaTensor, BackendError> {
+        let (rows, two_f) = gate_up.matrix_dims().map_err(err)?;
+        if two_f % 2 != 0 {
+            return Err(BackendError::Shape(format!("silu_mul: odd width {two_f}")));
+        }
+        let f = two_f / 2;
+        let mut out = self.alloc_bf16(rows * f).map_err(err)?;
+        let f_i = f as i32;
+        launch!(
+            self,
+            &self.kernels.silu_mul,
+            grid_for(rows * f),
+            gate_up.bf16().map_err(err)?,
+            &mut out,
+            &rows,
+            &f_i
+        )
+        .map_err(err)?;
+        Ok(CudaTensor {
+            buf: DeviceBuf::Bf16(out),
+            shape: vec![rows, f],
+        })
+    }
+
+    fn gather_rows(&self, x: &CudaTensor, rows: &[u32]) -> Result<CudaTensor, BackendError> {
+        let (n, d) = x.matrix_dims().map_err(err)?;
+        if let Some(bad) = rows.iter().find(|&&r| r as usize >= n) {
+            return Err(BackendError::Shape(format!("row {bad} outside {n} rows")));
+        }
+        let ids = self.upload_u32(rows).map_err(err)?;
+        let mut out = self.alloc_bf16(rows.len() * d).map_err(err)?;
+        if !rows.is_empty() {
+            let d_i = d as i32;
+            launch!(
+                self,
+                &self.kernels.gather_rows,
+                rows_config(rows.len(), 256),
+                x.bf16().map_err(err)?,
+                &ids,
+                &mut out,
+                &d_i
+            )
+            .map_err(err)?;
+        }
+        Ok(CudaTensor {
+            buf: DeviceBuf::Bf16(out),
+            shape: vec![rows.len(), d],
+        })
+    }
+
+    fn rope_qk(
+        &self,
+        qkv: &mut CudaTensor,
+        dims: &AttentionDims,
+        rope: &RopeSpec,
+        batch: &CudaBatch,
+    ) -> Result<(), BackendError> {
+        let (n, width) = qkv.matrix_dims().map_err(err)?;
+        if width != dims.qkv_size()
+            || n != batch.meta.num_tokens()
+            || rope.inv_freqs.len() * 2 != dims.head_dim
+        {
+            return Err(BackendError::Shape(format!(
+                "rope: [{n}, {width}] for {dims:?} and {} frequencies",
+                rope.inv_freqs.len()
+            )));
+        }
+        let freqs = self.rope_freqs(&rope.inv_freqs).map_err(err)?;
+        let (width_i, rot_heads, hd, interleaved) = (
+            width as i32,
+            (dims.num_heads + dims.num_kv_heads) as i32,
+            dims.head_dim as i32,
+            i32::from(rope.style == RopeStyle::Interleaved),
+        );
+        let q = qkv.bf16_mut().map_err(err)?;
+        launch!(
+            self,
+            &self.kernels.rope_qk,
+            rows_config(n, 128),
+            q,
+            &batch.positions,
+            freqs.as_ref(),
+            &width_i,
+            &rot_heads,
+            &hd,
+            &interleaved
+        )
+        .map_err(err)
+    }
+
+    fn write_kv(
+        &self,
+        cache: &mut CudaKvCache,
+        qkv: &CudaTensor,
+        dims: &AttentionDims,
+        batch: &CudaBatch,
+    ) -> Result<(), BackendError> {
+        let (n, width) = qkv.matrix_dims().map_err(err)?;
+        if width != dims.qkv_size()
+            || n != batch.meta.num_tokens()
+            || dims.num_kv_heads != cache.spec.num_kv_heads
+            || dims.head_dim != cache.spec.head_dim
+        {
+            return Err(BackendError::Shape(format!(
+                "write_kv: [{n}, {width}] into {:?} for {dims:?}",
+                cache.spec
+            )));
+        }
+        let (width_i, q_i, kv_i) = (width as i32, dims.q_size() as i32, dims.kv_size() as i32);
+        let CudaKvCache { keys, values, .. } = cache;
+        launch!(
+            self,
+            &self.kernels.write_kv,
+            rows_config(n, 256),
+            qkv.bf16().map_err(err)?,
+            &batch.slots,
+            keys,
+            values,
+            &width_i,
+            &q_i,
+            &kv_i
+        )
+        .map_err(err)
+    }
+
+    fn paged_attention(
+        &self,
+        qkv: &CudaTensor,
+        cache: &CudaKvCache,
+        dims: &AttentionDims,
+        batch: &CudaBatch,
+    ) -> Result<CudaTensor, BackendError> {
+        qkv.bf16().map_err(err)?;
+        self.paged_attention_impl(qkv, cache, dims, batch)
+            .map_err(err)
+    }
+}

@@ -1,0 +1,203 @@
+//! GPU measurements behind `starling bench kernels` and `starling bench decode`: device-event
+//! timings (median of many runs after warm-up), bytes moved and the copy-bandwidth ceiling measured
+//! in the same process.
+
+use cudarc::driver::sys::CUevent_flags;
+use half::bf16;
+use starling_backend::{AttentionDims, Backend, BatchMeta, SeqBatchMeta};
+use starling_kv::CacheDtype;
+
+use crate::{CudaBackend, CudaError, CudaKvCache};
+
+/// Median milliseconds of `iters` runs of `f`, timed with device events after `warmup` runs.
+pub fn time_ms(
+    backend: &CudaBackend,
+    warmup: usize,
+    iters: usize,
+    mut f: impl FnMut() -> Result<(), CudaError>,
+) -> Result<f64, CudaError> {
+    for _ in 0..warmup {
+        f()?;
+    }
+    backend.synchronize()?;
+    let ctx = backend.context();
+    let mut times = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        start.record(backend.stream())?;
+        f()?;
+        end.record(backend.stream())?;
+        times.push(start.elapsed_ms(&end)? as f64);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+/// Device-to-device copy bandwidth in TB/s (bytes read + written), over `bytes` bytes.
+pub fn copy_bandwidth_tb_s(backend: &CudaBackend, bytes: usize) -> Result<f64, CudaError> {
+    let n = bytes / 2;
+    let src = backend.stream().alloc_zeros::<bf16>(n)?;
+    let mut dst = backend.stream().alloc_zeros::<bf16>(n)?;
+    let ms = time_ms(backend, 3, 20, || {
+        Ok(backend.stream().memcpy_dtod(&src, &mut dst)?)
+    })?;
+    Ok(2.0 * (n * 2) as f64 / (ms * 1e-3) / 1e12)
+}
+
+/// One attention timing.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AttentionRow {
+    /// "decode" or "prefill".
+    pub kind: &'static str,
+    /// Query heads.
+    pub num_heads: usize,
+    /// KV heads.
+    pub num_kv_heads: usize,
+    /// Head width.
+    pub head_dim: usize,
+    /// Sequences in the batch.
+    pub batch: usize,
+    /// Context tokens per sequence (including the new ones).
+    pub seq_tokens: usize,
+    /// New (query) tokens per sequence.
+    pub query_tokens: usize,
+    /// Median kernel time.
+    pub median_ms: f64,
+    /// K/V bytes the kernel must read (each once).
+    pub kv_bytes: u64,
+    /// `kv_bytes` / time.
+    pub achieved_tb_s: f64,
+}
+
+/// A batch of `batch` sequences with `seq` context tokens each, the last `query` of them new.
+pub fn attention_meta(batch: usize, seq: usize, query: usize, block_size: usize) -> BatchMeta {
+    let blocks_per_seq = seq.div_ceil(block_size);
+    let mut meta = BatchMeta {
+        block_size_tokens: block_size,
+        ..Default::default()
+    };
+    for s in 0..batch {
+        let table: Vec<u32> = (0..blocks_per_seq)
+            .map(|b| (s * blocks_per_seq + b) as u32)
+            .collect();
+        for t in seq - query..seq {
+            meta.positions.push(t as u32);
+            meta.slot_mapping
+                .push(table[t / block_size] * block_size as u32 + (t % block_size) as u32);
+        }
+        meta.seqs.push(SeqBatchMeta {
+            query_start: s * query,
+            query_len: query,
+            context_len_tokens: seq,
+            block_table: table,
+        });
+        meta.logits_rows.push(((s + 1) * query - 1) as u32);
+    }
+    meta
+}
+
+/// Times paged attention for one shape (K/V caches filled with random values).
+pub fn bench_attention(
+    backend: &CudaBackend,
+    dims: AttentionDims,
+    batch: usize,
+    seq: usize,
+    query: usize,
+) -> Result<AttentionRow, CudaError> {
+    let block_size = 16;
+    let meta = attention_meta(batch, seq, query, block_size);
+    let num_blocks = batch * seq.div_ceil(block_size);
+    let spec = starling_backend::KvCacheSpec {
+        num_blocks,
+        block_size_tokens: block_size,
+        num_kv_heads: dims.num_kv_heads,
+        head_dim: dims.head_dim,
+    };
+    let mut cache = backend.alloc_kv_cache(&spec)?;
+    fill_cache(backend, &mut cache, 11)?;
+    let qkv = backend.random_bf16(vec![meta.num_tokens(), dims.qkv_size()], 3, 1.0, 0.0)?;
+    let prepared = backend.prepare_batch(&meta, num_blocks)?;
+    let ms = time_ms(backend, 3, 20, || {
+        backend.paged_attention(&qkv, &cache, &dims, &prepared)?;
+        Ok(())
+    })?;
+    let kv_bytes = (batch * seq * dims.num_kv_heads * dims.head_dim * 2 * 2) as u64;
+    Ok(AttentionRow {
+        kind: if query == 1 { "decode" } else { "prefill" },
+        num_heads: dims.num_heads,
+        num_kv_heads: dims.num_kv_heads,
+        head_dim: dims.head_dim,
+        batch,
+        seq_tokens: seq,
+        query_tokens: query,
+        median_ms: ms,
+        kv_bytes,
+        achieved_tb_s: kv_bytes as f64 / (ms * 1e-3) / 1e12,
+    })
+}
+
+/// Fills a cache with N(0, 1) values.
+pub fn fill_cache(
+    backend: &CudaBackend,
+    cache: &mut CudaKvCache,
+    seed: u64,
+) -> Result<(), CudaError> {
+    backend.fill_normal_slice(&mut cache.keys, seed, 1.0)?;
+    backend.fill_normal_slice(&mut cache.values, seed ^ 0x5555, 1.0)
+}
+
+/// KV-write timing against a plain device copy of the same payload.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct KvWriteRow {
+    /// Tokens written.
+    pub tokens: usize,
+    /// KV heads × head dim per token.
+    pub kv_width: usize,
+    /// Median time of the paged write.
+    pub write_ms: f64,
+    /// Median time of a device-to-device copy of the same K+V bytes.
+    pub copy_ms: f64,
+    /// `write_ms / copy_ms` (the prior work's cache write cost 99× a copy).
+    pub ratio_to_copy: f64,
+}
+
+/// Times `write_kv` of `tokens` tokens into shuffled slots vs `memcpy_dtod` of the same bytes.
+pub fn bench_kv_write(
+    backend: &CudaBackend,
+    dims: AttentionDims,
+    tokens: usize,
+) -> Result<KvWriteRow, CudaError> {
+    let block_size = 16;
+    let meta = attention_meta(1, tokens, tokens, block_size);
+    let num_blocks = tokens.div_ceil(block_size);
+    let spec = starling_backend::KvCacheSpec {
+        num_blocks,
+        block_size_tokens: block_size,
+        num_kv_heads: dims.num_kv_heads,
+        head_dim: dims.head_dim,
+    };
+    let mut cache = backend.alloc_kv_cache(&spec)?;
+    let qkv = backend.random_bf16(vec![tokens, dims.qkv_size()], 5, 1.0, 0.0)?;
+    let prepared = backend.prepare_batch(&meta, num_blocks)?;
+    let write_ms = time_ms(backend, 3, 20, || {
+        backend.write_kv(&mut cache, &qkv, &dims, &prepared)?;
+        Ok(())
+    })?;
+    let payload = 2 * tokens * dims.kv_size();
+    let src = backend.stream().alloc_zeros::<bf16>(payload)?;
+    let mut dst = backend.stream().alloc_zeros::<bf16>(payload)?;
+    let copy_ms = time_ms(backend, 3, 20, || {
+        Ok(backend.stream().memcpy_dtod(&src, &mut dst)?)
+    })?;
+    Ok(KvWriteRow {
+        tokens,
+        kv_width: dims.kv_size(),
+        write_ms,
+        copy_ms,
+        ratio_to_copy: write_ms / copy_ms,
+    })
+}
+
+/// The uncompressed cache dtype the CUDA backend uses (for byte counts).
+pub const CACHE_DTYPE: CacheDtype = CacheDtype::BF16;

@@ -1,0 +1,26 @@
+//! The CUDA backend: [`CudaBackend`] implements [`starling_backend::Backend`] with bf16 weights and
+//! activations (f32 arithmetic), cuBLAS GEMMs and NVRTC-compiled kernels cached on disk.
+//!
+//! Nothing CUDA is needed at build time: cudarc loads `libcuda`, `libnvrtc` and `libcublas` at run
+//! time. [`cuda_available`] checks for them first, so CPU-only machines get a clear message instead
+//! of a panic. Kernel sources live in `kernels/*.cu`; each kernel names its CPU reference, and
+//! `tests/parity.rs` (GPU only, `#[ignore]`d in CPU CI) checks it.
+#![deny(missing_docs)]
+
+mod backend;
+pub mod bench;
+mod compile;
+mod error;
+mod kernels;
+mod tensor;
+
+pub use backend::{CudaBackend, CudaBatch, CudaKvCache};
+pub use compile::KernelCache;
+pub use error::CudaError;
+pub use tensor::{CudaTensor, DeviceBuf};
+
+/// Whether the CUDA driver library can be loaded on this machine (it says nothing about GPUs).
+pub fn cuda_available() -> bool {
+    // SAFETY: only tries to dlopen libcuda and reports whether it worked.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}

@@ -1,0 +1,384 @@
+//! The engine on its own OS thread.
+//!
+//! Handlers send [`Command`]s through a std channel (sending never blocks the async runtime);
+//! each request carries a tokio unbounded sender for its [`RequestEvent`]s. The loop drains
+//! commands, drops requests whose receiver is gone (the client disconnected: its blocks are
+//! freed before the next step), steps while there is work and blocks on the channel when idle.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use starling_backend::Backend;
+use starling_engine::sampling::{FinishReason, SamplingParams};
+use starling_engine::{Engine, EngineError, RequestOutput};
+use starling_kv::SeqId;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use crate::metrics::Metrics;
+
+/// Failures starting or reaching the engine thread.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The engine could not be built on its thread.
+    #[error("starting the engine: {0}")]
+    EngineStart(#[from] EngineError),
+    /// The engine thread could not be spawned or died before reporting.
+    #[error("the engine thread failed to start: {0}")]
+    ThreadStart(String),
+    /// Binding or serving the socket failed.
+    #[error("serving HTTP: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Limits of the engine that the HTTP layer validates requests against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineInfo {
+    /// Longest prompt + output, tokens.
+    pub max_model_len_tokens: usize,
+    /// Logits per step; token ids must be below this.
+    pub vocab_size: usize,
+    /// Blocks in the KV pool.
+    pub kv_blocks_total: usize,
+    /// Token slots per block.
+    pub block_size_tokens: usize,
+}
+
+/// What a request's handler hears from the engine.
+#[derive(Debug)]
+pub enum RequestEvent {
+    /// The engine queued the request.
+    Accepted,
+    /// The engine refused the request (invalid parameters or prompt).
+    Rejected(EngineError),
+    /// A step produced a token (or the final output) for the request.
+    Output(RequestOutput),
+    /// The engine failed while running the request; the request is over.
+    Failed(String),
+}
+
+/// A request for the engine thread.
+struct NewRequest {
+    prompt_ids: Vec<u32>,
+    params: SamplingParams,
+    arrival: Instant,
+    events: UnboundedSender<RequestEvent>,
+}
+
+enum Command {
+    Add(NewRequest),
+    /// Abort every request in flight (shutdown grace period over).
+    AbortAll,
+    /// Abort everything and leave the loop.
+    Shutdown,
+}
+
+/// How one live request is doing, for its channel and its latency metrics.
+struct LiveRequest {
+    events: UnboundedSender<RequestEvent>,
+    arrival: Instant,
+    last_token_at: Option<Instant>,
+}
+
+/// The handlers' side of the engine thread. Cloning shares the same thread.
+#[derive(Clone)]
+pub struct EngineHandle {
+    commands: Sender<Command>,
+    info: EngineInfo,
+    metrics: Arc<Metrics>,
+    thread: Arc<Mutex<Option<JoinHandle<()>>>>,
+}
+
+impl EngineHandle {
+    /// Builds the engine with `build` on a new thread (some backends bind device state to the
+    /// thread that creates it) and starts its loop. Returns once the engine is ready.
+    pub fn spawn<B, F>(build: F) -> Result<Self, ServerError>
+    where
+        B: Backend + 'static,
+        F: FnOnce() -> Result<Engine<B>, EngineError> + Send + 'static,
+    {
+        let (commands, command_rx) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let metrics = Arc::new(Metrics::default());
+        let loop_metrics = metrics.clone();
+        let thread = std::thread::Builder::new()
+            .name("starling-engine".into())
+            .spawn(move || {
+                let engine = match build() {
+                    Ok(engine) => engine,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let sched = engine.scheduler_config();
+                let info = EngineInfo {
+                    max_model_len_tokens: sched.max_model_len_tokens,
+                    vocab_size: engine.model().config().vocab_size,
+                    kv_blocks_total: engine.stats().kv_blocks_total,
+                    block_size_tokens: sched.block_size_tokens,
+                };
+                loop_metrics.record_step(engine.stats(), None);
+                if ready_tx.send(Ok(info)).is_err() {
+                    return;
+                }
+                EngineLoop::new(engine, loop_metrics).run(command_rx);
+            })
+            .map_err(|e| ServerError::ThreadStart(e.to_string()))?;
+        let info = match ready_rx.recv() {
+            Ok(Ok(info)) => info,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(ServerError::EngineStart(e));
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(ServerError::ThreadStart(
+                    "the engine thread exited while building the engine".into(),
+                ));
+            }
+        };
+        Ok(EngineHandle {
+            commands,
+            info,
+            metrics,
+            thread: Arc::new(Mutex::new(Some(thread))),
+        })
+    }
+
+    /// The engine's limits.
+    pub fn info(&self) -> EngineInfo {
+        self.info
+    }
+
+    /// The metrics the engine thread keeps.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Queues a request; its events arrive on the returned receiver, starting with
+    /// [`RequestEvent::Accepted`] or [`RequestEvent::Rejected`]. Dropping the receiver aborts
+    /// the request. `None` when the engine thread has stopped.
+    pub fn submit(
+        &self,
+        prompt_ids: Vec<u32>,
+        params: SamplingParams,
+    ) -> Option<UnboundedReceiver<RequestEvent>> {
+        let (events, receiver) = unbounded_channel();
+        let request = NewRequest {
+            prompt_ids,
+            params,
+            arrival: Instant::now(),
+            events,
+        };
+        self.commands.send(Command::Add(request)).ok()?;
+        Some(receiver)
+    }
+
+    /// Aborts every request in flight; their streams end with finish reason `abort`.
+    pub fn abort_all(&self) {
+        let _ = self.commands.send(Command::AbortAll);
+    }
+
+    /// Aborts what is left, stops the loop and waits for the thread (idempotent).
+    pub fn shutdown(&self) {
+        let _ = self.commands.send(Command::Shutdown);
+        let thread = self
+            .thread
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        if let Some(thread) = thread {
+            if thread.join().is_err() {
+                tracing::error!("the engine thread panicked");
+            }
+        }
+    }
+}
+
+struct EngineLoop<B: Backend> {
+    engine: Engine<B>,
+    metrics: Arc<Metrics>,
+    live: HashMap<SeqId, LiveRequest>,
+}
+
+impl<B: Backend> EngineLoop<B> {
+    fn new(engine: Engine<B>, metrics: Arc<Metrics>) -> Self {
+        EngineLoop {
+            engine,
+            metrics,
+            live: HashMap::new(),
+        }
+    }
+
+    fn run(mut self, commands: Receiver<Command>) {
+        loop {
+            if self.live.is_empty() {
+                // Idle: block until a command arrives (no busy spin).
+                match commands.recv() {
+                    Ok(command) => {
+                        if !self.handle(command) {
+                            return;
+                        }
+                    }
+                    // Every handle is gone: nobody can send work any more.
+                    Err(mpsc::RecvError) => return,
+                }
+            }
+            loop {
+                match commands.try_recv() {
+                    Ok(command) => {
+                        if !self.handle(command) {
+                            return;
+                        }
+                    }
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        self.abort_all();
+                        return;
+                    }
+                }
+            }
+            self.abort_disconnected();
+            if self.engine.has_unfinished() {
+                self.step();
+            }
+        }
+    }
+
+    /// Applies one command; false means leave the loop.
+    fn handle(&mut self, command: Command) -> bool {
+        match command {
+            Command::Add(request) => self.add(request),
+            Command::AbortAll => self.abort_all(),
+            Command::Shutdown => {
+                self.abort_all();
+                return false;
+            }
+        }
+        true
+    }
+
+    fn add(&mut self, request: NewRequest) {
+        let num_prompt_tokens = request.prompt_ids.len() as u64;
+        match self.engine.add_request(request.prompt_ids, request.params) {
+            Ok(seq_id) => {
+                self.metrics.lock().prompt_tokens_total += num_prompt_tokens;
+                let _ = request.events.send(RequestEvent::Accepted);
+                self.live.insert(
+                    seq_id,
+                    LiveRequest {
+                        events: request.events,
+                        arrival: request.arrival,
+                        last_token_at: None,
+                    },
+                );
+            }
+            Err(e) => {
+                self.metrics.lock().rejected_total += 1;
+                let _ = request.events.send(RequestEvent::Rejected(e));
+            }
+        }
+    }
+
+    /// Aborts requests whose client went away, so their blocks are free before the next step.
+    fn abort_disconnected(&mut self) {
+        let gone: Vec<SeqId> = self
+            .live
+            .iter()
+            .filter(|(_, r)| r.events.is_closed())
+            .map(|(&id, _)| id)
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        for seq_id in gone {
+            self.abort(seq_id);
+        }
+        // The loop may go idle now; /metrics must already show the freed blocks.
+        self.metrics.record_step(self.engine.stats(), None);
+    }
+
+    fn abort_all(&mut self) {
+        let ids: Vec<SeqId> = self.live.keys().copied().collect();
+        for seq_id in ids {
+            self.abort(seq_id);
+        }
+        self.metrics.record_step(self.engine.stats(), None);
+    }
+
+    fn abort(&mut self, seq_id: SeqId) {
+        let Some(live) = self.live.remove(&seq_id) else {
+            return;
+        };
+        match self.engine.abort(seq_id) {
+            Ok(output) => {
+                self.metrics.lock().finished_abort += 1;
+                let _ = live.events.send(RequestEvent::Output(output));
+            }
+            Err(e) => tracing::warn!("aborting {seq_id:?}: {e}"),
+        }
+    }
+
+    fn step(&mut self) {
+        let result = self.engine.step();
+        let now = Instant::now();
+        match result {
+            Ok(outputs) => {
+                let mut metrics = self.metrics.lock();
+                for output in outputs {
+                    let seq_id = output.seq_id;
+                    let Some(live) = self.live.get_mut(&seq_id) else {
+                        continue;
+                    };
+                    if output.token_id.is_some() {
+                        match live.last_token_at {
+                            None => metrics
+                                .ttft_s
+                                .observe(now.duration_since(live.arrival).as_secs_f64()),
+                            Some(previous) => metrics
+                                .itl_s
+                                .observe(now.duration_since(previous).as_secs_f64()),
+                        }
+                        live.last_token_at = Some(now);
+                    }
+                    let finished = output.finished.as_ref().map(|f| f.reason);
+                    let _ = live.events.send(RequestEvent::Output(output));
+                    if let Some(reason) = finished {
+                        metrics
+                            .e2e_s
+                            .observe(now.duration_since(live.arrival).as_secs_f64());
+                        match reason {
+                            FinishReason::Stop => metrics.finished_stop += 1,
+                            FinishReason::Length => metrics.finished_length += 1,
+                            FinishReason::Abort => metrics.finished_abort += 1,
+                        }
+                        self.live.remove(&seq_id);
+                    }
+                }
+            }
+            Err(e) => {
+                // The engine aborted the step's requests; tell their clients and keep serving.
+                tracing::error!("engine step failed: {e}");
+                let message = format!("the engine failed while running this request: {e}");
+                let failed: Vec<SeqId> = self
+                    .live
+                    .keys()
+                    .copied()
+                    .filter(|&id| !self.engine.has_request(id))
+                    .collect();
+                let mut metrics = self.metrics.lock();
+                for seq_id in failed {
+                    if let Some(live) = self.live.remove(&seq_id) {
+                        metrics.finished_abort += 1;
+                        let _ = live.events.send(RequestEvent::Failed(message.clone()));
+                    }
+                }
+            }
+        }
+        let stats = self.engine.stats();
+        self.metrics.record_step(stats, stats.last_step);
+    }
+}

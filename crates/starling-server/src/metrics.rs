@@ -1,0 +1,392 @@
+//! Prometheus metrics with vLLM's names (plus `starling:` ones for figures vLLM lacks).
+//!
+//! The engine thread is the only writer: it records per-request latencies and per-step scheduler
+//! figures; `/metrics` renders a snapshot under the same lock.
+
+use std::fmt::Write as _;
+use std::sync::{Mutex, MutexGuard};
+
+use starling_engine::scheduler::StepStats;
+use starling_engine::EngineStats;
+
+/// vLLM's bucket bounds for time to first token, seconds.
+const TTFT_BUCKETS_S: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+/// vLLM's bucket bounds for inter-token latency, seconds.
+const ITL_BUCKETS_S: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+/// vLLM's bucket bounds for end-to-end request latency, seconds.
+const E2E_BUCKETS_S: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+
+/// A cumulative Prometheus histogram.
+#[derive(Debug, Clone)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    /// Observations per bucket (not cumulative; the last entry is +Inf).
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            counts: vec![0; bounds.len() + 1],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    /// Adds one observation.
+    pub fn observe(&mut self, value: f64) {
+        let bucket = self
+            .bounds
+            .iter()
+            .position(|&b| value <= b)
+            .unwrap_or(self.bounds.len());
+        self.counts[bucket] += 1;
+        self.sum += value;
+        self.count += 1;
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (i, count) in self.counts.iter().enumerate() {
+            cumulative += count;
+            let le = self
+                .bounds
+                .get(i)
+                .map_or_else(|| "+Inf".to_owned(), |b| b.to_string());
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+        }
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum);
+        let _ = writeln!(out, "{name}_count{{{labels}}} {}", self.count);
+    }
+}
+
+/// Everything `/metrics` reports.
+#[derive(Debug, Clone)]
+pub struct MetricsState {
+    /// The engine's last load snapshot.
+    pub stats: Option<EngineStats>,
+    /// Prompt tokens of admitted requests.
+    pub prompt_tokens_total: u64,
+    /// Requests finished, by reason: stop, length, abort.
+    pub finished_stop: u64,
+    /// Requests that hit their length limit.
+    pub finished_length: u64,
+    /// Requests aborted (client gone, shutdown, engine failure).
+    pub finished_abort: u64,
+    /// Requests refused by the engine at admission.
+    pub rejected_total: u64,
+    /// Steps that decoded at least one sequence.
+    pub decode_steps_total: u64,
+    /// Of those, steps that decoded exactly one sequence.
+    pub decode_steps_batch1_total: u64,
+    /// Sum of decoding sequences over decode steps (mean decode batch = this / decode steps).
+    pub decode_batch_size_sum: u64,
+    /// Highest number of KV blocks held after any step.
+    pub kv_blocks_used_max: usize,
+    /// Time to first token, seconds.
+    pub ttft_s: Histogram,
+    /// Time between consecutive tokens of a request, seconds.
+    pub itl_s: Histogram,
+    /// Arrival to last token, seconds.
+    pub e2e_s: Histogram,
+}
+
+impl Default for MetricsState {
+    fn default() -> Self {
+        MetricsState {
+            stats: None,
+            prompt_tokens_total: 0,
+            finished_stop: 0,
+            finished_length: 0,
+            finished_abort: 0,
+            rejected_total: 0,
+            decode_steps_total: 0,
+            decode_steps_batch1_total: 0,
+            decode_batch_size_sum: 0,
+            kv_blocks_used_max: 0,
+            ttft_s: Histogram::new(TTFT_BUCKETS_S),
+            itl_s: Histogram::new(ITL_BUCKETS_S),
+            e2e_s: Histogram::new(E2E_BUCKETS_S),
+        }
+    }
+}
+
+/// Shared metrics; cheap to lock (the engine thread holds it for microseconds per step).
+#[derive(Debug, Default)]
+pub struct Metrics {
+    state: Mutex<MetricsState>,
+}
+
+impl Metrics {
+    /// Locks the state for an update or a read. A panic elsewhere while holding the lock
+    /// leaves plain counters behind, which are still worth reporting.
+    pub fn lock(&self) -> MutexGuard<'_, MetricsState> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Records the engine's state after a step (`step` is `None` when nothing ran).
+    pub fn record_step(&self, stats: EngineStats, step: Option<StepStats>) {
+        let mut state = self.lock();
+        if let Some(step) = step {
+            if step.num_decode_tokens > 0 {
+                state.decode_steps_total += 1;
+                state.decode_batch_size_sum += step.num_decode_tokens as u64;
+                if step.num_decode_tokens == 1 {
+                    state.decode_steps_batch1_total += 1;
+                }
+            }
+            state.kv_blocks_used_max = state.kv_blocks_used_max.max(step.num_blocks_in_use);
+        }
+        state.stats = Some(stats);
+    }
+
+    /// Renders the Prometheus text exposition; `model_name` labels the vLLM series.
+    pub fn render(&self, model_name: &str) -> String {
+        let state = self.lock().clone();
+        render_state(&state, model_name)
+    }
+}
+
+fn render_state(state: &MetricsState, model_name: &str) -> String {
+    let labels = format!("model_name=\"{}\"", escape_label(model_name));
+    let mut out = String::with_capacity(8192);
+    let stats = state.stats;
+    let running = stats.map_or(0, |s| s.num_running);
+    let waiting = stats.map_or(0, |s| s.num_waiting);
+    let total = stats.map_or(0, |s| s.kv_blocks_total);
+    let free = stats.map_or(0, |s| s.kv_blocks_free);
+    let used = total.saturating_sub(free);
+    let usage = if total == 0 {
+        0.0
+    } else {
+        used as f64 / total as f64
+    };
+    let counters = stats.map(|s| s.counters).unwrap_or_default();
+    let mut metric = |name: &str, kind: &str, help: &str, value: String, labels: &str| {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {value}"
+        );
+    };
+    metric(
+        "vllm:num_requests_running",
+        "gauge",
+        "Requests being computed.",
+        running.to_string(),
+        &labels,
+    );
+    metric(
+        "vllm:num_requests_waiting",
+        "gauge",
+        "Requests queued (new or preempted).",
+        waiting.to_string(),
+        &labels,
+    );
+    metric(
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        "KV-cache usage; 1 means 100 percent.",
+        usage.to_string(),
+        &labels,
+    );
+    metric(
+        "vllm:num_preemptions_total",
+        "counter",
+        "Preemptions so far.",
+        stats.map_or(0, |s| s.num_preemptions).to_string(),
+        &labels,
+    );
+    metric(
+        "vllm:prompt_tokens_total",
+        "counter",
+        "Prompt tokens of admitted requests.",
+        state.prompt_tokens_total.to_string(),
+        &labels,
+    );
+    metric(
+        "vllm:generation_tokens_total",
+        "counter",
+        "Generated tokens.",
+        counters.generation_tokens.to_string(),
+        &labels,
+    );
+    for (reason, count) in [
+        ("stop", state.finished_stop),
+        ("length", state.finished_length),
+        ("abort", state.finished_abort),
+    ] {
+        let _ = writeln!(
+            out,
+            "vllm:request_success_total{{{labels},finished_reason=\"{reason}\"}} {count}"
+        );
+    }
+    let mut metric = |name: &str, kind: &str, help: &str, value: String| {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    };
+    metric(
+        "starling:kv_blocks_used",
+        "gauge",
+        "KV blocks held.",
+        used.to_string(),
+    );
+    metric(
+        "starling:kv_blocks_free",
+        "gauge",
+        "KV blocks free.",
+        free.to_string(),
+    );
+    metric(
+        "starling:kv_blocks_total",
+        "gauge",
+        "KV blocks in the pool.",
+        total.to_string(),
+    );
+    metric(
+        "starling:kv_blocks_used_max",
+        "gauge",
+        "Most KV blocks held after any step since start.",
+        state.kv_blocks_used_max.to_string(),
+    );
+    metric(
+        "starling:steps_total",
+        "counter",
+        "Engine steps run.",
+        counters.steps.to_string(),
+    );
+    metric(
+        "starling:prefill_tokens_total",
+        "counter",
+        "Prompt and recomputed tokens run through the model.",
+        counters.prefill_tokens.to_string(),
+    );
+    metric(
+        "starling:decode_steps_total",
+        "counter",
+        "Steps that decoded at least one sequence.",
+        state.decode_steps_total.to_string(),
+    );
+    metric(
+        "starling:decode_steps_batch1_total",
+        "counter",
+        "Steps that decoded exactly one sequence.",
+        state.decode_steps_batch1_total.to_string(),
+    );
+    metric("starling:decode_batch_size_sum", "counter", "Sum over decode steps of sequences decoded (divide by starling:decode_steps_total for the mean).", state.decode_batch_size_sum.to_string());
+    metric(
+        "starling:requests_rejected_total",
+        "counter",
+        "Requests the engine refused at admission.",
+        state.rejected_total.to_string(),
+    );
+    state.ttft_s.render(
+        &mut out,
+        "vllm:time_to_first_token_seconds",
+        "Time to first token.",
+        &labels,
+    );
+    state.itl_s.render(
+        &mut out,
+        "vllm:inter_token_latency_seconds",
+        "Time between consecutive output tokens.",
+        &labels,
+    );
+    state.e2e_s.render(
+        &mut out,
+        "vllm:e2e_request_latency_seconds",
+        "Arrival to last token.",
+        &labels,
+    );
+    out
+}
+
+/// Escapes a Prometheus label value (backslash, quote, newline).
+fn escape_label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative_and_inf_holds_everything() {
+        let mut h = Histogram::new(&[0.1, 1.0]);
+        for v in [0.05, 0.5, 0.7, 3.0] {
+            h.observe(v);
+        }
+        let mut out = String::new();
+        h.render(&mut out, "x", "help", "a=\"b\"");
+        assert!(out.contains("x_bucket{a=\"b\",le=\"0.1\"} 1\n"), "{out}");
+        assert!(out.contains("x_bucket{a=\"b\",le=\"1\"} 3\n"), "{out}");
+        assert!(out.contains("x_bucket{a=\"b\",le=\"+Inf\"} 4\n"), "{out}");
+        assert!(out.contains("x_count{a=\"b\"} 4\n"), "{out}");
+    }
+
+    #[test]
+    fn decode_batch_figures_count_only_decode_steps() {
+        let metrics = Metrics::default();
+        let stats = EngineStats {
+            num_running: 2,
+            num_waiting: 1,
+            kv_blocks_total: 10,
+            kv_blocks_free: 4,
+            num_preemptions: 3,
+            counters: Default::default(),
+            last_step: None,
+        };
+        let step = |decode, blocks| StepStats {
+            num_decode_tokens: decode,
+            num_blocks_in_use: blocks,
+            ..StepStats::default()
+        };
+        metrics.record_step(stats, Some(step(0, 2)));
+        metrics.record_step(stats, Some(step(1, 7)));
+        metrics.record_step(stats, Some(step(3, 6)));
+        let text = metrics.render("m\"x");
+        assert!(text.contains("starling:decode_steps_total 2\n"), "{text}");
+        assert!(
+            text.contains("starling:decode_steps_batch1_total 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("starling:decode_batch_size_sum 4\n"),
+            "{text}"
+        );
+        assert!(text.contains("starling:kv_blocks_used 6\n"), "{text}");
+        assert!(text.contains("starling:kv_blocks_used_max 7\n"), "{text}");
+        assert!(
+            text.contains("vllm:kv_cache_usage_perc{model_name=\"m\\\"x\"} 0.6\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("vllm:num_preemptions_total{model_name=\"m\\\"x\"} 3\n"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,201 @@
+//! `POST /v1/chat/completions`.
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use starling_engine::RequestOutput;
+
+use super::generation::{
+    check_lengths, finish_fields, for_each_output, new_request_id, submit, token_text, unix_now_s,
+};
+use super::sse::{sse_response, ChunkFormatter};
+use crate::api_error::ApiError;
+use crate::json_body::JsonBody;
+use crate::protocol::chat::{
+    ChatChoice, ChatDelta, ChatLogprobs, ChatRequest, ChatRequestMessage, ChatResponse,
+    ChatTokenLogprob,
+};
+use crate::protocol::Usage;
+use crate::state::AppState;
+
+/// Renders `messages` through the model's chat template and encodes the result.
+pub fn encode_chat(
+    state: &AppState,
+    messages: &[ChatRequestMessage],
+    add_generation_prompt: bool,
+) -> Result<Vec<u32>, ApiError> {
+    let template = state.chat_template.as_ref().ok_or_else(|| {
+        ApiError::bad_request(
+            "this model has no chat template; use /v1/completions",
+            Some("messages"),
+        )
+    })?;
+    if messages.is_empty() {
+        return Err(ApiError::bad_request(
+            "messages must not be empty",
+            Some("messages"),
+        ));
+    }
+    let messages = messages
+        .iter()
+        .map(ChatRequestMessage::to_chat_message)
+        .collect::<Result<Vec<_>, _>>()?;
+    let text = template
+        .render(&messages, add_generation_prompt)
+        .map_err(|e| {
+            ApiError::bad_request(
+                format!("cannot apply the chat template: {e}"),
+                Some("messages"),
+            )
+        })?;
+    // The template already placed BOS and the other special tokens.
+    state.tokenizer.encode(&text, false).map_err(|e| {
+        ApiError::bad_request(
+            format!("cannot tokenize the conversation: {e}"),
+            Some("messages"),
+        )
+    })
+}
+
+/// Handles a chat request, streamed or not.
+pub async fn create(
+    State(state): State<AppState>,
+    JsonBody(request): JsonBody<ChatRequest>,
+) -> Result<Response, ApiError> {
+    state.check_model(request.model.as_deref())?;
+    let prompt_ids = encode_chat(&state, &request.messages, true)?;
+    let (max_tokens, max_param) = match (request.max_completion_tokens, request.max_tokens) {
+        (Some(m), _) => (Some(m), "max_completion_tokens"),
+        (None, m) => (m, "max_tokens"),
+    };
+    let explicit_max = max_tokens.map(|m| usize::try_from(m).unwrap_or(usize::MAX));
+    check_lengths(
+        &state,
+        prompt_ids.len(),
+        explicit_max,
+        max_param,
+        "messages",
+    )?;
+    let logprobs = match request.logprobs {
+        Some(true) => Some(request.top_logprobs.unwrap_or(0)),
+        _ => None,
+    };
+    let params = request.sampling.to_params(max_tokens, logprobs)?;
+    let wants_logprobs = params.logprobs.is_some();
+    let events = submit(&state, prompt_ids, params).await?;
+    let formatter = ChatFormatter {
+        state: state.clone(),
+        id: new_request_id("chatcmpl"),
+        created: unix_now_s(),
+        wants_logprobs,
+        include_usage: request
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage),
+    };
+    if request.stream.unwrap_or(false) {
+        return Ok(sse_response(events, formatter));
+    }
+    let mut text = String::new();
+    let mut logprobs = ChatLogprobs::default();
+    let names = token_text(&state);
+    let last = for_each_output(events, |output| {
+        if let Some(lp) = &output.logprob {
+            logprobs.content.push(ChatTokenLogprob::new(lp, &names));
+        }
+        text.push_str(&output.text_delta);
+    })
+    .await?;
+    let (finish_reason, stop_reason) = finish_fields(&last);
+    let response = ChatResponse {
+        id: formatter.id,
+        object: "chat.completion".into(),
+        created: formatter.created,
+        model: state.model.served_name.clone(),
+        choices: vec![ChatChoice {
+            index: 0,
+            message: Some(ChatDelta {
+                role: Some("assistant".into()),
+                content: Some(text),
+            }),
+            delta: None,
+            logprobs: wants_logprobs.then_some(logprobs),
+            finish_reason,
+            stop_reason,
+        }],
+        usage: Some(Usage::new(last.num_prompt_tokens, last.num_output_tokens)),
+    };
+    Ok(Json(response).into_response())
+}
+
+/// Streamed chat chunks.
+struct ChatFormatter {
+    state: AppState,
+    id: String,
+    created: u64,
+    wants_logprobs: bool,
+    include_usage: bool,
+}
+
+impl ChatFormatter {
+    fn chunk(&self, choices: Vec<ChatChoice>, usage: Option<Usage>) -> Option<String> {
+        let chunk = ChatResponse {
+            id: self.id.clone(),
+            object: "chat.completion.chunk".into(),
+            created: self.created,
+            model: self.state.model.served_name.clone(),
+            choices,
+            usage,
+        };
+        serde_json::to_string(&chunk)
+            .map_err(|e| tracing::error!("serialising a chat chunk: {e}"))
+            .ok()
+    }
+}
+
+impl ChunkFormatter for ChatFormatter {
+    fn start(&mut self) -> Vec<String> {
+        let role = ChatChoice {
+            index: 0,
+            message: None,
+            delta: Some(ChatDelta {
+                role: Some("assistant".into()),
+                content: Some(String::new()),
+            }),
+            logprobs: None,
+            finish_reason: None,
+            stop_reason: None,
+        };
+        self.chunk(vec![role], None).into_iter().collect()
+    }
+
+    fn output(&mut self, output: &RequestOutput) -> Vec<String> {
+        let logprobs = match (&output.logprob, self.wants_logprobs) {
+            (Some(lp), true) => Some(ChatLogprobs {
+                content: vec![ChatTokenLogprob::new(lp, &token_text(&self.state))],
+            }),
+            _ => None,
+        };
+        let (finish_reason, stop_reason) = finish_fields(output);
+        let choice = ChatChoice {
+            index: 0,
+            message: None,
+            delta: Some(ChatDelta {
+                role: None,
+                content: Some(output.text_delta.clone()),
+            }),
+            logprobs,
+            finish_reason,
+            stop_reason,
+        };
+        self.chunk(vec![choice], None).into_iter().collect()
+    }
+
+    fn usage(&mut self, usage: Usage) -> Option<String> {
+        if self.include_usage {
+            self.chunk(Vec::new(), Some(usage))
+        } else {
+            None
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! `POST /v1/completions`.
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use starling_engine::RequestOutput;
+
+use super::generation::{
+    check_lengths, check_token_ids, finish_fields, for_each_output, new_request_id, submit,
+    token_text, unix_now_s,
+};
+use super::sse::{sse_response, ChunkFormatter};
+use crate::api_error::ApiError;
+use crate::json_body::JsonBody;
+use crate::protocol::common::SinglePrompt;
+use crate::protocol::completion::{
+    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
+    DEFAULT_COMPLETION_MAX_TOKENS,
+};
+use crate::protocol::Usage;
+use crate::state::AppState;
+
+/// Handles a completion request, streamed or not.
+pub async fn create(
+    State(state): State<AppState>,
+    JsonBody(request): JsonBody<CompletionRequest>,
+) -> Result<Response, ApiError> {
+    state.check_model(request.model.as_deref())?;
+    if request.echo == Some(true) {
+        return Err(ApiError::bad_request("echo is not supported", Some("echo")));
+    }
+    let prompt_ids = match request.prompt.clone().single()? {
+        SinglePrompt::Text(text) => state.tokenizer.encode(&text, true).map_err(|e| {
+            ApiError::bad_request(format!("cannot tokenize the prompt: {e}"), Some("prompt"))
+        })?,
+        SinglePrompt::Tokens(ids) => {
+            check_token_ids(&state, &ids, "prompt")?;
+            ids
+        }
+    };
+    let explicit_max = request
+        .max_tokens
+        .map(|m| usize::try_from(m).unwrap_or(usize::MAX));
+    check_lengths(
+        &state,
+        prompt_ids.len(),
+        explicit_max,
+        "max_tokens",
+        "prompt",
+    )?;
+    // The implicit default of 16 shrinks to the room left instead of failing.
+    let room = state.engine.info().max_model_len_tokens - prompt_ids.len();
+    let max_tokens = request
+        .max_tokens
+        .unwrap_or_else(|| DEFAULT_COMPLETION_MAX_TOKENS.min(room as u64));
+    let params = request
+        .sampling
+        .to_params(Some(max_tokens), request.logprobs)?;
+    let wants_logprobs = params.logprobs.is_some();
+    let events = submit(&state, prompt_ids, params).await?;
+    let formatter = CompletionFormatter {
+        state: state.clone(),
+        id: new_request_id("cmpl"),
+        created: unix_now_s(),
+        wants_logprobs,
+        include_usage: request
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage),
+        text_chars: 0,
+    };
+    if request.stream.unwrap_or(false) {
+        return Ok(sse_response(events, formatter));
+    }
+    let mut text = String::new();
+    let mut logprobs = CompletionLogprobs::default();
+    let names = token_text(&state);
+    let last = for_each_output(events, |output| {
+        if let Some(lp) = &output.logprob {
+            logprobs.push(lp, text.chars().count(), &names);
+        }
+        text.push_str(&output.text_delta);
+    })
+    .await?;
+    let (finish_reason, stop_reason) = finish_fields(&last);
+    let response = CompletionResponse {
+        id: formatter.id,
+        object: "text_completion".into(),
+        created: formatter.created,
+        model: state.model.served_name.clone(),
+        choices: vec![CompletionChoice {
+            index: 0,
+            text,
+            logprobs: wants_logprobs.then_some(logprobs),
+            finish_reason,
+            stop_reason,
+        }],
+        usage: Some(Usage::new(last.num_prompt_tokens, last.num_output_tokens)),
+    };
+    Ok(Json(response).into_response())
+}
+
+/// Streamed completion chunks.
+struct CompletionFormatter {
+    state: AppState,
+    id: String,
+    created: u64,
+    wants_logprobs: bool,
+    include_usage: bool,
+    /// Characters streamed so far (logprob text offsets).
+    text_chars: usize,
+}
+
+impl CompletionFormatter {
+    fn chunk(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> Option<String> {
+        let chunk = CompletionResponse {
+            id: self.id.clone(),
+            object: "text_completion".into(),
+            created: self.created,
+            model: self.state.model.served_name.clone(),
+            choices,
+            usage,
+        };
+        serde_json::to_string(&chunk)
+            .map_err(|e| tracing::error!("serialising a completion chunk: {e}"))
+            .ok()
+    }
+}
+
+impl ChunkFormatter for CompletionFormatter {
+    fn start(&mut self) -> Vec<String> {
+        Vec::new()
+    }
+
+    fn output(&mut self, output: &RequestOutput) -> Vec<String> {
+        // An abort without a token and without text still needs its finish chunk; a prompt-only
+        // step never reaches here (the engine reports only sampled tokens and finishes).
+        let logprobs = match (&output.logprob, self.wants_logprobs) {
+            (Some(lp), true) => {
+                let mut entry = CompletionLogprobs::default();
+                entry.push(lp, self.text_chars, &token_text(&self.state));
+                Some(entry)
+            }
+            _ => None,
+        };
+        self.text_chars += output.text_delta.chars().count();
+        let (finish_reason, stop_reason) = finish_fields(output);
+        let choice = CompletionChoice {
+            index: 0,
+            text: output.text_delta.clone(),
+            logprobs,
+            finish_reason,
+            stop_reason,
+        };
+        self.chunk(vec![choice], None).into_iter().collect()
+    }
+
+    fn usage(&mut self, usage: Usage) -> Option<String> {
+        if self.include_usage {
+            self.chunk(Vec::new(), Some(usage))
+        } else {
+            None
+        }
+    }
+}

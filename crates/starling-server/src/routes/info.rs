@@ -1,0 +1,102 @@
+//! The small endpoints: models, health, metrics, tokenize, detokenize, and the 404 fallback.
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use super::chat::encode_chat;
+use crate::api_error::ApiError;
+use crate::json_body::JsonBody;
+use crate::protocol::tokenize::{
+    DetokenizeRequest, DetokenizeResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
+};
+use crate::state::AppState;
+
+/// `GET /v1/models`: the one served model.
+pub async fn models(State(state): State<AppState>) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list".into(),
+        data: vec![ModelCard {
+            id: state.model.served_name.clone(),
+            object: "model".into(),
+            created: state.model.created_unix_s,
+            owned_by: "starling".into(),
+            root: state.model.root.clone(),
+            max_model_len: state.engine.info().max_model_len_tokens,
+        }],
+    })
+}
+
+/// `GET /health`: 200 while the server runs.
+pub async fn health() -> StatusCode {
+    StatusCode::OK
+}
+
+/// `GET /metrics`: Prometheus text.
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    let text = state.engine.metrics().render(&state.model.served_name);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// `POST /tokenize`: a prompt or a conversation to token ids.
+pub async fn tokenize(
+    State(state): State<AppState>,
+    JsonBody(request): JsonBody<TokenizeRequest>,
+) -> Result<Json<TokenizeResponse>, ApiError> {
+    state.check_model(request.model.as_deref())?;
+    let tokens = match (&request.prompt, &request.messages) {
+        (Some(prompt), None) => state
+            .tokenizer
+            .encode(prompt, request.add_special_tokens.unwrap_or(true))
+            .map_err(|e| ApiError::bad_request(format!("cannot tokenize: {e}"), Some("prompt")))?,
+        (None, Some(messages)) => encode_chat(
+            &state,
+            messages,
+            request.add_generation_prompt.unwrap_or(true),
+        )?,
+        _ => {
+            return Err(ApiError::bad_request(
+                "give exactly one of `prompt` and `messages`",
+                None,
+            ))
+        }
+    };
+    Ok(Json(TokenizeResponse {
+        count: tokens.len(),
+        max_model_len: state.engine.info().max_model_len_tokens,
+        tokens,
+    }))
+}
+
+/// `POST /detokenize`: token ids to text.
+pub async fn detokenize(
+    State(state): State<AppState>,
+    JsonBody(request): JsonBody<DetokenizeRequest>,
+) -> Result<Json<DetokenizeResponse>, ApiError> {
+    state.check_model(request.model.as_deref())?;
+    super::generation::check_token_ids(&state, &request.tokens, "tokens")?;
+    let prompt = state
+        .tokenizer
+        .decode(&request.tokens, false)
+        .map_err(|e| ApiError::bad_request(format!("cannot detokenize: {e}"), Some("tokens")))?;
+    Ok(Json(DetokenizeResponse { prompt }))
+}
+
+/// Any other path: an OpenAI-shaped 404.
+pub async fn not_found() -> ApiError {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: "no such endpoint".into(),
+        error_type: "invalid_request_error",
+        param: None,
+        code: Some("not_found"),
+    }
+}

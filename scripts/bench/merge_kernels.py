@@ -1,0 +1,38 @@
+#!/usr/bin/env python3
+"""Joins `starling bench kernels` JSON with fa2_baseline.py JSON (same run) into one markdown
+table with the ratio FA2 time / Starling time (> 1 means Starling is faster).
+
+usage: merge_kernels.py STARLING_JSON FA2_JSON OUT_MD
+"""
+import json
+import sys
+
+ours = json.load(open(sys.argv[1]))
+fa2 = json.load(open(sys.argv[2]))
+copy = ours["copy_tb_s"]
+index = {(r["shape"], r["batch"], r["seq_tokens"], r["query_tokens"]): r for r in fa2["rows"]}
+lines = [
+    f"Device: {ours['device']}; copy bandwidth {copy:.2f} TB/s measured in the same run; "
+    f"FA2 = PyTorch {fa2['torch']} SDPA flash backend (dense, bf16).",
+    "",
+    "| kind | shape | batch | seq | query | Starling ms | TB/s | % copy | FA2 ms | FA2 % copy | FA2 / Starling |",
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+]
+for item in ours["attention"]:
+    r, shape = item["row"], item["shape"]
+    f = index.get((shape, r["batch"], r["seq_tokens"], r["query_tokens"]), {})
+    fms = f.get("median_ms")
+    fa2_ms = f"{fms:.4f}" if fms else "n/a"
+    ratio = f"{fms / r['median_ms']:.2f}" if fms else "n/a"
+    fpct = f"{100 * f['achieved_tb_s'] / copy:.0f}%" if fms else (f.get("error") or "n/a")
+    lines.append(
+        f"| {r['kind']} | {shape} | {r['batch']} | {r['seq_tokens']} | {r['query_tokens']} | "
+        f"{r['median_ms']:.4f} | {r['achieved_tb_s']:.2f} | {100 * r['achieved_tb_s'] / copy:.0f}% | "
+        f"{fa2_ms} | {fpct} | {ratio} |"
+    )
+lines += ["", "| KV write | tokens | write ms | copy ms | write / copy |", "|---|---:|---:|---:|---:|"]
+for item in ours["kv_write"]:
+    r = item["row"]
+    lines.append(f"| {item['shape']} | {r['tokens']} | {r['write_ms']:.4f} | {r['copy_ms']:.4f} | {r['ratio_to_copy']:.2f} |")
+open(sys.argv[3], "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
