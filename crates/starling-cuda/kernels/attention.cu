@@ -9,7 +9,6 @@
 #include <cuda_bf16.h>
 typedef __nv_bfloat16 bf16;
 
-#define MAX_GROUP 8
 #define WARPS 4
 // NVRTC has no math.h: -inf by its bit pattern.
 #define NEG_INF (__int_as_float(0xff800000))
@@ -35,7 +34,7 @@ __device__ __forceinline__ void bf16x8_to_float(const uint4& raw, float* out) {
     }
 }
 
-template <int D>
+template <int D, int MAX_GROUP>
 __device__ void paged_attention_impl(
     bf16* __restrict__ out,               // [T, Hq*D] (splits == 1)
     float* __restrict__ part_acc,         // [T, Hq, splits, D] (splits > 1)
@@ -80,12 +79,14 @@ __device__ void paged_attention_impl(
     }
     const size_t head_off = (size_t)kvh * D + sl * 8;
     const int stride = WARPS * RPW;
-    for (int j0 = start + warp * RPW + sub; j0 < end; j0 += stride * UNROLL) {
+    // The loop bound is per warp (not per row) so that every lane runs the same iterations:
+    // the shuffles below need all 32 lanes.
+    for (int jw = start + warp * RPW; jw < end; jw += stride * UNROLL) {
         uint4 kr[UNROLL], vr[UNROLL];
         bool valid[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
-            const int j = j0 + u * stride;
+            const int j = jw + sub + u * stride;
             valid[u] = j < end;
             if (valid[u]) {
                 const size_t slot = (size_t)table[j / block_size] * block_size + j % block_size;
@@ -190,19 +191,23 @@ __device__ void paged_attention_impl(
     }
 }
 
-#define INSTANTIATE(D)                                                                           \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32) paged_attention_d##D##_bf16(        \
+// One kernel per head width D and per bound G on the query heads sharing a KV head (the host
+// picks the smallest G >= the model's group): the per-head state lives in registers, so an MHA
+// model must not pay for 8 heads' worth of them.
+#define INSTANTIATE(D, G)                                                                        \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) paged_attention_d##D##_g##G##_bf16( \
         bf16* out, float* part_acc, float* part_ml, const bf16* qkv, int qkv_width,              \
         const bf16* k_cache, const bf16* v_cache, const unsigned* tok_seq,                       \
         const unsigned* tok_visible, const unsigned* block_tables, int max_blocks,               \
         int block_size, int num_kv_heads, int group, float scale, int splits, int split_len) {   \
-        paged_attention_impl<D>(out, part_acc, part_ml, qkv, qkv_width, k_cache, v_cache,        \
-                                tok_seq, tok_visible, block_tables, max_blocks, block_size,      \
-                                num_kv_heads, group, scale, splits, split_len);                  \
+        paged_attention_impl<D, G>(out, part_acc, part_ml, qkv, qkv_width, k_cache, v_cache,    \
+                                   tok_seq, tok_visible, block_tables, max_blocks, block_size,   \
+                                   num_kv_heads, group, scale, splits, split_len);               \
     }
-INSTANTIATE(64)
-INSTANTIATE(128)
-INSTANTIATE(256)
+#define INSTANTIATE_GROUPS(D) INSTANTIATE(D, 1) INSTANTIATE(D, 2) INSTANTIATE(D, 4) INSTANTIATE(D, 8)
+INSTANTIATE_GROUPS(64)
+INSTANTIATE_GROUPS(128)
+INSTANTIATE_GROUPS(256)
 
 // Merges the splits of one (token, head): grid (T, Hq), block = D threads.
 extern "C" __global__ void attention_combine_bf16(bf16* __restrict__ out,

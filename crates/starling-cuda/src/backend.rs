@@ -328,16 +328,16 @@ impl CudaBackend {
                 group
             )));
         }
-        let kernel = match dims.head_dim {
-            64 => &self.kernels.attention_d64,
-            128 => &self.kernels.attention_d128,
-            256 => &self.kernels.attention_d256,
-            d => {
-                return Err(CudaError::Shape(format!(
-                    "attention: head_dim {d} unsupported"
-                )))
-            }
-        };
+        let kernel = self
+            .kernels
+            .attention(dims.head_dim, group)
+            .ok_or_else(|| {
+                CudaError::Shape(format!(
+                    "attention: head_dim {} with {group} query heads per KV head unsupported \
+                 (head_dim 64/128/256, up to 8 per KV head)",
+                    dims.head_dim
+                ))
+            })?;
         // Flash-decoding split of long contexts when the grid would not fill the GPU.
         let grid_blocks = n * dims.num_kv_heads;
         let splits = if grid_blocks < 2 * self.num_sms && batch.max_visible > 256 {

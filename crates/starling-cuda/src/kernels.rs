@@ -9,6 +9,9 @@ use crate::{CudaError, KernelCache};
 const OPS_SRC: &str = include_str!("../kernels/ops.cu");
 const ATTENTION_SRC: &str = include_str!("../kernels/attention.cu");
 
+/// Group bounds the attention kernel is instantiated for (query heads per KV head).
+const ATTENTION_GROUP_BOUNDS: [usize; 4] = [1, 2, 4, 8];
+
 /// Every kernel the backend launches.
 pub(crate) struct Kernels {
     pub(crate) gather_rows: CudaFunction,
@@ -20,9 +23,8 @@ pub(crate) struct Kernels {
     pub(crate) rope_qk: CudaFunction,
     pub(crate) write_kv: CudaFunction,
     pub(crate) fill_normal: CudaFunction,
-    pub(crate) attention_d64: CudaFunction,
-    pub(crate) attention_d128: CudaFunction,
-    pub(crate) attention_d256: CudaFunction,
+    /// Paged attention, indexed by (head width, group bound): see [`Kernels::attention`].
+    attention: Vec<((usize, usize), CudaFunction)>,
     pub(crate) attention_combine: CudaFunction,
 }
 
@@ -44,10 +46,27 @@ impl Kernels {
             rope_qk: ops.load_function("rope_qk_bf16")?,
             write_kv: ops.load_function("write_kv_bf16")?,
             fill_normal: ops.load_function("fill_normal_bf16")?,
-            attention_d64: attn.load_function("paged_attention_d64_bf16")?,
-            attention_d128: attn.load_function("paged_attention_d128_bf16")?,
-            attention_d256: attn.load_function("paged_attention_d256_bf16")?,
+            attention: [64usize, 128, 256]
+                .iter()
+                .flat_map(|&d| ATTENTION_GROUP_BOUNDS.iter().map(move |&g| (d, g)))
+                .map(|(d, g)| {
+                    attn.load_function(&format!("paged_attention_d{d}_g{g}_bf16"))
+                        .map(|f| ((d, g), f))
+                })
+                .collect::<Result<_, _>>()?,
             attention_combine: attn.load_function("attention_combine_bf16")?,
         })
+    }
+
+    /// The attention kernel for `head_dim` and `group` query heads per KV head, if instantiated.
+    pub(crate) fn attention(&self, head_dim: usize, group: usize) -> Option<&CudaFunction> {
+        let bound = ATTENTION_GROUP_BOUNDS
+            .iter()
+            .copied()
+            .find(|&g| g >= group)?;
+        self.attention
+            .iter()
+            .find(|((d, g), _)| *d == head_dim && *g == bound)
+            .map(|(_, f)| f)
     }
 }
