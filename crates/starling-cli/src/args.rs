@@ -9,8 +9,27 @@ use crate::bytes::parse_bytes;
 pub struct ModelArg {
     /// An alias (`starling model list`), a GGUF file, or a Hugging Face model directory
     /// (config.json + *.safetensors + tokenizer.json). Aliases are fetched on first use.
+    /// With `--load-format synthetic`: a preset name (llama2-7b, llama3-8b, qwen2.5-7b, …).
     #[arg(long, short = 'm', default_value = starling_hub::DEFAULT_ALIAS)]
     pub model: String,
+    /// `auto` reads the weights; `synthetic` builds the `--model` preset's shapes with random
+    /// weights made on the device (vLLM's dummy format): for performance runs, where weight
+    /// values do not change speed.
+    #[arg(long, value_enum, default_value_t = LoadFormat::Auto)]
+    pub load_format: LoadFormat,
+    /// Take the tokenizer from this model (alias, GGUF or HF directory) instead of `--model`;
+    /// default with `--load-format synthetic`: the default model's.
+    #[arg(long)]
+    pub tokenizer: Option<String>,
+}
+
+/// How model weights are obtained.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadFormat {
+    /// Read them from the model file or directory.
+    Auto,
+    /// Random values of the right shapes, made by the backend.
+    Synthetic,
 }
 
 /// Where the model runs.

@@ -9,12 +9,13 @@ use starling_backend::Backend;
 use starling_engine::engine::TokenizerText;
 use starling_engine::scheduler::SchedulerConfig;
 use starling_engine::{Engine, EngineConfig};
+use starling_hub::DEFAULT_ALIAS;
 use starling_hub::{resolve_model, FetchOptions, ModelLocation};
 use starling_models::llama::LlamaModel;
 use starling_models::tokenizer::Tokenizer;
-use starling_models::{load_model, LoadedModel, ModelConfig};
+use starling_models::{load_model, preset, LoadedModel, ModelConfig, PRESET_NAMES};
 
-use crate::args::{EngineArgs, CPU_KV_CACHE_DEFAULT_BYTES};
+use crate::args::{EngineArgs, LoadFormat, ModelArg, CPU_KV_CACHE_DEFAULT_BYTES};
 
 /// A model resolved and loaded from disk (weights still on the host).
 pub struct OpenedModel {
@@ -105,19 +106,54 @@ pub struct Session<B: Backend> {
     pub load_ms: u64,
 }
 
-/// Resolves, loads and starts an engine for `model_arg` on `backend`.
+/// Resolves, loads (or, with `--load-format synthetic`, builds) and starts an engine on `backend`.
 pub fn open_session<B: Backend + 'static>(
     backend: B,
-    model_arg: &str,
+    model_arg: &ModelArg,
     args: &EngineArgs,
 ) -> Result<Session<B>> {
-    let opened = open_model(model_arg)?;
-    let tokenizer = Arc::new(tokenizer_for(&opened)?);
-    let mut config = opened.loaded.config.clone();
+    let (mut config, weights, tokenizer, path, load_ms) = match model_arg.load_format {
+        LoadFormat::Auto => {
+            let opened = open_model(&model_arg.model)?;
+            let tokenizer = match &model_arg.tokenizer {
+                Some(other) => tokenizer_for(&open_model(other)?)?,
+                None => tokenizer_for(&opened)?,
+            };
+            let load_ms = opened.loaded.load_ms;
+            (
+                opened.loaded.config,
+                Some(opened.loaded.weights),
+                tokenizer,
+                opened.path,
+                load_ms,
+            )
+        }
+        LoadFormat::Synthetic => {
+            let config = preset(&model_arg.model).with_context(|| {
+                format!(
+                    "--load-format synthetic takes a preset: {}",
+                    PRESET_NAMES.join(", ")
+                )
+            })?;
+            let source = model_arg.tokenizer.as_deref().unwrap_or(DEFAULT_ALIAS);
+            let tokenizer = tokenizer_for(&open_model(source)?)?;
+            if tokenizer.vocab_size() > config.vocab_size {
+                tracing::warn!(
+                    "tokenizer of {source} has {} tokens, the {} preset {}: prompts with larger ids are refused",
+                    tokenizer.vocab_size(),
+                    model_arg.model,
+                    config.vocab_size
+                );
+            }
+            let path = PathBuf::from(format!("synthetic:{}", model_arg.model));
+            (config, None, tokenizer, path, 0)
+        }
+    };
+    let tokenizer = Arc::new(tokenizer);
     // The tokenizer knows every end-of-generation marker (e.g. Qwen's <|endoftext|> beside
     // <|im_end|>); the model config may list only the declared EOS.
     for &id in tokenizer.eos_token_ids() {
-        if !config.eos_token_ids.contains(&id) {
+        if !config.eos_token_ids.contains(&id) && (id as usize) < config.vocab_size {
             config.eos_token_ids.push(id);
         }
     }
@@ -129,9 +165,12 @@ pub fn open_session<B: Backend + 'static>(
             );
         }
     }
-    let load_ms = opened.loaded.load_ms;
-    let path = opened.path;
-    let model = LlamaModel::load(&backend, &config, opened.loaded.weights)?;
+    let started = std::time::Instant::now();
+    let model = match weights {
+        Some(weights) => LlamaModel::load(&backend, &config, weights)?,
+        None => LlamaModel::synthetic(&backend, &config, 0)?,
+    };
+    let load_ms = load_ms + started.elapsed().as_millis() as u64;
     let engine_config = engine_config(args, &config, kv_budget_bytes(args, &backend)?);
     let text = Arc::new(TokenizerText(tokenizer.clone()));
     tracing::info!("engine on {}", backend.name());

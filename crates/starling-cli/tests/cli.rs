@@ -126,3 +126,31 @@ fn over_long_prompts_and_bad_parameters_fail_cleanly() {
     ]);
     assert_clean_failure(&out, "top_p");
 }
+
+#[test]
+fn synthetic_load_format_builds_a_preset_and_refuses_unknown_presets() {
+    let out = starling(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--load-format",
+        "synthetic",
+        "--model",
+        "smollm2-135m",
+        "--prompt",
+        "hello",
+        "--max-tokens",
+        "3",
+        "--temperature",
+        "0",
+        "--ignore-eos",
+    ]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    assert!(
+        stderr(&out).contains("3 generated"),
+        "stderr: {}",
+        stderr(&out)
+    );
+    let out = starling(&["info", "--load-format", "synthetic", "--model", "gpt-17"]);
+    assert_clean_failure(&out, "preset");
+}

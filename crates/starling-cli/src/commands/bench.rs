@@ -90,7 +90,7 @@ impl BackendJob for ThroughputArgs {
 }
 
 fn throughput_on<B: Backend + 'static>(backend: B, args: ThroughputArgs) -> Result<()> {
-    let mut session = open_session(backend, &args.model.model, &args.engine)?;
+    let mut session = open_session(backend, &args.model, &args.engine)?;
     let backend_name = session.engine.backend_name();
     let vocab = session.engine.model().config().vocab_size as u32;
     let mut rows = Vec::new();

@@ -52,6 +52,10 @@ pub struct BenchServeArgs {
     /// Run once per concurrency (e.g. 1,4,8,16), print the table and plot it.
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["max_concurrency", "request_rate"])]
     sweep_concurrency: Vec<usize>,
+    /// In a sweep, run this many requests per unit of concurrency at each level (the first
+    /// `N × concurrency` of the dataset) instead of all `--num-prompts` at every level.
+    #[arg(long, requires = "sweep_concurrency")]
+    sweep_prompts_per_concurrency: Option<usize>,
     /// Write the results as JSON here.
     #[arg(long)]
     output_json: Option<PathBuf>,
@@ -117,9 +121,13 @@ async fn run_async(args: BenchServeArgs) -> Result<()> {
     } else {
         let mut rows = Vec::new();
         for &concurrency in &args.sweep_concurrency {
-            eprintln!("concurrency {concurrency}: {} requests…", requests.len());
+            let level = match args.sweep_prompts_per_concurrency {
+                Some(per) => &requests[..(per * concurrency).clamp(1, requests.len())],
+                None => &requests[..],
+            };
+            eprintln!("concurrency {concurrency}: {} requests…", level.len());
             let config = run_config(&args, Pacing::Concurrency(concurrency));
-            let outcome = run_benchmark(&client, &requests, &config).await?;
+            let outcome = run_benchmark(&client, level, &config).await?;
             report_failures(&outcome.results);
             rows.push(SweepRow {
                 concurrency,

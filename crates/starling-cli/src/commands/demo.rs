@@ -46,7 +46,7 @@ impl BackendJob for DemoArgs {
 }
 
 fn demo<B: Backend + 'static>(backend: B, args: DemoArgs) -> Result<()> {
-    let mut session = open_session(backend, &args.model.model, &args.engine)?;
+    let mut session = open_session(backend, &args.model, &args.engine)?;
     println!("device: {}", session.engine.backend_name());
     println!(
         "model: {} (loaded in {} ms)",

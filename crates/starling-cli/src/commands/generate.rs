@@ -125,7 +125,7 @@ impl BackendJob for GenerateArgs {
 }
 
 fn generate<B: Backend + 'static>(backend: B, args: GenerateArgs) -> Result<()> {
-    let mut session = open_session(backend, &args.model.model, &args.engine)?;
+    let mut session = open_session(backend, &args.model, &args.engine)?;
     let ids = encode_prompt(&session, &args.prompt, args.chat, args.system.as_deref())?;
     let started = Instant::now();
     let id = session

@@ -6,7 +6,7 @@ use clap::Args;
 use starling_kv::{format_bytes, preflight, CacheDtype, CacheLayout, LayerLayout};
 use starling_models::{ModelConfig, RopeStyle};
 
-use crate::args::{EngineArgs, ModelArg};
+use crate::args::{EngineArgs, LoadFormat, ModelArg};
 use crate::session::{engine_config, open_model};
 
 /// `starling info` flags.
@@ -32,13 +32,20 @@ pub fn full_layout(config: &ModelConfig, dtype: CacheDtype) -> CacheLayout {
 
 /// Runs `starling info`.
 pub fn run(args: InfoArgs) -> Result<()> {
-    let opened = open_model(&args.model.model)?;
-    let c = &opened.loaded.config;
-    println!(
-        "model:         {} ({})",
-        args.model.model,
-        opened.path.display()
-    );
+    let (config, source, load_ms) = match args.model.load_format {
+        LoadFormat::Auto => {
+            let opened = open_model(&args.model.model)?;
+            let source = opened.path.display().to_string();
+            (opened.loaded.config, source, opened.loaded.load_ms)
+        }
+        LoadFormat::Synthetic => (
+            starling_models::preset(&args.model.model)?,
+            "synthetic preset".to_string(),
+            0,
+        ),
+    };
+    let c = &config;
+    println!("model:         {} ({source})", args.model.model);
     println!(
         "architecture:  {} — {} layers, d {}, FFN {}, {} q / {} kv heads × {}, vocab {}",
         c.architecture.name(),
@@ -67,7 +74,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
     println!(
         "parameters:    {:.1} M (loaded in {} ms)",
         c.num_params() as f64 / 1e6,
-        opened.loaded.load_ms
+        load_ms
     );
     let budget = args
         .engine

@@ -46,7 +46,7 @@ impl BackendJob for ServeArgs {
 }
 
 fn serve<B: Backend + 'static>(backend: B, args: ServeArgs) -> Result<()> {
-    let session = open_session(backend, &args.model.model, &args.engine)?;
+    let session = open_session(backend, &args.model, &args.engine)?;
     let chat_template = match ChatTemplate::for_tokenizer(&session.tokenizer) {
         Ok(template) => Some(Arc::new(template)),
         Err(e) => {
