@@ -20,6 +20,9 @@ use starling_kv::CacheDtype;
 use crate::kernels::Kernels;
 use crate::{cuda_available, CudaError, CudaTensor, DeviceBuf, KernelCache};
 
+/// Attention grid size the flash-decoding split aims for, in blocks per SM.
+const ATTENTION_TARGET_BLOCKS_PER_SM: usize = 8;
+
 /// Threads per block of the elementwise kernels (grid-stride loops).
 const ELEMENTWISE_THREADS: u32 = 256;
 
@@ -338,12 +341,15 @@ impl CudaBackend {
                     dims.head_dim
                 ))
             })?;
-        // Flash-decoding split of long contexts when the grid would not fill the GPU.
+        // Flash-decoding split of long contexts until the grid holds several resident blocks per
+        // SM: decode is bound by bytes in flight, and one block per (token, KV head) leaves most
+        // of the GPU idle at small batch or with few KV heads. Splits stay ≥ 256 positions long.
         let grid_blocks = n * dims.num_kv_heads;
-        let splits = if grid_blocks < 2 * self.num_sms && batch.max_visible > 256 {
-            (2 * self.num_sms)
+        let target_blocks = ATTENTION_TARGET_BLOCKS_PER_SM * self.num_sms;
+        let splits = if grid_blocks < target_blocks && batch.max_visible > 256 {
+            target_blocks
                 .div_ceil(grid_blocks)
-                .min(batch.max_visible.div_ceil(128))
+                .min(batch.max_visible.div_ceil(256))
                 .clamp(1, 64)
         } else {
             1
