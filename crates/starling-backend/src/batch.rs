@@ -37,6 +37,31 @@ pub struct BatchMeta {
 }
 
 impl BatchMeta {
+    /// A batch of one sequence whose tokens at positions `[start, start + new)` are new this step
+    /// (physical index = position: no eviction), written to `slot_mapping`, attending through
+    /// `block_table`; logits are returned for `logits_rows`.
+    pub fn single_sequence(
+        start_tokens: usize,
+        new_tokens: usize,
+        slot_mapping: Vec<u32>,
+        block_table: Vec<u32>,
+        block_size_tokens: usize,
+        logits_rows: Vec<u32>,
+    ) -> Self {
+        Self {
+            positions: (start_tokens as u32..(start_tokens + new_tokens) as u32).collect(),
+            slot_mapping,
+            seqs: vec![SeqBatchMeta {
+                query_start: 0,
+                query_len: new_tokens,
+                context_len_tokens: start_tokens + new_tokens,
+                block_table,
+            }],
+            logits_rows,
+            block_size_tokens,
+        }
+    }
+
     /// Number of token rows in the batch.
     pub fn num_tokens(&self) -> usize {
         self.positions.len()

@@ -2,7 +2,7 @@
 //! against the CPU backend. `#[ignore]`d in CPU CI; run through scripts/device/gpu_tests.sh.
 
 use starling_backend::cpu::CpuBackend;
-use starling_backend::{Backend, BatchMeta, HostTensor, SeqBatchMeta};
+use starling_backend::{Backend, BatchMeta, HostTensor};
 use starling_cuda::CudaBackend;
 use starling_kv::{KvCacheManager, SeqId};
 use starling_models::llama::LlamaModel;
@@ -34,24 +34,19 @@ fn greedy<B: Backend>(
     for _ in 0..steps {
         let new = ids.len() - done;
         kv.allocate_slots(seq, new).unwrap();
-        let meta = BatchMeta {
-            positions: (done as u32..ids.len() as u32).collect(),
-            slot_mapping: kv.slot_mapping(seq, done..ids.len()).unwrap(),
-            seqs: vec![SeqBatchMeta {
-                query_start: 0,
-                query_len: new,
-                context_len_tokens: ids.len(),
-                block_table: kv
-                    .table(seq)
-                    .unwrap()
-                    .block_ids()
-                    .iter()
-                    .map(|b| b.0)
-                    .collect(),
-            }],
-            logits_rows: vec![(new - 1) as u32],
-            block_size_tokens: bs,
-        };
+        let meta = BatchMeta::single_sequence(
+            done,
+            new,
+            kv.slot_mapping(seq, done..ids.len()).unwrap(),
+            kv.table(seq)
+                .unwrap()
+                .block_ids()
+                .iter()
+                .map(|b| b.0)
+                .collect(),
+            bs,
+            vec![(new - 1) as u32],
+        );
         let batch = backend.prepare_batch(&meta, blocks).unwrap();
         let logits: HostTensor = model
             .forward(backend, &ids[done..], &meta, &batch, &mut caches)
@@ -156,24 +151,19 @@ fn all_logits<B: Backend>(backend: &B, model: &LlamaModel<B>, ids: &[u32]) -> Ve
         })
         .collect();
     let n = ids.len();
-    let meta = BatchMeta {
-        positions: (0..n as u32).collect(),
-        slot_mapping: kv.slot_mapping(seq, 0..n).unwrap(),
-        seqs: vec![SeqBatchMeta {
-            query_start: 0,
-            query_len: n,
-            context_len_tokens: n,
-            block_table: kv
-                .table(seq)
-                .unwrap()
-                .block_ids()
-                .iter()
-                .map(|b| b.0)
-                .collect(),
-        }],
-        logits_rows: (0..n as u32).collect(),
-        block_size_tokens: bs,
-    };
+    let meta = BatchMeta::single_sequence(
+        0,
+        n,
+        kv.slot_mapping(seq, 0..n).unwrap(),
+        kv.table(seq)
+            .unwrap()
+            .block_ids()
+            .iter()
+            .map(|b| b.0)
+            .collect(),
+        bs,
+        (0..n as u32).collect(),
+    );
     let batch = backend.prepare_batch(&meta, blocks).unwrap();
     let logits = model
         .forward(backend, ids, &meta, &batch, &mut caches)

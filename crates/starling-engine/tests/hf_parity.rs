@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use starling_backend::cpu::CpuBackend;
-use starling_backend::{Backend, BatchMeta, SeqBatchMeta};
+use starling_backend::{Backend, BatchMeta};
 use starling_engine::engine::TokenizerText;
 use starling_engine::sampling::SamplingParams;
 use starling_engine::scheduler::SchedulerConfig;
@@ -71,24 +71,19 @@ fn all_logits(model: &LlamaModel<CpuBackend>, ids: &[u32]) -> Vec<Vec<f32>> {
         })
         .collect();
     let n = ids.len();
-    let meta = BatchMeta {
-        positions: (0..n as u32).collect(),
-        slot_mapping: kv.slot_mapping(seq, 0..n).unwrap(),
-        seqs: vec![SeqBatchMeta {
-            query_start: 0,
-            query_len: n,
-            context_len_tokens: n,
-            block_table: kv
-                .table(seq)
-                .unwrap()
-                .block_ids()
-                .iter()
-                .map(|b| b.0)
-                .collect(),
-        }],
-        logits_rows: (0..n as u32).collect(),
-        block_size_tokens: bs,
-    };
+    let meta = BatchMeta::single_sequence(
+        0,
+        n,
+        kv.slot_mapping(seq, 0..n).unwrap(),
+        kv.table(seq)
+            .unwrap()
+            .block_ids()
+            .iter()
+            .map(|b| b.0)
+            .collect(),
+        bs,
+        (0..n as u32).collect(),
+    );
     let batch = backend.prepare_batch(&meta, blocks).unwrap();
     let logits = model
         .forward(&backend, ids, &meta, &batch, &mut caches)

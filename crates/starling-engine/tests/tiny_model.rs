@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use starling_backend::cpu::CpuBackend;
-use starling_backend::{Backend, BatchMeta, SeqBatchMeta};
+use starling_backend::{Backend, BatchMeta};
 use starling_engine::sampling::SamplingParams;
 use starling_engine::scheduler::SchedulerConfig;
 use starling_engine::{Engine, EngineConfig};
@@ -53,24 +53,19 @@ fn prefill_in_chunks(model: &LlamaModel<CpuBackend>, ids: &[u32], chunks: &[usiz
     let mut last = Vec::new();
     for &n in chunks {
         kv.allocate_slots(seq, n).unwrap();
-        let meta = BatchMeta {
-            positions: (done as u32..(done + n) as u32).collect(),
-            slot_mapping: kv.slot_mapping(seq, done..done + n).unwrap(),
-            seqs: vec![SeqBatchMeta {
-                query_start: 0,
-                query_len: n,
-                context_len_tokens: done + n,
-                block_table: kv
-                    .table(seq)
-                    .unwrap()
-                    .block_ids()
-                    .iter()
-                    .map(|b| b.0)
-                    .collect(),
-            }],
-            logits_rows: vec![(n - 1) as u32],
-            block_size_tokens: block_size,
-        };
+        let meta = BatchMeta::single_sequence(
+            done,
+            n,
+            kv.slot_mapping(seq, done..done + n).unwrap(),
+            kv.table(seq)
+                .unwrap()
+                .block_ids()
+                .iter()
+                .map(|b| b.0)
+                .collect(),
+            block_size,
+            vec![(n - 1) as u32],
+        );
         let batch = backend.prepare_batch(&meta, 64).unwrap();
         last = model
             .forward(&backend, &ids[done..done + n], &meta, &batch, &mut caches)
