@@ -194,4 +194,46 @@ pub trait Backend: Send + Sync {
         dims: &AttentionDims,
         batch: &Self::Batch,
     ) -> Result<Self::Tensor, BackendError>;
+
+    /// Token eviction: compacts one sequence's K and V in one layer. `keep[h]` lists, strictly
+    /// ascending and below `physical_len_tokens`, the physical indices head `h` keeps (the same
+    /// count for every head); physical index `i` of head `h` then holds its `i`-th kept row.
+    /// Slots past the kept count are left stale for the caller to release
+    /// (`KvCacheManager::shrink_physical`). Invalid input is an error and moves nothing.
+    fn compact_kv(
+        &self,
+        cache: &mut Self::KvCache,
+        block_table: &[u32],
+        block_size_tokens: usize,
+        physical_len_tokens: usize,
+        keep: &[Vec<u32>],
+    ) -> Result<(), BackendError> {
+        let _ = (
+            cache,
+            block_table,
+            block_size_tokens,
+            physical_len_tokens,
+            keep,
+        );
+        Err(BackendError::Device(format!(
+            "compact_kv is not implemented on the {} backend",
+            self.name()
+        )))
+    }
+
+    /// One sequence's keys of one layer copied to the host as f32
+    /// `[len_tokens, num_kv_heads, head_dim]` in physical order (input to eviction scorers).
+    fn read_keys(
+        &self,
+        cache: &Self::KvCache,
+        block_table: &[u32],
+        block_size_tokens: usize,
+        len_tokens: usize,
+    ) -> Result<HostTensor, BackendError> {
+        let _ = (cache, block_table, block_size_tokens, len_tokens);
+        Err(BackendError::Device(format!(
+            "read_keys is not implemented on the {} backend",
+            self.name()
+        )))
+    }
 }

@@ -4,6 +4,7 @@
 //! the function here that does the same job.
 
 mod attention;
+mod compact;
 mod elementwise;
 mod linear;
 
@@ -12,6 +13,7 @@ use crate::{
 };
 
 pub use attention::{dense_causal_attention, CpuKvCache};
+pub use compact::{compact_kv, read_keys};
 
 /// f32 CPU backend. Tensors are [`HostTensor`]s, so "upload" is a copy.
 #[derive(Clone, Debug, Default)]
@@ -146,6 +148,33 @@ impl Backend for CpuBackend {
         batch: &BatchMeta,
     ) -> Result<HostTensor, BackendError> {
         attention::paged_attention(qkv, cache, dims, batch)
+    }
+
+    fn compact_kv(
+        &self,
+        cache: &mut CpuKvCache,
+        block_table: &[u32],
+        block_size_tokens: usize,
+        physical_len_tokens: usize,
+        keep: &[Vec<u32>],
+    ) -> Result<(), BackendError> {
+        compact::compact_kv(
+            cache,
+            block_table,
+            block_size_tokens,
+            physical_len_tokens,
+            keep,
+        )
+    }
+
+    fn read_keys(
+        &self,
+        cache: &CpuKvCache,
+        block_table: &[u32],
+        block_size_tokens: usize,
+        len_tokens: usize,
+    ) -> Result<HostTensor, BackendError> {
+        compact::read_keys(cache, block_table, block_size_tokens, len_tokens)
     }
 }
 

@@ -1,0 +1,326 @@
+//! The compression configuration, parsed from vLLM-style JSON
+//! (`{"method":"keydiff","ratio":0.5}`) per server and overridable per request.
+
+use std::fmt;
+
+use serde_json::{Map, Value};
+
+use crate::select::keep_count;
+use crate::EvictError;
+
+/// Which scorer ranks tokens for eviction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CompressionMethod {
+    /// No eviction.
+    None,
+    /// KeyDiff: evict keys most similar to the mean key direction.
+    KeyDiff,
+    /// KNorm: evict the keys of largest L2 norm.
+    KNorm,
+    /// StreamingLLM: keep attention sinks and the most recent tokens.
+    StreamingLlm,
+    /// Seeded uniform scores (a control).
+    Random,
+    /// SnapKV: attention of the last prompt queries, max-pooled.
+    SnapKv,
+}
+
+impl CompressionMethod {
+    /// Every method, in the order their names are listed in errors.
+    pub const ALL: [CompressionMethod; 6] = [
+        Self::None,
+        Self::KeyDiff,
+        Self::KNorm,
+        Self::StreamingLlm,
+        Self::Random,
+        Self::SnapKv,
+    ];
+
+    /// The JSON / CLI name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::KeyDiff => "keydiff",
+            Self::KNorm => "knorm",
+            Self::StreamingLlm => "streaming_llm",
+            Self::Random => "random",
+            Self::SnapKv => "snapkv",
+        }
+    }
+
+    /// The method of a JSON / CLI name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|m| m.name() == name)
+    }
+}
+
+impl fmt::Display for CompressionMethod {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How (and whether) a sequence's KV cache is compressed by token eviction.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompressionConfig {
+    /// The scorer.
+    pub method: CompressionMethod,
+    /// Share of the unprotected tokens evicted, in `[0, 1)`.
+    pub ratio: f64,
+    /// Leading tokens (attention sinks) never evicted.
+    pub sink_tokens: usize,
+    /// Most recent tokens never evicted.
+    pub window_tokens: usize,
+    /// During decoding, re-compress back to the target ratio every this many new tokens.
+    pub every_n_tokens: usize,
+    /// Seed of the `random` scorer.
+    pub seed: u64,
+}
+
+impl Default for CompressionConfig {
+    /// No eviction, with the documented defaults for the other fields.
+    fn default() -> Self {
+        Self {
+            method: CompressionMethod::None,
+            ratio: 0.0,
+            sink_tokens: 4,
+            window_tokens: 32,
+            every_n_tokens: 64,
+            seed: 0,
+        }
+    }
+}
+
+const FIELDS: [&str; 6] = [
+    "method",
+    "ratio",
+    "sink_tokens",
+    "window_tokens",
+    "every_n_tokens",
+    "seed",
+];
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> EvictError {
+    EvictError::InvalidField {
+        field,
+        reason: reason.into(),
+    }
+}
+
+fn read_count(map: &Map<String, Value>, field: &'static str) -> Result<Option<u64>, EvictError> {
+    match map.get(field) {
+        None => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| invalid(field, format!("expected a non-negative integer, got {v}"))),
+    }
+}
+
+fn read_usize(map: &Map<String, Value>, field: &'static str) -> Result<Option<usize>, EvictError> {
+    read_count(map, field)?
+        .map(|n| usize::try_from(n).map_err(|_| invalid(field, format!("{n} is too large"))))
+        .transpose()
+}
+
+impl CompressionConfig {
+    /// Parses and validates a JSON object such as `{"method":"keydiff","ratio":0.5}`; omitted
+    /// fields take their defaults (`ratio` 0, `sink_tokens` 4, `window_tokens` 32,
+    /// `every_n_tokens` 64, `seed` 0). Unknown fields are errors, so typos are not ignored.
+    pub fn from_json(text: &str) -> Result<Self, EvictError> {
+        let value: Value =
+            serde_json::from_str(text).map_err(|e| EvictError::Json(e.to_string()))?;
+        Self::from_value(&value)
+    }
+
+    /// As [`from_json`](Self::from_json), from an already parsed JSON value (a request body's
+    /// field).
+    pub fn from_value(value: &Value) -> Result<Self, EvictError> {
+        let map = value
+            .as_object()
+            .ok_or_else(|| EvictError::Json(format!("expected an object, got {value}")))?;
+        if let Some(unknown) = map.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+            return Err(EvictError::Json(format!(
+                "unknown field `{unknown}` (expected one of {FIELDS:?})"
+            )));
+        }
+        let defaults = Self::default();
+        let method = match map.get("method") {
+            None => return Err(invalid("method", "missing")),
+            Some(v) => {
+                let name = v
+                    .as_str()
+                    .ok_or_else(|| invalid("method", format!("expected a string, got {v}")))?;
+                CompressionMethod::from_name(name).ok_or_else(|| {
+                    let names: Vec<&str> =
+                        CompressionMethod::ALL.iter().map(|m| m.name()).collect();
+                    invalid(
+                        "method",
+                        format!("unknown method `{name}` (expected one of {names:?})"),
+                    )
+                })?
+            }
+        };
+        let ratio = match map.get("ratio") {
+            None => defaults.ratio,
+            Some(v) => v
+                .as_f64()
+                .ok_or_else(|| invalid("ratio", format!("expected a number, got {v}")))?,
+        };
+        let config = Self {
+            method,
+            ratio,
+            sink_tokens: read_usize(map, "sink_tokens")?.unwrap_or(defaults.sink_tokens),
+            window_tokens: read_usize(map, "window_tokens")?.unwrap_or(defaults.window_tokens),
+            every_n_tokens: read_usize(map, "every_n_tokens")?.unwrap_or(defaults.every_n_tokens),
+            seed: read_count(map, "seed")?.unwrap_or(defaults.seed),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks the ranges: `ratio` finite in `[0, 1)`, `every_n_tokens` at least 1.
+    pub fn validate(&self) -> Result<(), EvictError> {
+        if !(self.ratio.is_finite() && (0.0..1.0).contains(&self.ratio)) {
+            return Err(invalid(
+                "ratio",
+                format!(
+                    "{} is outside [0, 1) (the share of tokens evicted)",
+                    self.ratio
+                ),
+            ));
+        }
+        if self.every_n_tokens == 0 {
+            return Err(invalid("every_n_tokens", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    /// Whether any token is ever evicted (`none` or ratio 0 mean no).
+    pub fn evicts(&self) -> bool {
+        self.method != CompressionMethod::None && self.ratio > 0.0
+    }
+
+    /// Tokens a sequence of `n_tokens` physical tokens keeps after compression (all of them
+    /// when [`evicts`](Self::evicts) is false).
+    pub fn keep_tokens(&self, n_tokens: usize) -> usize {
+        if !self.evicts() {
+            return n_tokens;
+        }
+        keep_count(n_tokens, self.ratio, self.sink_tokens, self.window_tokens)
+    }
+
+    /// The configuration as a JSON object (every field, for metrics and result files).
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "method": self.method.name(),
+            "ratio": self.ratio,
+            "sink_tokens": self.sink_tokens,
+            "window_tokens": self.window_tokens,
+            "every_n_tokens": self.every_n_tokens,
+            "seed": self.seed,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field_of(text: &str) -> Option<&'static str> {
+        match CompressionConfig::from_json(text) {
+            Err(EvictError::InvalidField { field, .. }) => Some(field),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn parses_with_defaults() {
+        let c = CompressionConfig::from_json(r#"{"method":"keydiff","ratio":0.5}"#).unwrap();
+        assert_eq!(c.method, CompressionMethod::KeyDiff);
+        assert_eq!(c.ratio, 0.5);
+        assert_eq!(
+            (c.sink_tokens, c.window_tokens, c.every_n_tokens, c.seed),
+            (4, 32, 64, 0)
+        );
+        assert!(c.evicts());
+    }
+
+    #[test]
+    fn parses_every_field_and_round_trips() {
+        let text = r#"{"method":"random","ratio":0.75,"sink_tokens":0,"window_tokens":8,
+                       "every_n_tokens":16,"seed":7}"#;
+        let c = CompressionConfig::from_json(text).unwrap();
+        assert_eq!(c.method, CompressionMethod::Random);
+        assert_eq!(
+            (c.sink_tokens, c.window_tokens, c.every_n_tokens, c.seed),
+            (0, 8, 16, 7)
+        );
+        assert_eq!(CompressionConfig::from_value(&c.to_json()).unwrap(), c);
+    }
+
+    #[test]
+    fn every_method_name_parses() {
+        for m in CompressionMethod::ALL {
+            let c = CompressionConfig::from_json(&format!(r#"{{"method":"{m}"}}"#)).unwrap();
+            assert_eq!(c.method, m);
+        }
+    }
+
+    #[test]
+    fn none_or_ratio_zero_does_not_evict() {
+        let none = CompressionConfig::from_json(r#"{"method":"none","ratio":0.5}"#).unwrap();
+        let zero = CompressionConfig::from_json(r#"{"method":"keydiff","ratio":0}"#).unwrap();
+        for c in [none, zero] {
+            assert!(!c.evicts());
+            assert_eq!(c.keep_tokens(1000), 1000);
+        }
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        assert_eq!(field_of(r#"{"ratio":0.5}"#), Some("method"));
+        assert_eq!(field_of(r#"{"method":"h2o"}"#), Some("method"));
+        assert_eq!(field_of(r#"{"method":3}"#), Some("method"));
+        assert_eq!(
+            field_of(r#"{"method":"keydiff","ratio":1.0}"#),
+            Some("ratio")
+        );
+        assert_eq!(
+            field_of(r#"{"method":"keydiff","ratio":-0.1}"#),
+            Some("ratio")
+        );
+        assert_eq!(
+            field_of(r#"{"method":"keydiff","ratio":"0.5"}"#),
+            Some("ratio")
+        );
+        assert_eq!(
+            field_of(r#"{"method":"knorm","sink_tokens":-1}"#),
+            Some("sink_tokens")
+        );
+        assert_eq!(
+            field_of(r#"{"method":"knorm","window_tokens":1.5}"#),
+            Some("window_tokens")
+        );
+        assert_eq!(
+            field_of(r#"{"method":"knorm","every_n_tokens":0}"#),
+            Some("every_n_tokens")
+        );
+        assert_eq!(field_of(r#"{"method":"random","seed":"x"}"#), Some("seed"));
+    }
+
+    #[test]
+    fn malformed_json_and_unknown_fields_are_errors() {
+        for text in [
+            "",
+            "[1]",
+            "{\"method\":",
+            r#"{"method":"keydiff","ratoi":0.5}"#,
+        ] {
+            assert!(matches!(
+                CompressionConfig::from_json(text),
+                Err(EvictError::Json(_))
+            ));
+        }
+    }
+}

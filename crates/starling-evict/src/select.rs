@@ -1,0 +1,165 @@
+//! Which tokens each KV head keeps: protected sinks and recent window always, the rest by score.
+
+use crate::EvictError;
+
+/// Tokens protected in a sequence of `n_tokens`: the first `sink_tokens` and the last
+/// `window_tokens` (counted once where they overlap).
+pub fn protected_count(n_tokens: usize, sink_tokens: usize, window_tokens: usize) -> usize {
+    sink_tokens.saturating_add(window_tokens).min(n_tokens)
+}
+
+/// Tokens kept at eviction ratio `ratio`: `n - floor(ratio * (n - protected))`, never below the
+/// protected count (and never above `n`).
+pub fn keep_count(n_tokens: usize, ratio: f64, sink_tokens: usize, window_tokens: usize) -> usize {
+    let protected = protected_count(n_tokens, sink_tokens, window_tokens);
+    let evictable = n_tokens - protected;
+    let ratio = if ratio.is_finite() {
+        ratio.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    // `as` saturates; the clamp keeps the product within `evictable`.
+    let evicted = ((ratio * evictable as f64).floor() as usize).min(evictable);
+    n_tokens - evicted
+}
+
+fn is_protected(i: usize, n_tokens: usize, sink_tokens: usize, window_tokens: usize) -> bool {
+    i < sink_tokens || i + window_tokens >= n_tokens
+}
+
+/// Per KV head, the ascending indices of the tokens kept: every protected token (first
+/// `sink_tokens`, last `window_tokens`), then the highest-scoring others (ties go to the lower
+/// index; NaN ranks lowest) until `keep_tokens` — raised to the protected count if below it,
+/// capped at `n_tokens` — are kept. Every head keeps the same count.
+pub fn select_keep(
+    scores_per_head: &[Vec<f32>],
+    n_tokens: usize,
+    keep_tokens: usize,
+    sink_tokens: usize,
+    window_tokens: usize,
+) -> Result<Vec<Vec<u32>>, EvictError> {
+    if u32::try_from(n_tokens).is_err() {
+        return Err(EvictError::Shape(format!(
+            "{n_tokens} tokens exceed u32 indices"
+        )));
+    }
+    let keep = keep_tokens
+        .max(protected_count(n_tokens, sink_tokens, window_tokens))
+        .min(n_tokens);
+    scores_per_head
+        .iter()
+        .enumerate()
+        .map(|(head, scores)| {
+            if scores.len() != n_tokens {
+                return Err(EvictError::Shape(format!(
+                    "head {head} has {} scores for {n_tokens} tokens",
+                    scores.len()
+                )));
+            }
+            let mut kept: Vec<u32> = Vec::with_capacity(keep);
+            let mut candidates: Vec<u32> = Vec::with_capacity(n_tokens);
+            for i in 0..n_tokens {
+                if is_protected(i, n_tokens, sink_tokens, window_tokens) {
+                    kept.push(i as u32);
+                } else {
+                    candidates.push(i as u32);
+                }
+            }
+            let rank = |i: u32| {
+                let s = scores[i as usize];
+                if s.is_nan() {
+                    f32::NEG_INFINITY
+                } else {
+                    s
+                }
+            };
+            // Highest score first; the stable sort leaves equal scores in index order.
+            candidates.sort_by(|&a, &b| rank(b).total_cmp(&rank(a)));
+            let room = keep - kept.len();
+            kept.extend_from_slice(&candidates[..room]);
+            kept.sort_unstable();
+            Ok(kept)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn keep_count_follows_the_formula() {
+        // n = 100, protected = 4 + 32 = 36, evictable 64: r = 0.5 evicts 32, r = 0.75 evicts 48.
+        assert_eq!(keep_count(100, 0.5, 4, 32), 68);
+        assert_eq!(keep_count(100, 0.75, 4, 32), 52);
+        // floor: 0.3 * 64 = 19.2 → 19 evicted.
+        assert_eq!(keep_count(100, 0.3, 4, 32), 81);
+        assert_eq!(keep_count(100, 0.0, 4, 32), 100);
+        // Fewer tokens than protected: nothing is evicted.
+        assert_eq!(keep_count(20, 0.9, 4, 32), 20);
+        assert_eq!(protected_count(20, 4, 32), 20);
+    }
+
+    #[test]
+    fn selects_by_score_with_ties_to_lower_index() {
+        // 8 tokens, sink 1, window 2: tokens 0, 6, 7 protected; 5 more kept out of 1..=5 → 2
+        // of them with keep 5. Head 0 scores: 3 and 4 are best. Head 1: 1, 2, 5 tie at 1.0 →
+        // lower indices 1 and 2 win.
+        let scores = vec![
+            vec![9.0, 0.1, 0.2, 0.9, 0.8, 0.3, -5.0, -5.0],
+            vec![0.0, 1.0, 1.0, 0.5, f32::NAN, 1.0, 0.0, 0.0],
+        ];
+        let kept = select_keep(&scores, 8, 5, 1, 2).unwrap();
+        assert_eq!(kept, vec![vec![0, 3, 4, 6, 7], vec![0, 1, 2, 6, 7]]);
+    }
+
+    #[test]
+    fn wrong_score_count_is_an_error() {
+        assert!(select_keep(&[vec![1.0; 3]], 4, 2, 0, 0).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn protected_tokens_kept_counts_equal_indices_ascending(
+            n in 0usize..80,
+            heads in 1usize..5,
+            ratio in 0.0f64..1.0,
+            sink in 0usize..10,
+            window in 0usize..20,
+            seed in any::<u64>(),
+        ) {
+            let mut state = seed;
+            let scores: Vec<Vec<f32>> = (0..heads)
+                .map(|_| (0..n).map(|_| {
+                    state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    // Few distinct values so ties are common.
+                    ((state >> 60) as f32) - 8.0
+                }).collect())
+                .collect();
+            let keep = keep_count(n, ratio, sink, window);
+            let kept = select_keep(&scores, n, keep, sink, window).unwrap();
+            prop_assert_eq!(kept.len(), heads);
+            for head in &kept {
+                prop_assert_eq!(head.len(), keep);
+                prop_assert!(head.windows(2).all(|w| w[0] < w[1]));
+                prop_assert!(head.iter().all(|&i| (i as usize) < n));
+                for i in 0..n {
+                    if i < sink || i + window >= n {
+                        prop_assert!(head.contains(&(i as u32)), "protected {} evicted", i);
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn ratio_zero_keeps_everything(n in 0usize..80, sink in 0usize..10, window in 0usize..20) {
+            let scores = vec![(0..n).map(|i| -(i as f32)).collect::<Vec<_>>(); 2];
+            let keep = keep_count(n, 0.0, sink, window);
+            prop_assert_eq!(keep, n);
+            let all: Vec<u32> = (0..n as u32).collect();
+            let kept = select_keep(&scores, n, keep, sink, window).unwrap();
+            prop_assert_eq!(kept, vec![all.clone(), all]);
+        }
+    }
+}
