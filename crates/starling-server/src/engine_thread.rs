@@ -198,10 +198,37 @@ impl EngineHandle {
     }
 }
 
+/// Events for the clients, delivered in order by the dispatcher thread.
+type Deliveries = Vec<(UnboundedSender<RequestEvent>, RequestEvent)>;
+
 struct EngineLoop<B: Backend> {
     engine: Engine<B>,
     metrics: Arc<Metrics>,
     live: HashMap<SeqId, LiveRequest>,
+    /// Events produced since the last flush.
+    pending: Deliveries,
+    /// To the dispatcher thread, which does the per-request sends (each one may wake an async
+    /// task: at batch 64 that is 64 wake-ups per step, kept off the engine's critical path).
+    dispatch: Sender<Deliveries>,
+}
+
+/// Starts the thread that hands events to the requests' channels, in the order produced.
+fn spawn_dispatcher() -> Sender<Deliveries> {
+    let (tx, rx) = mpsc::channel::<Deliveries>();
+    let spawned = std::thread::Builder::new()
+        .name("starling-dispatch".into())
+        .spawn(move || {
+            for batch in rx {
+                for (events, event) in batch {
+                    // A closed receiver is a disconnected client; the engine loop aborts it.
+                    let _ = events.send(event);
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::error!("could not start the dispatcher thread: {e}");
+    }
+    tx
 }
 
 impl<B: Backend> EngineLoop<B> {
@@ -209,12 +236,38 @@ impl<B: Backend> EngineLoop<B> {
         EngineLoop {
             engine,
             metrics,
+            pending: Vec::new(),
+            dispatch: spawn_dispatcher(),
             live: HashMap::new(),
         }
     }
 
     fn run(mut self, commands: Receiver<Command>) {
+        self.run_loop(commands);
+        self.flush();
+    }
+
+    /// Sends the events produced so far to the dispatcher (one message per loop turn).
+    fn flush(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut self.pending);
+        if let Err(mpsc::SendError(batch)) = self.dispatch.send(batch) {
+            // No dispatcher thread (it failed to start): deliver here instead.
+            for (events, event) in batch {
+                let _ = events.send(event);
+            }
+        }
+    }
+
+    fn deliver(&mut self, events: &UnboundedSender<RequestEvent>, event: RequestEvent) {
+        self.pending.push((events.clone(), event));
+    }
+
+    fn run_loop(&mut self, commands: Receiver<Command>) {
         loop {
+            self.flush();
             if self.live.is_empty() {
                 // Idle: block until a command arrives (no busy spin).
                 match commands.recv() {
@@ -266,7 +319,7 @@ impl<B: Backend> EngineLoop<B> {
         match self.engine.add_request(request.prompt_ids, request.params) {
             Ok(seq_id) => {
                 self.metrics.lock().prompt_tokens_total += num_prompt_tokens;
-                let _ = request.events.send(RequestEvent::Accepted);
+                self.deliver(&request.events, RequestEvent::Accepted);
                 self.live.insert(
                     seq_id,
                     LiveRequest {
@@ -278,7 +331,7 @@ impl<B: Backend> EngineLoop<B> {
             }
             Err(e) => {
                 self.metrics.lock().rejected_total += 1;
-                let _ = request.events.send(RequestEvent::Rejected(e));
+                self.deliver(&request.events, RequestEvent::Rejected(e));
             }
         }
     }
@@ -316,7 +369,7 @@ impl<B: Backend> EngineLoop<B> {
         match self.engine.abort(seq_id) {
             Ok(output) => {
                 self.metrics.lock().finished_abort += 1;
-                let _ = live.events.send(RequestEvent::Output(output));
+                self.deliver(&live.events, RequestEvent::Output(output));
             }
             Err(e) => tracing::warn!("aborting {seq_id:?}: {e}"),
         }
@@ -345,7 +398,8 @@ impl<B: Backend> EngineLoop<B> {
                         live.last_token_at = Some(now);
                     }
                     let finished = output.finished.as_ref().map(|f| f.reason);
-                    let _ = live.events.send(RequestEvent::Output(output));
+                    self.pending
+                        .push((live.events.clone(), RequestEvent::Output(output)));
                     if let Some(reason) = finished {
                         metrics
                             .e2e_s
@@ -373,7 +427,8 @@ impl<B: Backend> EngineLoop<B> {
                 for seq_id in failed {
                     if let Some(live) = self.live.remove(&seq_id) {
                         metrics.finished_abort += 1;
-                        let _ = live.events.send(RequestEvent::Failed(message.clone()));
+                        self.pending
+                            .push((live.events, RequestEvent::Failed(message.clone())));
                     }
                 }
             }

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# HTTP + channel overhead at batch 64 (issue 4): the same decode work with and without the server.
+# Engine only: `bench throughput` drives Engine::step directly (sampling and detokenisation
+# included). Served: 64 concurrent streams of the same lengths through `serve` + `bench serve`.
+# Short prompts and long outputs, so nearly every step is a pure batch-64 decode step.
+# Needs the SmolLM2 GGUF at $HOME/stage/smollm2.gguf (tokenizer).
+set -uo pipefail
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64
+S=.device/starling
+TOK=$HOME/stage/smollm2.gguf
+date -u +%FT%TZ > "$OUT/date.txt"
+$S bench throughput --device cuda --load-format synthetic --model llama2-7b --tokenizer "$TOK" \
+  --batch-sizes 64 --prompt-tokens 64 --output-tokens 512 --max-model-len 4096 \
+  --output "$OUT/engine_b64.json" | tee "$OUT/engine_b64.md"
+$S serve --device cuda --load-format synthetic --model llama2-7b --tokenizer "$TOK" \
+  --max-model-len 4096 --port 8012 > "$OUT/serve.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 120); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8012/health', timeout=2)" 2>/dev/null && break; sleep 1; done
+$S bench serve --base-url http://127.0.0.1:8012 --model llama2-7b --dataset random --random-input-len 64 \
+  --random-output-len 512 --ignore-eos --seed 2 --num-prompts 64 --max-concurrency 64 \
+  --output-json "$OUT/served_b64.json" --output-md "$OUT/served_b64.md" | tail -22
+kill -TERM $pid; wait $pid
