@@ -136,42 +136,6 @@ struct HfFixture {
     cases: Vec<HfCase>,
 }
 
-/// All-position logits of `ids` in one prefill.
-fn all_logits<B: Backend>(backend: &B, model: &LlamaModel<B>, ids: &[u32]) -> Vec<Vec<f32>> {
-    let bs = 16;
-    let blocks = ids.len().div_ceil(bs);
-    let mut kv = KvCacheManager::new(blocks, bs).unwrap();
-    let seq = SeqId(0);
-    kv.allocate_slots(seq, ids.len()).unwrap();
-    let mut caches: Vec<_> = (0..model.config().num_layers)
-        .map(|_| {
-            backend
-                .alloc_kv_cache(&model.kv_cache_spec(blocks, bs))
-                .unwrap()
-        })
-        .collect();
-    let n = ids.len();
-    let meta = BatchMeta::single_sequence(
-        0,
-        n,
-        kv.slot_mapping(seq, 0..n).unwrap(),
-        kv.table(seq)
-            .unwrap()
-            .block_ids()
-            .iter()
-            .map(|b| b.0)
-            .collect(),
-        bs,
-        (0..n as u32).collect(),
-    );
-    let batch = backend.prepare_batch(&meta, blocks).unwrap();
-    let logits = model
-        .forward(backend, ids, &meta, &batch, &mut caches)
-        .unwrap();
-    let vocab = model.config().vocab_size;
-    logits.data().chunks(vocab).map(|r| r.to_vec()).collect()
-}
-
 /// The GPU (bf16) logits of a real model against HF transformers' f32 logits on the same GGUF
 /// (fixture from scripts/hf_reference_fixture.py, made in the same device session): every
 /// position's top-1 agrees unless HF's own top-2 gap is a bf16-sized near-tie, and the top-5 logits
@@ -194,7 +158,7 @@ fn real_model_gpu_logits_match_hf_transformers() {
     for case in &fx.cases {
         let mut ids = case.prompt_ids.clone();
         ids.extend(&case.greedy_ids);
-        let logits = all_logits(&gpu, &model, &ids);
+        let logits = model.sequence_logits(&gpu, &ids).unwrap();
         for (pos, (top_ids, top_logits)) in case.top5_ids.iter().zip(&case.top5_logits).enumerate()
         {
             let row = &logits[pos];

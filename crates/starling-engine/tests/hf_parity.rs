@@ -8,13 +8,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use starling_backend::cpu::CpuBackend;
-use starling_backend::{Backend, BatchMeta};
 use starling_engine::engine::TokenizerText;
 use starling_engine::sampling::SamplingParams;
 use starling_engine::scheduler::SchedulerConfig;
 use starling_engine::{Engine, EngineConfig};
 use starling_hub::{fetch, FetchOptions};
-use starling_kv::{KvCacheManager, SeqId};
+use starling_kv::SeqId;
 use starling_models::llama::LlamaModel;
 use starling_models::tokenizer::Tokenizer;
 use starling_models::{load_model, LoadedModel};
@@ -55,43 +54,6 @@ fn smollm2() -> LoadedModel {
     load_model(path).unwrap()
 }
 
-/// All-position logits of `ids` in one prefill.
-fn all_logits(model: &LlamaModel<CpuBackend>, ids: &[u32]) -> Vec<Vec<f32>> {
-    let backend = CpuBackend::new();
-    let bs = 16;
-    let blocks = ids.len().div_ceil(bs);
-    let mut kv = KvCacheManager::new(blocks, bs).unwrap();
-    let seq = SeqId(0);
-    kv.allocate_slots(seq, ids.len()).unwrap();
-    let mut caches: Vec<_> = (0..model.config().num_layers)
-        .map(|_| {
-            backend
-                .alloc_kv_cache(&model.kv_cache_spec(blocks, bs))
-                .unwrap()
-        })
-        .collect();
-    let n = ids.len();
-    let meta = BatchMeta::single_sequence(
-        0,
-        n,
-        kv.slot_mapping(seq, 0..n).unwrap(),
-        kv.table(seq)
-            .unwrap()
-            .block_ids()
-            .iter()
-            .map(|b| b.0)
-            .collect(),
-        bs,
-        (0..n as u32).collect(),
-    );
-    let batch = backend.prepare_batch(&meta, blocks).unwrap();
-    let logits = model
-        .forward(&backend, ids, &meta, &batch, &mut caches)
-        .unwrap();
-    let vocab = model.config().vocab_size;
-    logits.data().chunks(vocab).map(|r| r.to_vec()).collect()
-}
-
 #[test]
 fn smollm2_logits_and_greedy_tokens_match_hf_transformers() {
     let fx = fixture();
@@ -109,7 +71,7 @@ fn smollm2_logits_and_greedy_tokens_match_hf_transformers() {
         );
         let mut ids = case.prompt_ids.clone();
         ids.extend(&case.greedy_ids);
-        let logits = all_logits(&model, &ids);
+        let logits = model.sequence_logits(&CpuBackend::new(), &ids).unwrap();
         for (pos, (top_ids, top_logits)) in case.top5_ids.iter().zip(&case.top5_logits).enumerate()
         {
             let row = &logits[pos];

@@ -251,6 +251,40 @@ impl<B: Backend> LlamaModel<B> {
         &self.dims
     }
 
+    /// Logits at every position of `ids`, run as one sequence through a fresh private cache: the
+    /// reference path for parity tests and quality measurements (the engine batches instead).
+    pub fn sequence_logits(&self, backend: &B, ids: &[u32]) -> Result<Vec<Vec<f32>>, ModelError> {
+        const BLOCK_TOKENS: usize = 16;
+        if ids.is_empty() {
+            return Err(ModelError::InvalidConfig(
+                "sequence_logits needs at least one token".into(),
+            ));
+        }
+        let n = ids.len();
+        let blocks = n.div_ceil(BLOCK_TOKENS);
+        let spec = self.kv_cache_spec(blocks, BLOCK_TOKENS);
+        let mut caches = (0..self.layers.len())
+            .map(|_| backend.alloc_kv_cache(&spec))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Blocks 0.. in order, so token i lives in slot i.
+        let every_row: Vec<u32> = (0..n as u32).collect();
+        let meta = BatchMeta::single_sequence(
+            0,
+            n,
+            every_row.clone(),
+            (0..blocks as u32).collect(),
+            BLOCK_TOKENS,
+            every_row,
+        );
+        let batch = backend.prepare_batch(&meta, blocks)?;
+        let logits = self.forward(backend, ids, &meta, &batch, &mut caches)?;
+        Ok(logits
+            .data()
+            .chunks(self.config.vocab_size)
+            .map(<[f32]>::to_vec)
+            .collect())
+    }
+
     /// The per-layer cache geometry for a pool of `num_blocks` blocks.
     pub fn kv_cache_spec(&self, num_blocks: usize, block_size_tokens: usize) -> KvCacheSpec {
         KvCacheSpec {
