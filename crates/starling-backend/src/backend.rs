@@ -124,6 +124,12 @@ pub trait Backend: Send + Sync {
             .collect();
         self.upload(&HostTensor::new(shape, data)?)
     }
+    /// Like [`Backend::upload`], but may reuse the host buffer (the CPU backend moves it instead
+    /// of copying, so loading a model does not hold its weights twice).
+    fn upload_owned(&self, host: HostTensor) -> Result<Self::Tensor, BackendError> {
+        self.upload(&host)
+    }
+
     /// Copies a tensor back to the host as f32.
     fn to_host(&self, t: &Self::Tensor) -> Result<HostTensor, BackendError>;
     /// Allocates one layer's K/V cache, zero-filled.

@@ -98,7 +98,7 @@ impl<B: Backend> WeightSource<B> for WeightMap {
         } else {
             concat_rows(&tensors)?
         };
-        Ok(backend.upload(&host)?)
+        Ok(backend.upload_owned(host)?)
     }
 }
 
