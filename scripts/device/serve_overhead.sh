@@ -7,7 +7,7 @@
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64
 S=.device/starling
-TOK=$HOME/stage/smollm2.gguf
+TOK=${TOK:-$HOME/stage/smollm2.gguf}
 date -u +%FT%TZ > "$OUT/date.txt"
 $S bench throughput --device cuda --load-format synthetic --model llama2-7b --tokenizer "$TOK" \
   --batch-sizes 64 --prompt-tokens 64 --output-tokens 512 --max-model-len 4096 \
@@ -19,4 +19,13 @@ for _ in $(seq 1 120); do python3 -c "import urllib.request as u; u.urlopen('htt
 $S bench serve --base-url http://127.0.0.1:8012 --model llama2-7b --dataset random --random-input-len 64 \
   --random-output-len 512 --ignore-eos --seed 2 --num-prompts 64 --max-concurrency 64 \
   --output-json "$OUT/served_b64.json" --output-md "$OUT/served_b64.md" | tail -22
+# The server's own step time (starling:engine_step_seconds) beside the TPOT its clients saw.
+python3 - <<'PY'
+import urllib.request as u
+text = u.urlopen('http://127.0.0.1:8012/metrics').read().decode()
+vals = {l.split('{')[0].split(' ')[0]: float(l.rsplit(' ', 1)[1]) for l in text.splitlines()
+        if l.startswith('starling:engine_step_seconds_sum') or l.startswith('starling:engine_step_seconds_count')}
+s, n = vals['starling:engine_step_seconds_sum'], vals['starling:engine_step_seconds_count']
+print(f"server engine step: mean {1000 * s / n:.2f} ms over {int(n)} steps")
+PY
 kill -TERM $pid; wait $pid

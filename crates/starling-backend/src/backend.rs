@@ -73,6 +73,18 @@ impl KvCacheSpec {
     }
 }
 
+/// A per-token key statistic computed next to the cache ([`Backend::key_scores`]), so eviction can
+/// rank tokens without copying every key to the host. Higher score = keep, as for the
+/// `starling-evict` scorers of the same names, whose definitions these equal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyScoreKind {
+    /// KeyDiff: `−cos(k_i, m)` with `m` the mean over the head's tokens of `k_j / ‖k_j‖` (a zero
+    /// key adds nothing to the sum but counts in the mean; a zero cosine denominator scores 0).
+    KeyDiff,
+    /// KNorm: `−‖k_i‖`.
+    KNorm,
+}
+
 /// A compute backend: owns device buffers and runs the ops a model needs.
 pub trait Backend: Send + Sync {
     /// A 2-D (or 1-D for vectors) tensor in the backend's memory and compute dtype.
@@ -205,7 +217,9 @@ pub trait Backend: Send + Sync {
     /// ascending and below `physical_len_tokens`, the physical indices head `h` keeps (the same
     /// count for every head); physical index `i` of head `h` then holds its `i`-th kept row.
     /// Slots past the kept count are left stale for the caller to release
-    /// (`KvCacheManager::shrink_physical`). Invalid input is an error and moves nothing.
+    /// (`KvCacheManager::shrink_physical`). The blocks holding the `physical_len_tokens` must be
+    /// distinct and not shared with another sequence (compaction writes in place: copy a shared
+    /// block first, [`Backend::copy_kv_blocks`]). Invalid input is an error and moves nothing.
     fn compact_kv(
         &self,
         cache: &mut Self::KvCache,
@@ -239,6 +253,73 @@ pub trait Backend: Send + Sync {
         let _ = (cache, block_table, block_size_tokens, len_tokens);
         Err(BackendError::Device(format!(
             "read_keys is not implemented on the {} backend",
+            self.name()
+        )))
+    }
+
+    /// Copies whole blocks, K and V of every head, from `src` to `dst` for each `(src, dst)` pair
+    /// (copy-on-write when a shared block is about to be written, forking, swapping). Every block
+    /// id must be in range, destinations distinct and no destination also a source, so the copies
+    /// are independent of their order. Invalid input is an error and copies nothing.
+    fn copy_kv_blocks(
+        &self,
+        cache: &mut Self::KvCache,
+        pairs: &[(u32, u32)],
+    ) -> Result<(), BackendError> {
+        let _ = (cache, pairs);
+        Err(BackendError::Device(format!(
+            "copy_kv_blocks is not implemented on the {} backend",
+            self.name()
+        )))
+    }
+
+    /// One sequence's K and V of one layer gathered into contiguous tensors, each
+    /// `[len_tokens, num_kv_heads * head_dim]` in physical order.
+    fn gather_kv(
+        &self,
+        cache: &Self::KvCache,
+        block_table: &[u32],
+        block_size_tokens: usize,
+        len_tokens: usize,
+    ) -> Result<(Self::Tensor, Self::Tensor), BackendError> {
+        let _ = (cache, block_table, block_size_tokens, len_tokens);
+        Err(BackendError::Device(format!(
+            "gather_kv is not implemented on the {} backend",
+            self.name()
+        )))
+    }
+
+    /// The inverse of [`Backend::gather_kv`]: writes `k` and `v` (each
+    /// `[len, num_kv_heads * head_dim]`) to physical indices `0..len` of the sequence. The blocks
+    /// those indices use must be distinct. Invalid input is an error and writes nothing.
+    fn scatter_kv(
+        &self,
+        cache: &mut Self::KvCache,
+        block_table: &[u32],
+        block_size_tokens: usize,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+    ) -> Result<(), BackendError> {
+        let _ = (cache, block_table, block_size_tokens, k, v);
+        Err(BackendError::Device(format!(
+            "scatter_kv is not implemented on the {} backend",
+            self.name()
+        )))
+    }
+
+    /// Eviction scores of one sequence's keys in one layer, f32 `[num_kv_heads, len_tokens]` in
+    /// physical order, computed where the cache lives (see [`KeyScoreKind`]).
+    fn key_scores(
+        &self,
+        cache: &Self::KvCache,
+        block_table: &[u32],
+        block_size_tokens: usize,
+        len_tokens: usize,
+        kind: KeyScoreKind,
+    ) -> Result<HostTensor, BackendError> {
+        let _ = (cache, block_table, block_size_tokens, len_tokens, kind);
+        Err(BackendError::Device(format!(
+            "key_scores is not implemented on the {} backend",
             self.name()
         )))
     }

@@ -10,7 +10,7 @@ pub mod cpu;
 mod error;
 mod host_tensor;
 
-pub use backend::{AttentionDims, Backend, KvCacheSpec, RopeSpec, RopeStyle};
+pub use backend::{AttentionDims, Backend, KeyScoreKind, KvCacheSpec, RopeSpec, RopeStyle};
 pub use batch::{BatchMeta, SeqBatchMeta};
 pub use error::BackendError;
 pub use host_tensor::HostTensor;

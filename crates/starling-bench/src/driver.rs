@@ -11,7 +11,7 @@ use tokio::sync::Semaphore;
 use crate::client::{RequestResult, StreamClient};
 use crate::dataset::BenchRequest;
 use crate::error::BenchError;
-use crate::server_metrics::{figures, sample_kv_peak, snapshot, ServerFigures};
+use crate::server_metrics::{figures, sample_during_run, snapshot, ServerFigures};
 use crate::stats::{compute_metrics, BenchmarkMetrics};
 
 /// How requests are released.
@@ -76,7 +76,7 @@ pub async fn run_benchmark(
     };
     let before = snapshot(client).await?;
     let stop_sampling = Arc::new(AtomicBool::new(false));
-    let sampler = tokio::spawn(sample_kv_peak(
+    let sampler = tokio::spawn(sample_during_run(
         client.clone(),
         config.metrics_period,
         stop_sampling.clone(),
@@ -114,11 +114,11 @@ pub async fn run_benchmark(
     }
     let duration_s = started.elapsed().as_secs_f64();
     stop_sampling.store(true, Ordering::Relaxed);
-    let sampled_peak = sampler.await.unwrap_or(0.0);
+    let sampled = sampler.await.unwrap_or_default();
     let after = snapshot(client).await?;
     Ok(RunOutcome {
         metrics: compute_metrics(&results, duration_s),
-        server: figures(&before, &after, sampled_peak),
+        server: figures(&before, &after, sampled),
         results,
     })
 }

@@ -1,5 +1,6 @@
 //! The `starling bench serve` client: datasets, request drivers, vLLM-style serving metrics,
-//! server-side figures from `/metrics`, reports and plots.
+//! server-side figures from `/metrics`, reports and plots; and the engine-free parts of
+//! `starling bench niah` ([`niah`]) and `starling bench quality` ([`quality`]).
 //!
 //! Definitions follow vLLM's `benchmark_serving`: TTFT is the time to the first streamed chunk,
 //! TPOT is `(latency − TTFT) / (output tokens − 1)` per request, ITL is every gap between
@@ -10,7 +11,9 @@ pub mod client;
 pub mod dataset;
 pub mod driver;
 pub mod error;
+pub mod niah;
 pub mod plot;
+pub mod quality;
 pub mod report;
 pub mod server_metrics;
 pub mod sharegpt;

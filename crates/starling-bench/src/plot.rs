@@ -11,10 +11,19 @@ use crate::error::BenchError;
 use crate::report::SweepRow;
 
 const FONT: &[u8] = include_bytes!("../assets/DejaVuSansMono.ttf");
-const FONT_FAMILY: &str = "sans-serif";
+/// The family name the shipped font is registered under.
+pub(crate) const FONT_FAMILY: &str = "sans-serif";
 
-fn plot_error(e: impl std::fmt::Display) -> BenchError {
+/// A plotting error as a [`BenchError`].
+pub(crate) fn plot_error(e: impl std::fmt::Display) -> BenchError {
     BenchError::Plot(e.to_string())
+}
+
+/// Registers the shipped font as [`FONT_FAMILY`] (registering twice is harmless).
+pub(crate) fn register_font() -> Result<(), BenchError> {
+    // The font is compiled in, so this cannot meet a bad file.
+    plotters::style::register_font(FONT_FAMILY, FontStyle::Normal, FONT)
+        .map_err(|_| BenchError::Plot("the shipped font does not parse".into()))
 }
 
 /// Writes the sweep plot to `path` (PNG, 1200×500).
@@ -24,9 +33,7 @@ pub fn write_sweep_png(rows: &[SweepRow], title: &str, path: &Path) -> Result<()
             "nothing to plot: the sweep has no rows".into(),
         ));
     }
-    // Registering twice is harmless; the font is compiled in, so this cannot meet a bad file.
-    plotters::style::register_font(FONT_FAMILY, FontStyle::Normal, FONT)
-        .map_err(|_| BenchError::Plot("the shipped font does not parse".into()))?;
+    register_font()?;
     let root = BitMapBackend::new(path, (1200, 500)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_error)?;
     let root = root.titled(title, (FONT_FAMILY, 22)).map_err(plot_error)?;

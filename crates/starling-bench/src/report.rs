@@ -111,6 +111,16 @@ pub fn markdown(report: &BenchReport) -> String {
         s.peak_kv_blocks, s.kv_blocks_total, s.peak_kv_usage_pct
     );
     let _ = writeln!(out, "| preemptions | {} |", s.preemptions);
+    let _ = writeln!(
+        out,
+        "| running while queued: mean / peak running | {:.2} / {} |",
+        s.saturated_running_mean, s.peak_running
+    );
+    let _ = writeln!(
+        out,
+        "| KV evicted: tokens per layer / blocks | {} / {} |",
+        s.kv_evicted_tokens, s.kv_evicted_blocks
+    );
     out
 }
 

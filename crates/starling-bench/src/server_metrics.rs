@@ -50,6 +50,44 @@ pub struct ServerFigures {
     pub peak_kv_usage_pct: f64,
     /// Preemptions during the run.
     pub preemptions: f64,
+    /// Mean number of running requests over the samples taken while requests were waiting:
+    /// how many requests the cache holds at once when demand exceeds it (the capacity figure
+    /// token eviction is meant to raise). 0 when the server never queued.
+    pub saturated_running_mean: f64,
+    /// Most requests running at once among the samples.
+    pub peak_running: f64,
+    /// Tokens evicted per layer by KV compression during the run.
+    pub kv_evicted_tokens: f64,
+    /// KV blocks returned to the pool by eviction during the run.
+    pub kv_evicted_blocks: f64,
+}
+
+/// What polling `/metrics` during a run saw.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Sampled {
+    /// Largest `starling:kv_blocks_used`.
+    pub peak_kv_blocks: f64,
+    /// Largest `vllm:num_requests_running`.
+    pub peak_running: f64,
+    /// Sum and count of `vllm:num_requests_running` over samples with requests waiting.
+    pub saturated_running_sum: f64,
+    /// Samples with requests waiting.
+    pub saturated_samples: u64,
+}
+
+impl Sampled {
+    /// Adds one `/metrics` snapshot.
+    pub fn add(&mut self, values: &MetricValues) {
+        let running = get(values, "vllm:num_requests_running");
+        self.peak_kv_blocks = self
+            .peak_kv_blocks
+            .max(get(values, "starling:kv_blocks_used"));
+        self.peak_running = self.peak_running.max(running);
+        if get(values, "vllm:num_requests_waiting") > 0.0 {
+            self.saturated_running_sum += running;
+            self.saturated_samples += 1;
+        }
+    }
 }
 
 fn get(values: &MetricValues, name: &str) -> f64 {
@@ -58,11 +96,8 @@ fn get(values: &MetricValues, name: &str) -> f64 {
 
 /// Figures of a run from the snapshots before and after it, and the largest
 /// `starling:kv_blocks_used` sampled during it.
-pub fn figures(
-    before: &MetricValues,
-    after: &MetricValues,
-    sampled_peak_blocks: f64,
-) -> ServerFigures {
+pub fn figures(before: &MetricValues, after: &MetricValues, sampled: Sampled) -> ServerFigures {
+    let sampled_peak_blocks = sampled.peak_kv_blocks;
     let delta = |name: &str| get(after, name) - get(before, name);
     let decode_steps = delta("starling:decode_steps_total");
     let ratio = |x: f64| {
@@ -93,6 +128,14 @@ pub fn figures(
             0.0
         },
         preemptions: delta("vllm:num_preemptions_total"),
+        saturated_running_mean: if sampled.saturated_samples > 0 {
+            sampled.saturated_running_sum / sampled.saturated_samples as f64
+        } else {
+            0.0
+        },
+        peak_running: sampled.peak_running,
+        kv_evicted_tokens: delta("starling:kv_evicted_tokens_total"),
+        kv_evicted_blocks: delta("starling:kv_evicted_blocks_total"),
     }
 }
 
@@ -101,17 +144,20 @@ pub async fn snapshot(client: &StreamClient) -> Result<MetricValues, BenchError>
     Ok(parse_prometheus(&client.get_text("/metrics").await?))
 }
 
-/// Polls `/metrics` every `period` until `stop` is set; returns the largest
-/// `starling:kv_blocks_used` seen.
-pub async fn sample_kv_peak(client: StreamClient, period: Duration, stop: Arc<AtomicBool>) -> f64 {
-    let mut peak: f64 = 0.0;
+/// Polls `/metrics` every `period` until `stop` is set (see [`Sampled`]).
+pub async fn sample_during_run(
+    client: StreamClient,
+    period: Duration,
+    stop: Arc<AtomicBool>,
+) -> Sampled {
+    let mut sampled = Sampled::default();
     while !stop.load(Ordering::Relaxed) {
         if let Ok(values) = snapshot(&client).await {
-            peak = peak.max(get(&values, "starling:kv_blocks_used"));
+            sampled.add(&values);
         }
         tokio::time::sleep(period).await;
     }
-    peak
+    sampled
 }
 
 #[cfg(test)]
@@ -145,13 +191,38 @@ mod tests {
         after.insert("starling:decode_steps_batch1_total".into(), 12.0);
         after.insert("starling:kv_blocks_total".into(), 100.0);
         after.insert("vllm:num_preemptions_total".into(), 4.0);
-        let f = figures(&before, &after, 30.0);
+        let sampled = |peak_kv_blocks| Sampled {
+            peak_kv_blocks,
+            ..Sampled::default()
+        };
+        let f = figures(&before, &after, sampled(30.0));
         assert_eq!(f.mean_decode_batch, 4.0);
         assert_eq!(f.batch1_step_share, 0.2);
         assert_eq!(f.peak_kv_blocks, 30.0, "the old maximum is not this run's");
         assert_eq!(f.peak_kv_usage_pct, 30.0);
         assert_eq!(f.preemptions, 3.0);
         after.insert("starling:kv_blocks_used_max".into(), 80.0);
-        assert_eq!(figures(&before, &after, 30.0).peak_kv_blocks, 80.0);
+        assert_eq!(figures(&before, &after, sampled(30.0)).peak_kv_blocks, 80.0);
+        assert_eq!(f.saturated_running_mean, 0.0, "never queued");
+    }
+
+    #[test]
+    fn saturated_concurrency_counts_only_samples_with_a_queue() {
+        let mut s = Sampled::default();
+        for (running, waiting, blocks) in [(4.0, 0.0, 10.0), (6.0, 3.0, 40.0), (8.0, 1.0, 30.0)] {
+            let values: MetricValues = [
+                ("vllm:num_requests_running", running),
+                ("vllm:num_requests_waiting", waiting),
+                ("starling:kv_blocks_used", blocks),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+            s.add(&values);
+        }
+        let f = figures(&MetricValues::new(), &MetricValues::new(), s);
+        assert_eq!(f.saturated_running_mean, 7.0);
+        assert_eq!(f.peak_running, 8.0);
+        assert_eq!(f.peak_kv_blocks, 40.0);
     }
 }

@@ -72,4 +72,15 @@ pub struct EngineArgs {
     /// Most tokens in one step (decode tokens first, then prefill chunks).
     #[arg(long, default_value_t = 2048)]
     pub max_num_batched_tokens: usize,
+    /// Token eviction for every request, as JSON (vLLM-style additional config), e.g.
+    /// '{"method":"keydiff","ratio":0.5}'. Methods: none, keydiff, knorm, streaming_llm,
+    /// random, snapkv; optional sink_tokens (4), window_tokens (32), every_n_tokens (64), seed.
+    /// A request may override it with a `kv_compression` body field.
+    #[arg(long, value_parser = parse_compression, default_value = r#"{"method":"none"}"#)]
+    pub kv_compression: starling_evict::CompressionConfig,
+}
+
+/// Parses and validates a `--kv-compression` JSON object.
+fn parse_compression(text: &str) -> Result<starling_evict::CompressionConfig, String> {
+    starling_evict::CompressionConfig::from_json(text).map_err(|e| e.to_string())
 }

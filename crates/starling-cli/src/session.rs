@@ -62,6 +62,7 @@ pub fn engine_config(
             block_size_tokens: args.block_size,
         },
         kv_cache_memory_bytes,
+        compression: args.kv_compression.clone(),
     }
 }
 

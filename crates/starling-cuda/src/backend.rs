@@ -13,7 +13,8 @@ use cudarc::driver::{
 use half::bf16;
 use rayon::prelude::*;
 use starling_backend::{
-    AttentionDims, Backend, BackendError, BatchMeta, HostTensor, KvCacheSpec, RopeSpec, RopeStyle,
+    AttentionDims, Backend, BackendError, BatchMeta, HostTensor, KeyScoreKind, KvCacheSpec,
+    RopeSpec, RopeStyle,
 };
 use starling_kv::CacheDtype;
 
@@ -36,6 +37,10 @@ macro_rules! launch {
         unsafe { builder.launch($cfg) }.map(|_| ()).map_err(CudaError::from)
     }};
 }
+
+// After `launch!`, which they use.
+mod key_scores;
+mod kv_ops;
 
 /// A RoPE frequency table on the host and its device copy.
 type RopeTable = (Vec<f32>, Arc<CudaSlice<f32>>);
@@ -802,6 +807,78 @@ impl Backend for CudaBackend {
     ) -> Result<CudaTensor, BackendError> {
         qkv.bf16().map_err(err)?;
         self.paged_attention_impl(qkv, cache, dims, batch)
+            .map_err(err)
+    }
+
+    fn compact_kv(
+        &self,
+        cache: &mut CudaKvCache,
+        block_table: &[u32],
+        block_size_tokens: usize,
+        physical_len_tokens: usize,
+        keep: &[Vec<u32>],
+    ) -> Result<(), BackendError> {
+        self.compact_kv_impl(
+            cache,
+            block_table,
+            block_size_tokens,
+            physical_len_tokens,
+            keep,
+        )
+        .map_err(err)
+    }
+
+    fn read_keys(
+        &self,
+        cache: &CudaKvCache,
+        block_table: &[u32],
+        block_size_tokens: usize,
+        len_tokens: usize,
+    ) -> Result<HostTensor, BackendError> {
+        self.read_keys_impl(cache, block_table, block_size_tokens, len_tokens)
+            .map_err(err)
+    }
+
+    fn copy_kv_blocks(
+        &self,
+        cache: &mut CudaKvCache,
+        pairs: &[(u32, u32)],
+    ) -> Result<(), BackendError> {
+        self.copy_kv_blocks_impl(cache, pairs).map_err(err)
+    }
+
+    fn gather_kv(
+        &self,
+        cache: &CudaKvCache,
+        block_table: &[u32],
+        block_size_tokens: usize,
+        len_tokens: usize,
+    ) -> Result<(CudaTensor, CudaTensor), BackendError> {
+        self.gather_kv_impl(cache, block_table, block_size_tokens, len_tokens)
+            .map_err(err)
+    }
+
+    fn scatter_kv(
+        &self,
+        cache: &mut CudaKvCache,
+        block_table: &[u32],
+        block_size_tokens: usize,
+        k: &CudaTensor,
+        v: &CudaTensor,
+    ) -> Result<(), BackendError> {
+        self.scatter_kv_impl(cache, block_table, block_size_tokens, k, v)
+            .map_err(err)
+    }
+
+    fn key_scores(
+        &self,
+        cache: &CudaKvCache,
+        block_table: &[u32],
+        block_size_tokens: usize,
+        len_tokens: usize,
+        kind: KeyScoreKind,
+    ) -> Result<HostTensor, BackendError> {
+        self.key_scores_impl(cache, block_table, block_size_tokens, len_tokens, kind)
             .map_err(err)
     }
 }

@@ -34,6 +34,12 @@ impl KernelCache {
         }
     }
 
+    /// The same compiler set-up with no on-disk cache: every [`KernelCache::ptx`] call compiles
+    /// (compile checks must not be answered from a cache).
+    pub fn without_disk_cache(self) -> Self {
+        Self { dir: None, ..self }
+    }
+
     /// PTX for `source`, compiled for `arch` (e.g. `sm_90`), from the cache when present.
     pub fn ptx(&self, name: &str, source: &str, arch: &'static str) -> Result<Ptx, CudaError> {
         let options = vec!["--std=c++17".to_string(), "-default-device".to_string()];

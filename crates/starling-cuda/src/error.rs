@@ -22,6 +22,9 @@ pub enum CudaError {
         /// Compiler log.
         log: String,
     },
+    /// The backend asked for a kernel that `kernel_modules()` does not list.
+    #[error("kernel {0} is not listed in kernel_modules()")]
+    UnlistedKernel(String),
     /// The on-disk kernel cache could not be used.
     #[error("kernel cache {path}: {source}")]
     Cache {

@@ -1,5 +1,11 @@
-//! The compiled kernel functions, loaded once per backend.
+//! The kernel sources, the one list of functions the backend takes from each
+//! ([`kernel_modules`]), and those functions loaded once per backend ([`Kernels`]).
+//!
+//! `Kernels::load` can only take a function that [`kernel_modules`] lists, and
+//! `tests/nvrtc_compile.rs` checks that every listed function is in the compiled PTX, so a renamed
+//! or missing kernel is caught by a CPU-only NVRTC run rather than on the GPU.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaFunction};
@@ -8,9 +14,105 @@ use crate::{CudaError, KernelCache};
 
 const OPS_SRC: &str = include_str!("../kernels/ops.cu");
 const ATTENTION_SRC: &str = include_str!("../kernels/attention.cu");
+const KV_CACHE_SRC: &str = include_str!("../kernels/kv_cache.cu");
+const KEY_SCORES_SRC: &str = include_str!("../kernels/key_scores.cu");
 
 /// Group bounds the attention kernel is instantiated for (query heads per KV head).
 const ATTENTION_GROUP_BOUNDS: [usize; 4] = [1, 2, 4, 8];
+/// Head widths the attention kernel is instantiated for.
+const ATTENTION_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+/// Function names, each used once in [`kernel_modules`] and once in [`Kernels::load`].
+mod names {
+    pub(super) const GATHER_ROWS: &str = "gather_rows_bf16";
+    pub(super) const RMS_NORM: &str = "rms_norm_bf16";
+    pub(super) const ADD_RMS_NORM: &str = "add_rms_norm_bf16";
+    pub(super) const ADD_INPLACE: &str = "add_inplace_bf16";
+    pub(super) const ADD_BIAS: &str = "add_bias_bf16";
+    pub(super) const SILU_MUL: &str = "silu_mul_bf16";
+    pub(super) const ROPE_QK: &str = "rope_qk_bf16";
+    pub(super) const WRITE_KV: &str = "write_kv_bf16";
+    pub(super) const FILL_NORMAL: &str = "fill_normal_bf16";
+    pub(super) const ATTENTION_COMBINE: &str = "attention_combine_bf16";
+    pub(super) const COPY_KV_BLOCKS: &str = "copy_kv_blocks_bf16";
+    pub(super) const GATHER_PAGED_ROWS: &str = "gather_paged_rows_bf16";
+    pub(super) const SCATTER_PAGED_ROWS: &str = "scatter_paged_rows_bf16";
+    pub(super) const GATHER_KEPT_ROWS: &str = "gather_kept_rows_bf16";
+    pub(super) const KEY_DIRECTION_PARTIALS: &str = "key_direction_partials_bf16";
+    pub(super) const KEY_DIRECTION_MEAN: &str = "key_direction_mean";
+    pub(super) const KEY_SCORES: &str = "key_scores_bf16";
+
+    /// The attention instantiation for head width `d` and group bound `g`.
+    pub(super) fn attention(d: usize, g: usize) -> String {
+        format!("paged_attention_d{d}_g{g}_bf16")
+    }
+}
+
+/// A kernel source file and the functions the backend loads from it.
+#[derive(Clone, Debug)]
+pub struct KernelModule {
+    /// Module name: the NVRTC program name and part of the PTX cache key.
+    pub name: &'static str,
+    /// CUDA C++ source.
+    pub source: &'static str,
+    /// The `extern "C"` kernels the backend loads from it.
+    pub functions: Vec<String>,
+}
+
+/// Every kernel module and the functions the backend loads from each.
+pub fn kernel_modules() -> Vec<KernelModule> {
+    let owned = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    let attention = ATTENTION_HEAD_DIMS
+        .iter()
+        .flat_map(|&d| {
+            ATTENTION_GROUP_BOUNDS
+                .iter()
+                .map(move |&g| names::attention(d, g))
+        })
+        .chain([names::ATTENTION_COMBINE.to_string()])
+        .collect();
+    vec![
+        KernelModule {
+            name: "ops",
+            source: OPS_SRC,
+            functions: owned(&[
+                names::GATHER_ROWS,
+                names::RMS_NORM,
+                names::ADD_RMS_NORM,
+                names::ADD_INPLACE,
+                names::ADD_BIAS,
+                names::SILU_MUL,
+                names::ROPE_QK,
+                names::WRITE_KV,
+                names::FILL_NORMAL,
+            ]),
+        },
+        KernelModule {
+            name: "attention",
+            source: ATTENTION_SRC,
+            functions: attention,
+        },
+        KernelModule {
+            name: "kv_cache",
+            source: KV_CACHE_SRC,
+            functions: owned(&[
+                names::COPY_KV_BLOCKS,
+                names::GATHER_PAGED_ROWS,
+                names::SCATTER_PAGED_ROWS,
+                names::GATHER_KEPT_ROWS,
+            ]),
+        },
+        KernelModule {
+            name: "key_scores",
+            source: KEY_SCORES_SRC,
+            functions: owned(&[
+                names::KEY_DIRECTION_PARTIALS,
+                names::KEY_DIRECTION_MEAN,
+                names::KEY_SCORES,
+            ]),
+        },
+    ]
+}
 
 /// Every kernel the backend launches.
 pub(crate) struct Kernels {
@@ -26,6 +128,13 @@ pub(crate) struct Kernels {
     /// Paged attention, indexed by (head width, group bound): see [`Kernels::attention`].
     attention: Vec<((usize, usize), CudaFunction)>,
     pub(crate) attention_combine: CudaFunction,
+    pub(crate) copy_kv_blocks: CudaFunction,
+    pub(crate) gather_paged_rows: CudaFunction,
+    pub(crate) scatter_paged_rows: CudaFunction,
+    pub(crate) gather_kept_rows: CudaFunction,
+    pub(crate) key_direction_partials: CudaFunction,
+    pub(crate) key_direction_mean: CudaFunction,
+    pub(crate) key_scores: CudaFunction,
 }
 
 impl Kernels {
@@ -34,27 +143,43 @@ impl Kernels {
         cache: &KernelCache,
         arch: &'static str,
     ) -> Result<Self, CudaError> {
-        let ops = ctx.load_module(cache.ptx("ops", OPS_SRC, arch)?)?;
-        let attn = ctx.load_module(cache.ptx("attention", ATTENTION_SRC, arch)?)?;
+        let mut loaded: HashMap<String, CudaFunction> = HashMap::new();
+        for module in kernel_modules() {
+            let m = ctx.load_module(cache.ptx(module.name, module.source, arch)?)?;
+            for f in module.functions {
+                let function = m.load_function(&f)?;
+                loaded.insert(f, function);
+            }
+        }
+        let mut take = |name: &str| {
+            loaded
+                .remove(name)
+                .ok_or_else(|| CudaError::UnlistedKernel(name.to_string()))
+        };
+        let attention = ATTENTION_HEAD_DIMS
+            .iter()
+            .flat_map(|&d| ATTENTION_GROUP_BOUNDS.iter().map(move |&g| (d, g)))
+            .map(|(d, g)| take(&names::attention(d, g)).map(|f| ((d, g), f)))
+            .collect::<Result<_, _>>()?;
         Ok(Self {
-            gather_rows: ops.load_function("gather_rows_bf16")?,
-            rms_norm: ops.load_function("rms_norm_bf16")?,
-            add_rms_norm: ops.load_function("add_rms_norm_bf16")?,
-            add_inplace: ops.load_function("add_inplace_bf16")?,
-            add_bias: ops.load_function("add_bias_bf16")?,
-            silu_mul: ops.load_function("silu_mul_bf16")?,
-            rope_qk: ops.load_function("rope_qk_bf16")?,
-            write_kv: ops.load_function("write_kv_bf16")?,
-            fill_normal: ops.load_function("fill_normal_bf16")?,
-            attention: [64usize, 128, 256]
-                .iter()
-                .flat_map(|&d| ATTENTION_GROUP_BOUNDS.iter().map(move |&g| (d, g)))
-                .map(|(d, g)| {
-                    attn.load_function(&format!("paged_attention_d{d}_g{g}_bf16"))
-                        .map(|f| ((d, g), f))
-                })
-                .collect::<Result<_, _>>()?,
-            attention_combine: attn.load_function("attention_combine_bf16")?,
+            gather_rows: take(names::GATHER_ROWS)?,
+            rms_norm: take(names::RMS_NORM)?,
+            add_rms_norm: take(names::ADD_RMS_NORM)?,
+            add_inplace: take(names::ADD_INPLACE)?,
+            add_bias: take(names::ADD_BIAS)?,
+            silu_mul: take(names::SILU_MUL)?,
+            rope_qk: take(names::ROPE_QK)?,
+            write_kv: take(names::WRITE_KV)?,
+            fill_normal: take(names::FILL_NORMAL)?,
+            attention,
+            attention_combine: take(names::ATTENTION_COMBINE)?,
+            copy_kv_blocks: take(names::COPY_KV_BLOCKS)?,
+            gather_paged_rows: take(names::GATHER_PAGED_ROWS)?,
+            scatter_paged_rows: take(names::SCATTER_PAGED_ROWS)?,
+            gather_kept_rows: take(names::GATHER_KEPT_ROWS)?,
+            key_direction_partials: take(names::KEY_DIRECTION_PARTIALS)?,
+            key_direction_mean: take(names::KEY_DIRECTION_MEAN)?,
+            key_scores: take(names::KEY_SCORES)?,
         })
     }
 

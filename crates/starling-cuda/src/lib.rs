@@ -17,10 +17,17 @@ mod tensor;
 pub use backend::{CudaBackend, CudaBatch, CudaKvCache};
 pub use compile::KernelCache;
 pub use error::CudaError;
+pub use kernels::{kernel_modules, KernelModule};
 pub use tensor::{CudaTensor, DeviceBuf};
 
 /// Whether the CUDA driver library can be loaded on this machine (it says nothing about GPUs).
 pub fn cuda_available() -> bool {
     // SAFETY: only tries to dlopen libcuda and reports whether it worked.
     unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// Whether NVRTC (`libnvrtc`) can be loaded, so kernels can be compiled (no GPU needed).
+pub fn nvrtc_available() -> bool {
+    // SAFETY: only tries to dlopen libnvrtc and reports whether it worked.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }

@@ -191,3 +191,98 @@ fn real_model_gpu_logits_match_hf_transformers() {
     // bf16 activations through 28 layers: logits of magnitude ~10-30 carry ~0.1 absolute noise.
     assert!(mean < 0.25 && max_abs < 1.5, "mean {mean}, max {max_abs}");
 }
+
+/// Last-row logits of `prompt` prefilled in chunks of `chunk_tokens`, with the sequence's KV in
+/// blocks `first_block..` of a cache of `num_blocks` blocks (so long contexts and high block ids
+/// are both exercised).
+fn chunked_prefill_logits<B: Backend>(
+    backend: &B,
+    model: &LlamaModel<B>,
+    prompt: &[u32],
+    chunk_tokens: usize,
+    num_blocks: usize,
+    first_block: usize,
+) -> Vec<f32> {
+    let bs = 16;
+    let need = prompt.len().div_ceil(bs);
+    assert!(first_block + need <= num_blocks);
+    let table: Vec<u32> = (first_block..first_block + need)
+        .map(|b| b as u32)
+        .collect();
+    let mut caches: Vec<_> = (0..model.config().num_layers)
+        .map(|_| {
+            backend
+                .alloc_kv_cache(&model.kv_cache_spec(num_blocks, bs))
+                .unwrap()
+        })
+        .collect();
+    let mut done = 0;
+    let mut last = Vec::new();
+    while done < prompt.len() {
+        let n = chunk_tokens.min(prompt.len() - done);
+        let slots = (done..done + n)
+            .map(|t| table[t / bs] * bs as u32 + (t % bs) as u32)
+            .collect();
+        let blocks_so_far = (done + n).div_ceil(bs);
+        let meta = BatchMeta::single_sequence(
+            done,
+            n,
+            slots,
+            table[..blocks_so_far].to_vec(),
+            bs,
+            vec![(n - 1) as u32],
+        );
+        let batch = backend.prepare_batch(&meta, num_blocks).unwrap();
+        last = model
+            .forward(backend, &prompt[done..done + n], &meta, &batch, &mut caches)
+            .unwrap()
+            .into_data();
+        done += n;
+    }
+    last
+}
+
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+/// Long contexts (NIAH needs 30k): a one-layer model with Qwen2.5-1.5B's attention shape (12
+/// query / 2 KV heads × 128, NeoX RoPE base 1e6) prefilled in 2048-token chunks on the GPU, its
+/// KV in high block ids of a large cache, against the CPU backend.
+#[test]
+#[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
+fn long_context_prefill_matches_cpu() {
+    let base = ModelConfig::tiny_llama_for_tests();
+    let cfg = ModelConfig {
+        hidden_size: 256,
+        num_layers: 1,
+        num_attention_heads: 12,
+        num_kv_heads: 2,
+        head_dim: 128,
+        max_position_embeddings: 32768,
+        rope: starling_models::RopeConfig {
+            theta: 1.0e6,
+            ..base.rope.clone()
+        },
+        ..base
+    };
+    let weights = || -> WeightMap { synthetic_weights(&cfg, 9) };
+    let cpu = CpuBackend::new();
+    let gpu = CudaBackend::new(0).unwrap();
+    let mc = LlamaModel::load(&cpu, &cfg, weights()).unwrap();
+    let mg = LlamaModel::load(&gpu, &cfg, weights()).unwrap();
+    let mut worst = 0.0f64;
+    for len in [4096usize, 18000, 24000] {
+        let prompt: Vec<u32> = (0..len as u32).map(|i| (i * 7 + 3) % 128).collect();
+        let want = chunked_prefill_logits(&cpu, &mc, &prompt, len, len.div_ceil(16), 0);
+        for (chunk, num_blocks, first_block) in [(2048, 2000, 0), (512, 200_000, 198_000)] {
+            let got = chunked_prefill_logits(&gpu, &mg, &prompt, chunk, num_blocks, first_block);
+            let e = rel_err(&want, &got);
+            println!("len {len} chunk {chunk} blocks {first_block}..: rel err {e:.2e}");
+            worst = worst.max(e);
+        }
+    }
+    assert!(worst < 2e-2, "worst rel err {worst}");
+}

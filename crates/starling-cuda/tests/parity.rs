@@ -6,11 +6,12 @@
 //! These need a GPU: they are `#[ignore]`d in CPU CI and run on the device through
 //! `scripts/device/gpu_tests.sh` (`--include-ignored`).
 
-use rand::{Rng, SeedableRng};
+use rand::{seq::SliceRandom, Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use starling_backend::cpu::CpuBackend;
 use starling_backend::{
-    AttentionDims, Backend, BatchMeta, HostTensor, KvCacheSpec, RopeSpec, RopeStyle, SeqBatchMeta,
+    AttentionDims, Backend, BatchMeta, HostTensor, KeyScoreKind, KvCacheSpec, RopeSpec, RopeStyle,
+    SeqBatchMeta,
 };
 use starling_cuda::CudaBackend;
 
@@ -315,4 +316,373 @@ fn synthetic_weights_have_the_requested_scale() {
         .sqrt();
     println!("synthetic mean {mean:.2e} std {std:.4}");
     assert!(mean.abs() < 1e-3 && (std - 0.02).abs() < 1e-3);
+}
+
+// ---- KV-cache management: block copies, gather/scatter, key read-back, compaction, key scores.
+// Caches on both sides hold identical bf16-exact values, so every op that only moves data must
+// agree bit for bit; key scores are f32 arithmetic in another summation order.
+
+/// f32 arithmetic on identical inputs: ‖out − ref‖ / ‖ref‖ (device METHOD.md: far under 1e-3).
+const F32_REL_TOL: f64 = 1e-5;
+/// Per-score bound for KeyDiff cosines (in [−1, 1]); the mean direction sums thousands of unit
+/// keys in another order on the GPU.
+const KEYDIFF_ABS_TOL: f32 = 1e-4;
+
+/// (KV heads, head_dim): GQA-sized (2 × 64, 8 × 128), MHA-sized (32 × 128), and a width that is
+/// not a multiple of 8 (the kernels' element-wise fallback).
+const KV_SHAPES: [(usize, usize); 4] = [(2, 64), (8, 128), (32, 128), (3, 36)];
+
+/// A cache geometry; the odd head width also gets an odd block size, so whole blocks are not a
+/// multiple of 8 elements either (the block copy's element-wise fallback).
+fn kv_spec(num_kv_heads: usize, head_dim: usize, num_blocks: usize) -> KvCacheSpec {
+    KvCacheSpec {
+        num_blocks,
+        block_size_tokens: if head_dim.is_multiple_of(8) { 16 } else { 15 },
+        num_kv_heads,
+        head_dim,
+    }
+}
+
+/// A CPU and a GPU cache holding the same random bf16-exact K and V in every slot. Keys get a
+/// per-channel offset (real keys share a strong mean direction, which KeyDiff measures against)
+/// and every 97th slot holds a zero key (no direction: KeyDiff's special case).
+fn filled_caches(
+    gpu: &CudaBackend,
+    cpu: &CpuBackend,
+    spec: &KvCacheSpec,
+    rng: &mut ChaCha8Rng,
+) -> (
+    <CpuBackend as Backend>::KvCache,
+    <CudaBackend as Backend>::KvCache,
+) {
+    let dims = AttentionDims {
+        num_heads: spec.num_kv_heads,
+        num_kv_heads: spec.num_kv_heads,
+        head_dim: spec.head_dim,
+        scale: 1.0,
+    };
+    let (n, kv, width) = (spec.num_slots(), dims.kv_size(), dims.qkv_size());
+    let offset: Vec<f32> = (0..kv).map(|_| rng.gen_range(-0.5..0.5)).collect();
+    let bf = |x: f32| half::bf16::from_f32(x).to_f32();
+    let mut data = vec![0.0f32; n * width];
+    for (s, row) in data.chunks_exact_mut(width).enumerate() {
+        for i in 0..kv {
+            row[i] = rng.gen_range(-1.0..1.0);
+            row[kv + i] = if s % 97 == 5 {
+                0.0
+            } else {
+                bf(rng.gen_range(-1.0..1.0) + offset[i])
+            };
+            row[2 * kv + i] = bf(rng.gen_range(-1.0..1.0));
+        }
+    }
+    let qkv = HostTensor::new(vec![n, width], data).unwrap();
+    let meta = BatchMeta::single_sequence(
+        0,
+        n,
+        (0..n as u32).collect(),
+        (0..spec.num_blocks as u32).collect(),
+        spec.block_size_tokens,
+        Vec::new(),
+    );
+    let mut cache_c = cpu.alloc_kv_cache(spec).unwrap();
+    let mut cache_g = gpu.alloc_kv_cache(spec).unwrap();
+    let batch_c = cpu.prepare_batch(&meta, spec.num_blocks).unwrap();
+    let batch_g = gpu.prepare_batch(&meta, spec.num_blocks).unwrap();
+    cpu.write_kv(&mut cache_c, &qkv, &dims, &batch_c).unwrap();
+    gpu.write_kv(&mut cache_g, &gpu.upload(&qkv).unwrap(), &dims, &batch_g)
+        .unwrap();
+    (cache_c, cache_g)
+}
+
+/// Every slot's K and V (`[num_slots, kv_size]` each) on the host, read through `gather_kv`
+/// (itself checked against the CPU in `gather_scatter_and_read_keys_match_cpu`).
+fn whole_cache<B: Backend>(
+    backend: &B,
+    cache: &B::KvCache,
+    spec: &KvCacheSpec,
+) -> (HostTensor, HostTensor) {
+    let all: Vec<u32> = (0..spec.num_blocks as u32).collect();
+    let (k, v) = backend
+        .gather_kv(cache, &all, spec.block_size_tokens, spec.num_slots())
+        .unwrap();
+    (backend.to_host(&k).unwrap(), backend.to_host(&v).unwrap())
+}
+
+/// Bit-for-bit equality, naming the first differing element.
+fn assert_same(name: &str, got: &HostTensor, want: &HostTensor) {
+    assert_eq!(got.shape(), want.shape(), "{name}: shapes");
+    if let Some(i) = got
+        .data()
+        .iter()
+        .zip(want.data())
+        .position(|(a, b)| a.to_bits() != b.to_bits())
+    {
+        panic!(
+            "{name}: element {i} is {} on the GPU, {} on the CPU",
+            got.data()[i],
+            want.data()[i]
+        );
+    }
+}
+
+/// Both whole caches equal, bit for bit.
+fn assert_caches_equal(
+    name: &str,
+    gpu: &CudaBackend,
+    cache_g: &<CudaBackend as Backend>::KvCache,
+    cpu: &CpuBackend,
+    cache_c: &<CpuBackend as Backend>::KvCache,
+    spec: &KvCacheSpec,
+) {
+    let (kg, vg) = whole_cache(gpu, cache_g, spec);
+    let (kc, vc) = whole_cache(cpu, cache_c, spec);
+    assert_same(&format!("{name} (K)"), &kg, &kc);
+    assert_same(&format!("{name} (V)"), &vg, &vc);
+}
+
+/// Block tables for sequences of `lens` tokens, drawn from a shuffled pool (so neighbouring
+/// physical tokens live in unrelated blocks); returns the tables and the unused blocks.
+fn block_tables(
+    rng: &mut ChaCha8Rng,
+    spec: &KvCacheSpec,
+    lens: &[usize],
+) -> (Vec<Vec<u32>>, Vec<u32>) {
+    let mut free: Vec<u32> = (0..spec.num_blocks as u32).collect();
+    free.shuffle(rng);
+    let tables = lens
+        .iter()
+        .map(|&len| {
+            (0..len.div_ceil(spec.block_size_tokens))
+                .map(|_| free.pop().expect("enough blocks for the test's sequences"))
+                .collect()
+        })
+        .collect();
+    (tables, free)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
+fn kv_block_copies_match_cpu() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for (nkv, hd) in KV_SHAPES {
+        let spec = kv_spec(nkv, hd, 64);
+        let (mut cache_c, mut cache_g) = filled_caches(&gpu, &cpu, &spec, &mut rng);
+        // Sources and destinations from disjoint halves of a shuffled pool; some sources are
+        // copied to several destinations (forking one sequence into many).
+        let mut blocks: Vec<u32> = (0..spec.num_blocks as u32).collect();
+        blocks.shuffle(&mut rng);
+        let (srcs, dsts) = blocks.split_at(spec.num_blocks / 2);
+        let pairs: Vec<(u32, u32)> = dsts[..20]
+            .iter()
+            .map(|&d| (srcs[rng.gen_range(0..8)], d))
+            .collect();
+        cpu.copy_kv_blocks(&mut cache_c, &pairs).unwrap();
+        gpu.copy_kv_blocks(&mut cache_g, &pairs).unwrap();
+        let name = format!("copy_kv_blocks {nkv}x{hd}");
+        assert_caches_equal(&name, &gpu, &cache_g, &cpu, &cache_c, &spec);
+        println!("{name:<28} exact");
+
+        // Dependent copies are refused and copy nothing.
+        let (before_k, before_v) = whole_cache(&gpu, &cache_g, &spec);
+        let chained = [(srcs[0], dsts[0]), (dsts[0], dsts[1])];
+        let twice = [(srcs[0], dsts[0]), (srcs[1], dsts[0])];
+        let outside = [(srcs[0], spec.num_blocks as u32)];
+        for bad in [&chained[..], &twice[..], &outside[..]] {
+            assert!(gpu.copy_kv_blocks(&mut cache_g, bad).is_err(), "{bad:?}");
+        }
+        let (after_k, after_v) = whole_cache(&gpu, &cache_g, &spec);
+        assert_same("refused copies (K)", &after_k, &before_k);
+        assert_same("refused copies (V)", &after_v, &before_v);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
+fn gather_scatter_and_read_keys_match_cpu() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    let lens = [1usize, 16, 77, 300, 513];
+    for (nkv, hd) in KV_SHAPES {
+        let spec = kv_spec(nkv, hd, 96);
+        let (mut cache_c, mut cache_g) = filled_caches(&gpu, &cpu, &spec, &mut rng);
+        let (tables, _) = block_tables(&mut rng, &spec, &lens);
+        let bs = spec.block_size_tokens;
+        for (table, &len) in tables.iter().zip(&lens) {
+            let name = format!("gather_kv {nkv}x{hd} len {len}");
+            let (kg, vg) = gpu.gather_kv(&cache_g, table, bs, len).unwrap();
+            let (kc, vc) = cpu.gather_kv(&cache_c, table, bs, len).unwrap();
+            assert_same(&name, &gpu.to_host(&kg).unwrap(), &kc);
+            assert_same(&name, &gpu.to_host(&vg).unwrap(), &vc);
+            let keys_g = gpu.read_keys(&cache_g, table, bs, len).unwrap();
+            let keys_c = cpu.read_keys(&cache_c, table, bs, len).unwrap();
+            assert_same(&format!("read_keys {nkv}x{hd} len {len}"), &keys_g, &keys_c);
+        }
+        // Scatter fresh rows into each sequence in turn (the cache's old contents act as the
+        // poison: the whole-cache comparison sees any slot left unwritten or written twice).
+        for (table, &len) in tables.iter().zip(&lens) {
+            let width = nkv * hd;
+            let k = rand_host(&mut rng, vec![len, width], 1.0);
+            let v = rand_host(&mut rng, vec![len, width], 1.0);
+            cpu.scatter_kv(&mut cache_c, table, bs, &k, &v).unwrap();
+            let (kd, vd) = (gpu.upload(&k).unwrap(), gpu.upload(&v).unwrap());
+            gpu.scatter_kv(&mut cache_g, table, bs, &kd, &vd).unwrap();
+            let name = format!("scatter_kv {nkv}x{hd} len {len}");
+            assert_caches_equal(&name, &gpu, &cache_g, &cpu, &cache_c, &spec);
+        }
+        println!("gather/scatter/read_keys {nkv}x{hd}: exact");
+
+        // A table listing a block twice (scatter would write it twice at once) and rows that do
+        // not fit the table are refused and write nothing.
+        let (before_k, before_v) = whole_cache(&gpu, &cache_g, &spec);
+        let k = gpu
+            .upload(&rand_host(&mut rng, vec![20, nkv * hd], 1.0))
+            .unwrap();
+        let twice = [tables[3][0], tables[3][0]];
+        assert!(gpu.scatter_kv(&mut cache_g, &twice, bs, &k, &k).is_err());
+        assert!(gpu
+            .scatter_kv(&mut cache_g, &tables[3][..1], bs, &k, &k)
+            .is_err());
+        let (after_k, after_v) = whole_cache(&gpu, &cache_g, &spec);
+        assert_same("refused scatter (K)", &after_k, &before_k);
+        assert_same("refused scatter (V)", &after_v, &before_v);
+    }
+}
+
+/// `count` random, strictly ascending indices below `len`.
+fn random_subset(rng: &mut ChaCha8Rng, len: usize, count: usize) -> Vec<u32> {
+    let mut all: Vec<u32> = (0..len as u32).collect();
+    all.shuffle(rng);
+    let mut kept = all[..count].to_vec();
+    kept.sort_unstable();
+    kept
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
+fn compaction_matches_cpu() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
+    let lens = [300usize, 77, 500];
+    for (nkv, hd) in KV_SHAPES {
+        let spec = kv_spec(nkv, hd, 96);
+        let (mut cache_c, mut cache_g) = filled_caches(&gpu, &cpu, &spec, &mut rng);
+        let (tables, _) = block_tables(&mut rng, &spec, &lens);
+        let same_for_all = |kept: Vec<u32>| vec![kept; nkv];
+        // (label, sequence, kept indices per head). Applied one after another to the same
+        // caches; each compacts one sequence while the others must stay as they are.
+        let cases: Vec<(&str, usize, Vec<Vec<u32>>)> = vec![
+            (
+                "random half, per-head sets",
+                0,
+                (0..nkv)
+                    .map(|_| random_subset(&mut rng, 300, 150))
+                    .collect(),
+            ),
+            ("keep all (identity)", 2, same_for_all((0..500).collect())),
+            (
+                "protected only (sink 4 + recent 16)",
+                2,
+                same_for_all((0..4).chain(484..500).collect()),
+            ),
+            (
+                "dense suffix (sources overlap destinations)",
+                0,
+                same_for_all((75..300).collect()),
+            ),
+            (
+                "all but one, per-head sets",
+                1,
+                (0..nkv).map(|_| random_subset(&mut rng, 77, 76)).collect(),
+            ),
+            ("keep nothing", 1, same_for_all(Vec::new())),
+        ];
+        for (label, seq, keep) in cases {
+            let (table, len) = (&tables[seq], lens[seq]);
+            cpu.compact_kv(&mut cache_c, table, spec.block_size_tokens, len, &keep)
+                .unwrap();
+            gpu.compact_kv(&mut cache_g, table, spec.block_size_tokens, len, &keep)
+                .unwrap();
+            let name = format!("compact_kv {nkv}x{hd} {label}");
+            assert_caches_equal(&name, &gpu, &cache_g, &cpu, &cache_c, &spec);
+            println!("{name:<60} exact");
+        }
+
+        // Invalid kept lists and tables are refused (checked on the host, as on the CPU) and
+        // move nothing.
+        let (before_k, before_v) = whole_cache(&gpu, &cache_g, &spec);
+        let bs = spec.block_size_tokens;
+        let ok = same_for_all(vec![0, 5, 9]);
+        let mut unsorted = ok.clone();
+        unsorted[0] = vec![5, 0, 9];
+        let mut unequal = ok.clone();
+        unequal[nkv - 1] = vec![0, 5];
+        let too_far = same_for_all(vec![0, 5, 300]);
+        let (table, len) = (&tables[0], lens[0]);
+        let twice: Vec<u32> = table.iter().map(|_| table[0]).collect();
+        assert!(gpu
+            .compact_kv(&mut cache_g, table, bs, len, &unsorted)
+            .is_err());
+        assert!(gpu
+            .compact_kv(&mut cache_g, table, bs, len, &unequal)
+            .is_err());
+        assert!(gpu
+            .compact_kv(&mut cache_g, table, bs, len, &too_far)
+            .is_err());
+        assert!(gpu
+            .compact_kv(&mut cache_g, table, bs, len, &ok[..nkv - 1])
+            .is_err());
+        assert!(gpu.compact_kv(&mut cache_g, &twice, bs, len, &ok).is_err());
+        assert!(gpu
+            .compact_kv(&mut cache_g, table, bs, len + bs, &ok)
+            .is_err());
+        let (after_k, after_v) = whole_cache(&gpu, &cache_g, &spec);
+        assert_same("refused compaction (K)", &after_k, &before_k);
+        assert_same("refused compaction (V)", &after_v, &before_v);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
+fn key_scores_match_cpu() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = ChaCha8Rng::seed_from_u64(14);
+    let lens = [1usize, 7, 130, 1000, 3000];
+    for (nkv, hd) in KV_SHAPES {
+        let spec = kv_spec(nkv, hd, 300);
+        let (cache_c, cache_g) = filled_caches(&gpu, &cpu, &spec, &mut rng);
+        let (tables, _) = block_tables(&mut rng, &spec, &lens);
+        let bs = spec.block_size_tokens;
+        for (table, &len) in tables.iter().zip(&lens) {
+            for kind in [KeyScoreKind::KNorm, KeyScoreKind::KeyDiff] {
+                let got = gpu.key_scores(&cache_g, table, bs, len, kind).unwrap();
+                let want = cpu.key_scores(&cache_c, table, bs, len, kind).unwrap();
+                let e = rel_err(&got, &want);
+                let worst = got
+                    .data()
+                    .iter()
+                    .zip(want.data())
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0f32, f32::max);
+                println!("key_scores {kind:?} {nkv}x{hd} len {len:<5} rel err {e:.2e}, max abs {worst:.1e}");
+                assert_eq!(got.shape(), &[nkv, len]);
+                let tol = match kind {
+                    KeyScoreKind::KNorm => F32_REL_TOL,
+                    KeyScoreKind::KeyDiff => 10.0 * F32_REL_TOL,
+                };
+                assert!(e < tol, "{kind:?} {nkv}x{hd} len {len}: rel err {e:.3e}");
+                if kind == KeyScoreKind::KeyDiff {
+                    assert!(worst < KEYDIFF_ABS_TOL, "{nkv}x{hd} len {len}: {worst:.3e}");
+                }
+            }
+        }
+        let empty = gpu
+            .key_scores(&cache_g, &tables[0], bs, 0, KeyScoreKind::KeyDiff)
+            .unwrap();
+        assert_eq!(empty.shape(), &[nkv, 0]);
+        assert!(gpu
+            .key_scores(&cache_g, &tables[0], bs, bs + 1, KeyScoreKind::KNorm)
+            .is_err());
+    }
 }

@@ -6,4 +6,4 @@ pub mod engine;
 pub mod sampling;
 pub mod scheduler;
 
-pub use engine::{Engine, EngineConfig, EngineError, EngineStats, RequestOutput};
+pub use engine::{Engine, EngineConfig, EngineError, EngineStats, RequestOptions, RequestOutput};

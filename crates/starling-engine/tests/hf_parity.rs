@@ -120,6 +120,7 @@ fn smollm2_engine_greedy_continuations_match_hf_and_paris() {
             block_size_tokens: 16,
         },
         kv_cache_memory_bytes: 64 << 20,
+        compression: Default::default(),
     };
     let text = Arc::new(TokenizerText(tokenizer.clone()));
     let mut engine = Engine::new(CpuBackend::new(), model, Some(text), engine_config).unwrap();

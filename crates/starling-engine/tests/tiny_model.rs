@@ -3,40 +3,15 @@
 
 use std::collections::HashMap;
 
+mod common;
+
+use common::{greedy, prompt, tiny_model};
 use starling_backend::cpu::CpuBackend;
 use starling_backend::{Backend, BatchMeta};
 use starling_engine::sampling::SamplingParams;
-use starling_engine::scheduler::SchedulerConfig;
-use starling_engine::{Engine, EngineConfig};
+use starling_engine::Engine;
 use starling_kv::{KvCacheManager, SeqId};
 use starling_models::llama::LlamaModel;
-use starling_models::{synthetic_weights, ModelConfig, WeightMap};
-
-/// Random weights scaled up from the N(0, 0.02) init so logits are well separated (no near-ties
-/// that summation order could flip).
-fn tiny_weights(cfg: &ModelConfig, seed: u64) -> WeightMap {
-    synthetic_weights(cfg, seed)
-        .into_inner()
-        .into_iter()
-        .map(|(name, mut t)| {
-            if !name.ends_with("norm.weight") {
-                t.data_mut().iter_mut().for_each(|v| *v *= 15.0);
-            }
-            (name, t)
-        })
-        .collect()
-}
-
-fn tiny_model() -> LlamaModel<CpuBackend> {
-    let cfg = ModelConfig::tiny_llama_for_tests();
-    LlamaModel::load(&CpuBackend::new(), &cfg, tiny_weights(&cfg, 11)).unwrap()
-}
-
-fn prompt(seed: u32, len: usize) -> Vec<u32> {
-    (0..len as u32)
-        .map(|i| (i * 37 + seed * 11 + 5) % 120 + 3)
-        .collect()
-}
 
 /// Runs `ids` through the model in chunks of the given sizes; returns the last chunk's logits
 /// for its final token.
@@ -104,30 +79,8 @@ fn chunked_prefill_equals_one_shot_prefill() {
     }
 }
 
-fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        temperature: 0.0,
-        max_tokens: Some(max_tokens),
-        ignore_eos: true,
-        ..SamplingParams::default()
-    }
-}
-
 fn engine(kv_blocks: usize, max_num_batched_tokens: usize) -> Engine<CpuBackend> {
-    let model = tiny_model();
-    let block_size = 4;
-    let bytes_per_block =
-        Engine::cache_layout(&CpuBackend::new(), &model).bytes_per_block(block_size);
-    let config = EngineConfig {
-        scheduler: SchedulerConfig {
-            max_num_seqs: 16,
-            max_num_batched_tokens,
-            max_model_len_tokens: 96,
-            block_size_tokens: block_size,
-        },
-        kv_cache_memory_bytes: bytes_per_block * kv_blocks as u64,
-    };
-    Engine::new(CpuBackend::new(), model, None, config).unwrap()
+    common::engine(kv_blocks, max_num_batched_tokens, 96, Default::default())
 }
 
 /// Runs every request to completion; returns each one's generated tokens and the engine.

@@ -140,6 +140,29 @@ pub enum HubError {
         /// The known aliases, comma separated.
         known: String,
     },
+    /// A fetched or cached dataset does not hash to the digest the source states.
+    #[error("the {dataset} dataset has {actual_count} files with set sha256 {actual}, expected {expected_count} files with {expected}; the download was discarded; the package may have changed upstream")]
+    DatasetChecksumMismatch {
+        /// The dataset's name.
+        dataset: String,
+        /// The digest the source states.
+        expected: String,
+        /// The file count the source states.
+        expected_count: usize,
+        /// The digest of what was read.
+        actual: String,
+        /// The file count of what was read.
+        actual_count: usize,
+    },
+
+    /// A dataset folder or file cannot be used (empty, not UTF-8...).
+    #[error("`{}` is not a usable dataset: {reason}", path.display())]
+    DatasetInvalid {
+        /// The folder or file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 impl HubError {

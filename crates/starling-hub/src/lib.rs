@@ -11,9 +11,11 @@
 //! ```text
 //! models/<alias>/<file>.gguf          the verified model
 //! models/<alias>/<file>.gguf.sha256   "<sha256> <size_bytes>", written after verification
+//! datasets/paul-graham-essays/*.txt   the needle-in-a-haystack essays (see [`fetch_essays`])
 //! ```
 #![deny(missing_docs)]
 
+mod datasets;
 mod error;
 mod fetch;
 mod gguf_magic;
@@ -28,6 +30,10 @@ mod resolve;
 mod temp_path;
 mod wheel;
 
+pub use datasets::{
+    essays_dir, fetch_essays, fetch_essays_from, Essay, EssaySet, EssaySource, EssaySplit,
+    HELD_OUT_ESSAYS,
+};
 pub use error::HubError;
 pub use fetch::fetch;
 pub use home::{resolve_home, STARLING_HOME_ENV};

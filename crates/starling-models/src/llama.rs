@@ -21,6 +21,51 @@ struct DecoderLayer<B: Backend> {
     down_proj: B::Tensor,
 }
 
+/// Post-RoPE query rows copied to the host during a forward pass, per layer: what SnapKV's
+/// observation window needs. Costs one small gather and copy per layer, only when rows are named.
+#[derive(Debug, Default, Clone)]
+pub struct QueryCapture {
+    rows: Vec<u32>,
+    per_layer: Vec<HostTensor>,
+}
+
+impl QueryCapture {
+    /// Captures batch rows `rows` (indices into the step's flattened tokens).
+    pub fn new(rows: Vec<u32>) -> Self {
+        Self {
+            rows,
+            per_layer: Vec::new(),
+        }
+    }
+
+    /// The captured batch rows, in capture order.
+    pub fn rows(&self) -> &[u32] {
+        &self.rows
+    }
+
+    /// Layer `layer`'s queries, `[rows.len(), num_heads * head_dim]`, after the forward pass.
+    pub fn layer(&self, layer: usize) -> Option<&HostTensor> {
+        self.per_layer.get(layer)
+    }
+
+    fn push_layer(&mut self, qkv_rows: &HostTensor, q_size: usize) -> Result<(), ModelError> {
+        let width = qkv_rows.shape().last().copied().unwrap_or(0);
+        if width < q_size {
+            return Err(ModelError::InvalidConfig(format!(
+                "captured rows of width {width} hold no {q_size}-wide queries"
+            )));
+        }
+        let data = qkv_rows
+            .data()
+            .chunks_exact(width)
+            .flat_map(|row| row[..q_size].iter().copied())
+            .collect();
+        let q = HostTensor::new(vec![self.rows.len(), q_size], data)?;
+        self.per_layer.push(q);
+        Ok(())
+    }
+}
+
 /// A loaded decoder-only model on backend `B`.
 pub struct LlamaModel<B: Backend> {
     config: ModelConfig,
@@ -305,6 +350,29 @@ impl<B: Backend> LlamaModel<B> {
         batch: &B::Batch,
         caches: &mut [B::KvCache],
     ) -> Result<HostTensor, ModelError> {
+        self.forward_capturing(backend, token_ids, meta, batch, caches, None)
+    }
+
+    /// [`LlamaModel::forward`], also copying the post-RoPE query rows named by `capture` to the
+    /// host in every layer (SnapKV scores keys with the last prompt queries).
+    pub fn forward_capturing(
+        &self,
+        backend: &B,
+        token_ids: &[u32],
+        meta: &BatchMeta,
+        batch: &B::Batch,
+        caches: &mut [B::KvCache],
+        mut capture: Option<&mut QueryCapture>,
+    ) -> Result<HostTensor, ModelError> {
+        if let Some(c) = capture.as_deref_mut() {
+            c.per_layer.clear();
+            if let Some(&bad) = c.rows.iter().find(|&&r| r as usize >= token_ids.len()) {
+                return Err(ModelError::InvalidConfig(format!(
+                    "query capture row {bad} outside a batch of {} rows",
+                    token_ids.len()
+                )));
+            }
+        }
         if caches.len() != self.layers.len() || token_ids.len() != meta.num_tokens() {
             return Err(ModelError::InvalidConfig(format!(
                 "forward: {} caches for {} layers, {} ids for {} batch rows",
@@ -326,6 +394,10 @@ impl<B: Backend> LlamaModel<B> {
             };
             let mut qkv = backend.linear(&x, &layer.qkv_weight, layer.qkv_bias.as_ref())?;
             backend.rope_qk(&mut qkv, &self.dims, &self.rope, batch)?;
+            if let Some(c) = capture.as_deref_mut().filter(|c| !c.rows.is_empty()) {
+                let rows = backend.to_host(&backend.gather_rows(&qkv, &c.rows)?)?;
+                c.push_layer(&rows, self.dims.q_size())?;
+            }
             backend.write_kv(cache, &qkv, &self.dims, batch)?;
             let attn = backend.paged_attention(&qkv, cache, &self.dims, batch)?;
             let attn_out = backend.linear(&attn, &layer.o_proj, None)?;

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use starling_backend::Backend;
 use starling_engine::sampling::{FinishReason, SamplingParams};
-use starling_engine::{Engine, EngineError, RequestOutput};
+use starling_engine::{Engine, EngineError, RequestOptions, RequestOutput};
 use starling_kv::SeqId;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
@@ -63,12 +63,13 @@ pub enum RequestEvent {
 struct NewRequest {
     prompt_ids: Vec<u32>,
     params: SamplingParams,
+    options: RequestOptions,
     arrival: Instant,
     events: UnboundedSender<RequestEvent>,
 }
 
 enum Command {
-    Add(NewRequest),
+    Add(Box<NewRequest>),
     /// Abort every request in flight (shutdown grace period over).
     AbortAll,
     /// Abort everything and leave the loop.
@@ -120,6 +121,7 @@ impl EngineHandle {
                     kv_blocks_total: engine.stats().kv_blocks_total,
                     block_size_tokens: sched.block_size_tokens,
                 };
+                loop_metrics.lock().kv_compression = Some(engine.compression().to_json());
                 loop_metrics.record_step(engine.stats(), None);
                 if ready_tx.send(Ok(info)).is_err() {
                     return;
@@ -165,15 +167,17 @@ impl EngineHandle {
         &self,
         prompt_ids: Vec<u32>,
         params: SamplingParams,
+        options: RequestOptions,
     ) -> Option<UnboundedReceiver<RequestEvent>> {
         let (events, receiver) = unbounded_channel();
         let request = NewRequest {
             prompt_ids,
             params,
+            options,
             arrival: Instant::now(),
             events,
         };
-        self.commands.send(Command::Add(request)).ok()?;
+        self.commands.send(Command::Add(Box::new(request))).ok()?;
         Some(receiver)
     }
 
@@ -304,7 +308,7 @@ impl<B: Backend> EngineLoop<B> {
     /// Applies one command; false means leave the loop.
     fn handle(&mut self, command: Command) -> bool {
         match command {
-            Command::Add(request) => self.add(request),
+            Command::Add(request) => self.add(*request),
             Command::AbortAll => self.abort_all(),
             Command::Shutdown => {
                 self.abort_all();
@@ -316,7 +320,10 @@ impl<B: Backend> EngineLoop<B> {
 
     fn add(&mut self, request: NewRequest) {
         let num_prompt_tokens = request.prompt_ids.len() as u64;
-        match self.engine.add_request(request.prompt_ids, request.params) {
+        match self
+            .engine
+            .add_request_with(request.prompt_ids, request.params, request.options)
+        {
             Ok(seq_id) => {
                 self.metrics.lock().prompt_tokens_total += num_prompt_tokens;
                 self.deliver(&request.events, RequestEvent::Accepted);
@@ -376,11 +383,17 @@ impl<B: Backend> EngineLoop<B> {
     }
 
     fn step(&mut self) {
+        let started = Instant::now();
         let result = self.engine.step();
         let now = Instant::now();
         match result {
             Ok(outputs) => {
                 let mut metrics = self.metrics.lock();
+                if !outputs.is_empty() {
+                    metrics
+                        .step_s
+                        .observe(now.duration_since(started).as_secs_f64());
+                }
                 for output in outputs {
                     let seq_id = output.seq_id;
                     let Some(live) = self.live.get_mut(&seq_id) else {

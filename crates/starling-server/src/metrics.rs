@@ -107,6 +107,11 @@ pub struct MetricsState {
     pub itl_s: Histogram,
     /// Arrival to last token, seconds.
     pub e2e_s: Histogram,
+    /// Wall time of each engine step (schedule, forward, sampling, compression), seconds: the
+    /// server's own step cost, to set against the TPOT clients see.
+    pub step_s: Histogram,
+    /// The server-wide token-eviction policy, as JSON.
+    pub kv_compression: Option<serde_json::Value>,
 }
 
 impl Default for MetricsState {
@@ -125,6 +130,8 @@ impl Default for MetricsState {
             ttft_s: Histogram::new(TTFT_BUCKETS_S),
             itl_s: Histogram::new(ITL_BUCKETS_S),
             e2e_s: Histogram::new(E2E_BUCKETS_S),
+            step_s: Histogram::new(ITL_BUCKETS_S),
+            kv_compression: None,
         }
     }
 }
@@ -296,11 +303,46 @@ fn render_state(state: &MetricsState, model_name: &str) -> String {
     );
     metric("starling:decode_batch_size_sum", "counter", "Sum over decode steps of sequences decoded (divide by starling:decode_steps_total for the mean).", state.decode_batch_size_sum.to_string());
     metric(
+        "starling:kv_compressions_total",
+        "counter",
+        "Token-eviction compactions (one per request per compression, all layers).",
+        counters.compressions.to_string(),
+    );
+    metric(
+        "starling:kv_evicted_tokens_total",
+        "counter",
+        "Tokens evicted per layer, summed over compactions.",
+        counters.evicted_tokens.to_string(),
+    );
+    metric(
+        "starling:kv_evicted_blocks_total",
+        "counter",
+        "KV blocks returned to the pool by eviction.",
+        counters.evicted_blocks.to_string(),
+    );
+    metric(
         "starling:requests_rejected_total",
         "counter",
         "Requests the engine refused at admission.",
         state.rejected_total.to_string(),
     );
+    if let Some(config) = &state.kv_compression {
+        let field = |name: &str| {
+            config.get(name).map_or(String::new(), |v| match v {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+        };
+        let _ = writeln!(
+            out,
+            "# HELP starling:kv_compression_info The server-wide token-eviction policy (requests may override it).\n# TYPE starling:kv_compression_info gauge\nstarling:kv_compression_info{{method=\"{}\",ratio=\"{}\",sink_tokens=\"{}\",window_tokens=\"{}\",every_n_tokens=\"{}\"}} 1",
+            escape_label(&field("method")),
+            escape_label(&field("ratio")),
+            escape_label(&field("sink_tokens")),
+            escape_label(&field("window_tokens")),
+            escape_label(&field("every_n_tokens")),
+        );
+    }
     state.ttft_s.render(
         &mut out,
         "vllm:time_to_first_token_seconds",
@@ -311,6 +353,12 @@ fn render_state(state: &MetricsState, model_name: &str) -> String {
         &mut out,
         "vllm:inter_token_latency_seconds",
         "Time between consecutive output tokens.",
+        &labels,
+    );
+    state.step_s.render(
+        &mut out,
+        "starling:engine_step_seconds",
+        "Wall time of one engine step.",
         &labels,
     );
     state.e2e_s.render(

@@ -369,6 +369,21 @@ async fn bad_requests_get_4xx_with_openai_bodies() {
         ),
         (
             "/v1/completions",
+            json!({"prompt": "hi", "kv_compression": {"method": "keydiff", "ratio": 1.5}}),
+            400,
+            Some("kv_compression"),
+            "ratio",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}],
+                   "kv_compression": {"method": "h2o"}}),
+            400,
+            Some("kv_compression"),
+            "method",
+        ),
+        (
+            "/v1/completions",
             json!({"model": "gpt-4", "prompt": "hi"}),
             404,
             Some("model"),
@@ -464,4 +479,39 @@ async fn bad_requests_get_4xx_with_openai_bodies() {
     )
     .await;
     assert_eq!(status, 200, "the server keeps serving after errors: {body}");
+}
+
+/// A request's own `kv_compression` evicts tokens (seen in /metrics) and still answers; the
+/// server-wide policy (none here) is reported too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_request_kv_compression_evicts_and_is_reported() {
+    let base = &server().base_url;
+    let client = client();
+    let before = metrics_text(&client, base).await;
+    let prompt = "The quick brown fox jumps over the lazy dog. ".repeat(12);
+    let (status, body) = post(
+        &client,
+        base,
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": true,
+                "kv_compression": {"method": "keydiff", "ratio": 0.5, "window_tokens": 8}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json_of(&body)["usage"]["completion_tokens"], 8);
+    let after = metrics_text(&client, base).await;
+    for name in [
+        "starling:kv_compressions_total",
+        "starling:kv_evicted_tokens_total",
+        "starling:kv_evicted_blocks_total",
+    ] {
+        assert!(
+            metric(&after, name) > metric(&before, name),
+            "{name} did not grow"
+        );
+    }
+    assert!(
+        after.contains("starling:kv_compression_info{method=\"none\""),
+        "server-wide policy missing:\n{after}"
+    );
 }

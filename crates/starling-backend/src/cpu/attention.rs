@@ -57,6 +57,23 @@ impl CpuKvCache {
         &self.values[start..start + hd]
     }
 
+    /// Copies every slot of block `src` (K and V, all heads) over block `dst`. Ids are checked by
+    /// the caller (`kv_checks::check_block_copies`).
+    pub(super) fn copy_block(&mut self, src: usize, dst: usize) {
+        let block_elems = self.spec.block_size_tokens * self.slot_width();
+        let (from, to) = (src * block_elems, dst * block_elems);
+        self.keys.copy_within(from..from + block_elems, to);
+        self.values.copy_within(from..from + block_elems, to);
+    }
+
+    /// Overwrites flat slot `slot` with one `[num_kv_heads * head_dim]` K row and V row. The
+    /// caller checks the slot and the row widths.
+    pub(super) fn set_slot(&mut self, slot: usize, k: &[f32], v: &[f32]) {
+        let width = self.slot_width();
+        self.keys[slot * width..(slot + 1) * width].copy_from_slice(k);
+        self.values[slot * width..(slot + 1) * width].copy_from_slice(v);
+    }
+
     /// Writes the K and V parts of each fused QKV row into its slot.
     pub fn write(
         &mut self,

@@ -8,86 +8,8 @@
 //! no longer read and its tail blocks return to the pool.
 
 use super::attention::CpuKvCache;
+use super::kv_checks::{check_distinct_blocks, kept_count, physical_slots};
 use crate::{AttentionDims, BackendError, HostTensor};
-
-/// Checks the block table against the cache and returns the flat slot of each physical index
-/// `0..len_tokens`.
-fn physical_slots(
-    cache: &CpuKvCache,
-    block_table: &[u32],
-    block_size_tokens: usize,
-    len_tokens: usize,
-    op: &str,
-) -> Result<Vec<u32>, BackendError> {
-    let spec = cache.spec();
-    if block_size_tokens != spec.block_size_tokens {
-        return Err(BackendError::Shape(format!(
-            "{op}: block size {block_size_tokens} differs from the cache's {}",
-            spec.block_size_tokens
-        )));
-    }
-    let capacity_tokens = block_table.len().saturating_mul(block_size_tokens);
-    if len_tokens > capacity_tokens {
-        return Err(BackendError::Shape(format!(
-            "{op}: {len_tokens} tokens do not fit {} blocks of {block_size_tokens}",
-            block_table.len()
-        )));
-    }
-    if let Some(bad) = block_table.iter().find(|&&b| b as usize >= spec.num_blocks) {
-        return Err(BackendError::Shape(format!(
-            "{op}: block {bad} out of range (cache has {} blocks)",
-            spec.num_blocks
-        )));
-    }
-    (0..len_tokens)
-        .map(|i| {
-            let slot = block_table[i / block_size_tokens] as usize * block_size_tokens
-                + i % block_size_tokens;
-            u32::try_from(slot)
-                .map_err(|_| BackendError::Shape(format!("{op}: slot {slot} does not fit a u32")))
-        })
-        .collect()
-}
-
-/// Checks that `keep` has one strictly ascending, in-range index list per KV head, all of the
-/// same length, and returns that length.
-fn kept_count(
-    keep: &[Vec<u32>],
-    num_kv_heads: usize,
-    physical_len_tokens: usize,
-) -> Result<usize, BackendError> {
-    if keep.len() != num_kv_heads {
-        return Err(BackendError::Shape(format!(
-            "compact_kv: {} kept-index lists for {num_kv_heads} KV heads",
-            keep.len()
-        )));
-    }
-    let count = keep.first().map_or(0, Vec::len);
-    for (head, indices) in keep.iter().enumerate() {
-        if indices.len() != count {
-            return Err(BackendError::Shape(format!(
-                "compact_kv: head {head} keeps {} tokens, head 0 keeps {count} \
-                 (every head of a layer must keep the same count)",
-                indices.len()
-            )));
-        }
-        if let Some(w) = indices.windows(2).find(|w| w[0] >= w[1]) {
-            return Err(BackendError::Shape(format!(
-                "compact_kv: head {head} kept indices are not strictly ascending ({} then {})",
-                w[0], w[1]
-            )));
-        }
-        if let Some(&last) = indices.last() {
-            if last as usize >= physical_len_tokens {
-                return Err(BackendError::Shape(format!(
-                    "compact_kv: head {head} keeps index {last} of a sequence with \
-                     {physical_len_tokens} physical tokens"
-                )));
-            }
-        }
-    }
-    Ok(count)
-}
 
 /// Compacts one sequence's K and V in one layer: physical index `i` of head `h` gets the `i`-th
 /// kept row of head `h` (see the module docs). Validates everything before moving anything, so
@@ -101,7 +23,13 @@ pub fn compact_kv(
 ) -> Result<(), BackendError> {
     let spec = *cache.spec();
     let slots = physical_slots(
-        cache,
+        &spec,
+        block_table,
+        block_size_tokens,
+        physical_len_tokens,
+        "compact_kv",
+    )?;
+    check_distinct_blocks(
         block_table,
         block_size_tokens,
         physical_len_tokens,
@@ -141,7 +69,7 @@ pub fn read_keys(
 ) -> Result<HostTensor, BackendError> {
     let spec = cache.spec();
     let slots = physical_slots(
-        cache,
+        spec,
         block_table,
         block_size_tokens,
         len_tokens,
@@ -279,6 +207,7 @@ mod tests {
             (&table, bs, 9, ok.clone()),
             (&table, bs + 1, 6, ok.clone()),
             (&[1, 99], bs, 6, ok.clone()),
+            (&[4, 4], bs, 6, ok.clone()),
         ];
         for (table, bs, len, keep) in cases {
             assert!(

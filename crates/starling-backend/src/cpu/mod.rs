@@ -6,14 +6,24 @@
 mod attention;
 mod compact;
 mod elementwise;
+mod key_scores;
+mod kv_checks;
+mod kv_transfer;
 mod linear;
 
 use crate::{
-    AttentionDims, Backend, BackendError, BatchMeta, HostTensor, KvCacheSpec, RopeSpec, RopeStyle,
+    AttentionDims, Backend, BackendError, BatchMeta, HostTensor, KeyScoreKind, KvCacheSpec,
+    RopeSpec, RopeStyle,
 };
 
 pub use attention::{dense_causal_attention, CpuKvCache};
 pub use compact::{compact_kv, read_keys};
+pub use key_scores::key_scores;
+pub use kv_checks::{
+    check_block_copies, check_block_table, check_distinct_blocks, kept_count, physical_slots,
+    scatter_len,
+};
+pub use kv_transfer::{copy_kv_blocks, gather_kv, scatter_kv};
 
 /// f32 CPU backend. Tensors are [`HostTensor`]s, so "upload" is a copy.
 #[derive(Clone, Debug, Default)]
@@ -179,6 +189,46 @@ impl Backend for CpuBackend {
         len_tokens: usize,
     ) -> Result<HostTensor, BackendError> {
         compact::read_keys(cache, block_table, block_size_tokens, len_tokens)
+    }
+
+    fn copy_kv_blocks(
+        &self,
+        cache: &mut CpuKvCache,
+        pairs: &[(u32, u32)],
+    ) -> Result<(), BackendError> {
+        kv_transfer::copy_kv_blocks(cache, pairs)
+    }
+
+    fn gather_kv(
+        &self,
+        cache: &CpuKvCache,
+        block_table: &[u32],
+        block_size_tokens: usize,
+        len_tokens: usize,
+    ) -> Result<(HostTensor, HostTensor), BackendError> {
+        kv_transfer::gather_kv(cache, block_table, block_size_tokens, len_tokens)
+    }
+
+    fn scatter_kv(
+        &self,
+        cache: &mut CpuKvCache,
+        block_table: &[u32],
+        block_size_tokens: usize,
+        k: &HostTensor,
+        v: &HostTensor,
+    ) -> Result<(), BackendError> {
+        kv_transfer::scatter_kv(cache, block_table, block_size_tokens, k, v)
+    }
+
+    fn key_scores(
+        &self,
+        cache: &CpuKvCache,
+        block_table: &[u32],
+        block_size_tokens: usize,
+        len_tokens: usize,
+        kind: KeyScoreKind,
+    ) -> Result<HostTensor, BackendError> {
+        key_scores::key_scores(cache, block_table, block_size_tokens, len_tokens, kind)
     }
 }
 

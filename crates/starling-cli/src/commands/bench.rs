@@ -30,6 +30,12 @@ enum BenchCommand {
     Decode(crate::commands::bench_gpu::DecodeArgs),
     /// Serving benchmark against a running `starling serve` (vLLM benchmark_serving metrics).
     Serve(super::bench_serve::BenchServeArgs),
+    /// Needle in a haystack over context lengths × depths × KV-compression methods (Paul Graham
+    /// essays, greedy): accuracy tables, heatmaps, KV bytes held.
+    Niah(super::bench_niah::NiahArgs),
+    /// KV-compression quality on held-out essay text: mean KL of next-token distributions
+    /// against the uncompressed run, and perplexity.
+    Quality(super::bench_quality::QualityArgs),
 }
 
 /// `starling bench throughput` flags.
@@ -73,6 +79,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         BenchCommand::Serve(a) => super::bench_serve::run(a),
         BenchCommand::Kernels(a) => crate::commands::bench_gpu::kernels(a),
         BenchCommand::Decode(a) => crate::commands::bench_gpu::decode(a),
+        BenchCommand::Niah(a) => super::bench_niah::run(a),
+        BenchCommand::Quality(a) => super::bench_quality::run(a),
     }
 }
 

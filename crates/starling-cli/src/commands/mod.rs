@@ -1,7 +1,10 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod bench_eval;
 pub mod bench_gpu;
+pub mod bench_niah;
+pub mod bench_quality;
 pub mod bench_serve;
 pub mod demo;
 pub mod generate;

@@ -1,5 +1,7 @@
 //! Engine configuration: scheduler limits plus the KV-cache memory budget.
 
+use starling_evict::CompressionConfig;
+
 use crate::scheduler::SchedulerConfig;
 
 /// Everything the engine needs to size its cache and batch requests.
@@ -9,6 +11,9 @@ pub struct EngineConfig {
     pub scheduler: SchedulerConfig,
     /// Bytes of device memory given to the KV cache (all layers).
     pub kv_cache_memory_bytes: u64,
+    /// Token eviction applied to every request that does not choose its own
+    /// ([`crate::RequestOptions::compression`]); the default evicts nothing.
+    pub compression: CompressionConfig,
 }
 
 impl EngineConfig {
@@ -24,6 +29,7 @@ impl EngineConfig {
                 block_size_tokens: 16,
             },
             kv_cache_memory_bytes,
+            compression: CompressionConfig::default(),
         }
     }
 }

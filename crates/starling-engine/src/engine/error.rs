@@ -23,6 +23,9 @@ pub enum EngineError {
     /// A backend failure outside the model (cache allocation, batch upload).
     #[error("backend error")]
     Backend(#[from] starling_backend::BackendError),
+    /// Token eviction failed (invalid compression configuration or scorer input).
+    #[error("kv compression: {0}")]
+    Compression(#[from] starling_evict::EvictError),
     /// A prompt that cannot be served (empty, too long, token ids outside the vocabulary).
     #[error("invalid request: {0}")]
     InvalidRequest(String),

@@ -6,6 +6,7 @@
 //! → free finished sequences' blocks at once.
 
 mod batch_builder;
+mod compression;
 mod config;
 mod error;
 mod output;
@@ -17,18 +18,20 @@ use std::sync::Arc;
 
 use starling_backend::Backend;
 use starling_kv::{preflight, CacheLayout, KvCacheManager, LayerLayout, Preflight, SeqId};
-use starling_models::llama::LlamaModel;
+use starling_models::llama::{LlamaModel, QueryCapture};
 
 use crate::sampling::{
-    FinishReason, Finished, Sampler, SamplingContext, SamplingParams, SequenceRng, StopChecker,
+    log_softmax, FinishReason, Finished, Sampler, SamplingContext, SamplingParams, SequenceRng,
+    StopChecker,
 };
 use crate::scheduler::{Scheduler, SchedulerError, StepStats};
 
 pub use config::EngineConfig;
 pub use error::EngineError;
-pub use output::{RequestOutput, TokenLogprob};
+pub use output::{RequestOptions, RequestOutput, TokenLogprob};
 pub use text::{TextDecoder, TextStream, TokenizerText};
 
+use compression::{CompressionJob, HeadShape, SeqCompression};
 use sequence::Sequence;
 
 /// Cumulative counters since the engine started.
@@ -42,6 +45,12 @@ pub struct EngineCounters {
     pub generation_tokens: u64,
     /// Requests finished (any reason).
     pub finished_requests: u64,
+    /// Token-eviction compactions run (one per request per compression, all layers).
+    pub compressions: u64,
+    /// Tokens evicted per layer, summed over compressions.
+    pub evicted_tokens: u64,
+    /// KV blocks returned to the pool by eviction.
+    pub evicted_blocks: u64,
 }
 
 /// A snapshot of the engine's load, for logs, metrics and tests.
@@ -75,6 +84,7 @@ pub struct Engine<B: Backend> {
     seqs: HashMap<SeqId, Sequence>,
     next_seq_id: u64,
     preflight: Preflight,
+    compression: starling_evict::CompressionConfig,
     counters: EngineCounters,
     last_step: Option<StepStats>,
 }
@@ -103,6 +113,7 @@ impl<B: Backend> Engine<B> {
             .map(|_| backend.alloc_kv_cache(&spec))
             .collect::<Result<Vec<_>, _>>()?;
         let kv = KvCacheManager::new(num_blocks, sched.block_size_tokens)?;
+        config.compression.validate()?;
         let scheduler = Scheduler::new(config.scheduler, kv)?;
         let eos_token_ids = model.config().eos_token_ids.clone();
         Ok(Self {
@@ -115,6 +126,7 @@ impl<B: Backend> Engine<B> {
             seqs: HashMap::new(),
             next_seq_id: 0,
             preflight,
+            compression: config.compression,
             counters: EngineCounters::default(),
             last_step: None,
             model,
@@ -154,6 +166,11 @@ impl<B: Backend> Engine<B> {
         self.scheduler.config()
     }
 
+    /// The eviction policy applied to requests that do not choose their own.
+    pub fn compression(&self) -> &starling_evict::CompressionConfig {
+        &self.compression
+    }
+
     /// Whether `seq_id` is still waiting or running (false once finished or aborted), so a
     /// caller can tell which requests a failed step aborted.
     pub fn has_request(&self, seq_id: SeqId) -> bool {
@@ -166,6 +183,17 @@ impl<B: Backend> Engine<B> {
         &mut self,
         prompt_ids: Vec<u32>,
         params: SamplingParams,
+    ) -> Result<SeqId, EngineError> {
+        self.add_request_with(prompt_ids, params, RequestOptions::default())
+    }
+
+    /// [`Engine::add_request`] with per-request options (eviction policy, teacher forcing,
+    /// full log-probabilities).
+    pub fn add_request_with(
+        &mut self,
+        prompt_ids: Vec<u32>,
+        params: SamplingParams,
+        options: RequestOptions,
     ) -> Result<SeqId, EngineError> {
         let vocab = self.model.config().vocab_size;
         params.validate(vocab)?;
@@ -186,14 +214,46 @@ impl<B: Backend> Engine<B> {
                 prompt_ids.len()
             )));
         }
-        let max_output = params.resolve_max_tokens(max_len - prompt_ids.len());
+        let room = max_len - prompt_ids.len();
+        let max_output = match &options.forced_output_ids {
+            None => params.resolve_max_tokens(room),
+            Some(forced) => {
+                if forced.is_empty() || forced.len() > room {
+                    return Err(EngineError::InvalidRequest(format!(
+                        "{} forced output tokens; between 1 and {room} fit after the prompt",
+                        forced.len()
+                    )));
+                }
+                if let Some(bad) = forced.iter().find(|&&t| t as usize >= vocab) {
+                    return Err(EngineError::InvalidRequest(format!(
+                        "forced token id {bad} outside the vocabulary of {vocab}"
+                    )));
+                }
+                forced.len()
+            }
+        };
+        let compression_config = options.compression.as_ref().unwrap_or(&self.compression);
+        compression_config.validate()?;
+        let compression = SeqCompression::new(compression_config);
         let seq_id = SeqId(self.next_seq_id);
         self.scheduler.add_request(seq_id, prompt_ids.len())?;
         self.next_seq_id += 1;
         let rng = params
             .seed
             .map_or_else(SequenceRng::from_entropy, SequenceRng::from_seed);
-        let stop = StopChecker::new(&params, &self.eos_token_ids, max_output);
+        // A forced request ends after its last forced token, not at EOS or a stop string.
+        let stop = match &options.forced_output_ids {
+            None => StopChecker::new(&params, &self.eos_token_ids, max_output),
+            Some(_) => {
+                let plain = SamplingParams {
+                    stop: Vec::new(),
+                    stop_token_ids: Vec::new(),
+                    ignore_eos: true,
+                    ..params.clone()
+                };
+                StopChecker::new(&plain, &self.eos_token_ids, max_output)
+            }
+        };
         let text = self
             .text
             .as_ref()
@@ -207,6 +267,9 @@ impl<B: Backend> Engine<B> {
                 rng,
                 stop,
                 text,
+                compression,
+                forced_output_ids: options.forced_output_ids,
+                return_full_logprobs: options.return_full_logprobs,
             },
         );
         Ok(seq_id)
@@ -231,6 +294,8 @@ impl<B: Backend> Engine<B> {
             }),
             num_prompt_tokens: seq.num_prompt_tokens,
             num_output_tokens: seq.output_ids().len(),
+            full_logprobs: None,
+            kv_physical_tokens: 0,
         })
     }
 
@@ -265,7 +330,8 @@ impl<B: Backend> Engine<B> {
         }
         self.counters.steps += 1;
         let built = batch_builder::build(&plan, &self.seqs, self.scheduler.kv())?;
-        let logits = match self.run_model(&built) {
+        let (due, mut capture) = self.due_compressions(&plan, &built);
+        let logits = match self.run_model(&built, capture.as_mut()) {
             Ok(l) => l,
             Err(e) => {
                 for s in &plan.scheduled {
@@ -284,21 +350,144 @@ impl<B: Backend> Engine<B> {
             let row_logits = &logits.data()[row * vocab..(row + 1) * vocab];
             outputs.push(self.sample_and_advance(seq_id, row_logits)?);
         }
+        self.run_compressions(&due, capture.as_ref(), &mut outputs);
         Ok(outputs)
+    }
+
+    /// The compressions this step's plan makes due (decided before the forward pass, so
+    /// SnapKV's window queries can be captured in it), and the capture they need.
+    fn due_compressions(
+        &self,
+        plan: &crate::scheduler::StepPlan,
+        built: &batch_builder::BuiltBatch,
+    ) -> (Vec<DueCompression>, Option<QueryCapture>) {
+        let mut due = Vec::new();
+        let mut capture_rows: Vec<u32> = Vec::new();
+        for (s, seq_meta) in plan.scheduled.iter().zip(&built.meta.seqs) {
+            let Some(seq) = self.seqs.get(&s.seq_id) else {
+                continue;
+            };
+            let Some(policy) = &seq.compression else {
+                continue;
+            };
+            let logical = s.start_position + s.num_tokens;
+            let physical = s.physical_start_index + s.num_tokens;
+            let prompt_completed = s.samples_next_token && s.start_position < seq.num_prompt_tokens;
+            let Some(target) = policy.due_target(logical, physical, prompt_completed) else {
+                continue;
+            };
+            let query_rows = policy.needs_queries().then(|| {
+                let window = policy.config.window_tokens.clamp(1, s.num_tokens);
+                let first_row = seq_meta.query_start + s.num_tokens - window;
+                let start = capture_rows.len();
+                capture_rows.extend((first_row..first_row + window).map(|r| r as u32));
+                start..capture_rows.len()
+            });
+            due.push(DueCompression {
+                seq_id: s.seq_id,
+                physical_tokens: physical,
+                target_tokens: target,
+                query_rows,
+            });
+        }
+        let capture = (!capture_rows.is_empty()).then(|| QueryCapture::new(capture_rows));
+        (due, capture)
+    }
+
+    /// Runs the due compressions of requests still alive after sampling. A failure aborts only
+    /// that request (reported as an abort output) and is logged; the engine keeps serving.
+    fn run_compressions(
+        &mut self,
+        due: &[DueCompression],
+        capture: Option<&QueryCapture>,
+        outputs: &mut Vec<RequestOutput>,
+    ) {
+        for d in due {
+            if !self.seqs.contains_key(&d.seq_id) {
+                continue;
+            }
+            match self.compress(d, capture) {
+                Ok(physical) => {
+                    if let Some(o) = outputs.iter_mut().find(|o| o.seq_id == d.seq_id) {
+                        o.kv_physical_tokens = physical;
+                    }
+                }
+                Err(e) => {
+                    tracing::error!("kv compression of {:?} failed, aborting it: {e}", d.seq_id);
+                    outputs.retain(|o| o.seq_id != d.seq_id);
+                    if let Ok(out) = self.abort(d.seq_id) {
+                        outputs.push(out);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Compacts every layer of one request and releases its freed tail blocks; returns the
+    /// physical length after.
+    fn compress(
+        &mut self,
+        due: &DueCompression,
+        capture: Option<&QueryCapture>,
+    ) -> Result<usize, EngineError> {
+        let cfg = self.model.config();
+        let shape = HeadShape {
+            num_kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+            group: cfg.num_attention_heads / cfg.num_kv_heads.max(1),
+        };
+        let table = self
+            .scheduler
+            .kv()
+            .table(due.seq_id)
+            .ok_or(EngineError::UnknownRequest(due.seq_id))?;
+        let block_table: Vec<u32> = table.block_ids().iter().map(|b| b.0).collect();
+        let policy = self
+            .seqs
+            .get(&due.seq_id)
+            .and_then(|s| s.compression.as_ref())
+            .ok_or(EngineError::UnknownRequest(due.seq_id))?;
+        let query_rows = match (&due.query_rows, capture) {
+            (Some(rows), Some(c)) => Some((c, rows.clone())),
+            (Some(_), None) => {
+                return Err(EngineError::InvalidRequest(
+                    "queries were not captured for a query-based scorer".into(),
+                ))
+            }
+            (None, _) => None,
+        };
+        let job = CompressionJob {
+            block_table: &block_table,
+            block_size_tokens: self.scheduler.kv().block_size_tokens(),
+            physical_tokens: due.physical_tokens,
+            target_tokens: due.target_tokens,
+            query_rows,
+        };
+        let evicted =
+            compression::compress_layers(&self.backend, &mut self.caches, policy, shape, &job)?;
+        let freed = self
+            .scheduler
+            .shrink_physical(due.seq_id, due.target_tokens)?;
+        self.counters.compressions += 1;
+        self.counters.evicted_tokens += evicted as u64;
+        self.counters.evicted_blocks += freed as u64;
+        Ok(due.target_tokens)
     }
 
     fn run_model(
         &mut self,
         built: &batch_builder::BuiltBatch,
+        capture: Option<&mut QueryCapture>,
     ) -> Result<starling_backend::HostTensor, EngineError> {
         let num_blocks = self.scheduler.kv().num_total_blocks();
         let batch = self.backend.prepare_batch(&built.meta, num_blocks)?;
-        Ok(self.model.forward(
+        Ok(self.model.forward_capturing(
             &self.backend,
             &built.token_ids,
             &built.meta,
             &batch,
             &mut self.caches,
+            capture,
         )?)
     }
 
@@ -316,9 +505,22 @@ impl<B: Backend> Engine<B> {
             prompt_ids,
             output_ids,
         };
-        let sampled = self
-            .sampler
-            .sample(logits, &context, &seq.params, &mut seq.rng)?;
+        let sampled = match &seq.forced_output_ids {
+            Some(forced) => {
+                let token = *forced
+                    .get(output_ids.len())
+                    .ok_or(EngineError::UnknownRequest(seq_id))?;
+                self.sampler.score_forced(logits, token, &seq.params)?
+            }
+            None => self
+                .sampler
+                .sample(logits, &context, &seq.params, &mut seq.rng)?,
+        };
+        let full_logprobs = if seq.return_full_logprobs {
+            Some(log_softmax(logits)?)
+        } else {
+            None
+        };
         let token = sampled.token_id;
         seq.token_ids.push(token);
         self.counters.generation_tokens += 1;
@@ -345,6 +547,11 @@ impl<B: Backend> Engine<B> {
         let mut text_delta = update.text;
         let num_prompt_tokens = seq.num_prompt_tokens;
         let num_output_tokens = seq.output_ids().len();
+        let kv_physical_tokens = self
+            .scheduler
+            .kv()
+            .table(seq_id)
+            .map_or(0, |t| t.physical_len_tokens());
         if let Some(f) = &finished {
             if f.stop_match.is_none() {
                 // Length-limited: release text held back for a possible stop string, and any
@@ -366,6 +573,17 @@ impl<B: Backend> Engine<B> {
             finished,
             num_prompt_tokens,
             num_output_tokens,
+            full_logprobs,
+            kv_physical_tokens,
         })
     }
+}
+
+/// A compression decided for this step.
+struct DueCompression {
+    seq_id: SeqId,
+    physical_tokens: usize,
+    target_tokens: usize,
+    /// Rows of the step's query capture holding this request's observation window.
+    query_rows: Option<std::ops::Range<usize>>,
 }

@@ -33,4 +33,23 @@ pub struct RequestOutput {
     pub num_prompt_tokens: usize,
     /// Tokens generated so far.
     pub num_output_tokens: usize,
+    /// The raw log-softmax over the vocabulary of the distribution this step's token came from,
+    /// when the request asked for it ([`crate::RequestOptions::return_full_logprobs`]).
+    pub full_logprobs: Option<Vec<f32>>,
+    /// KV slots (tokens) the request holds in the cache after this step: below the number of
+    /// tokens seen once eviction has dropped some.
+    pub kv_physical_tokens: usize,
+}
+
+/// Per-request choices beyond sampling: eviction policy, teacher forcing, full distributions.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RequestOptions {
+    /// Token eviction for this request; `None` uses the engine's configured policy.
+    pub compression: Option<starling_evict::CompressionConfig>,
+    /// Teacher forcing: emit exactly these tokens instead of sampling (each still scored and
+    /// reported with its log-probability), then finish with reason `length`.
+    pub forced_output_ids: Option<Vec<u32>>,
+    /// Report every step's full log-softmax row in [`RequestOutput::full_logprobs`] (quality
+    /// measurements; a vocabulary-sized vector per token).
+    pub return_full_logprobs: bool,
 }

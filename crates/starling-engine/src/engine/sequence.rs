@@ -3,6 +3,7 @@
 
 use crate::sampling::{SamplingParams, SequenceRng, StopChecker};
 
+use super::compression::SeqCompression;
 use super::text::TextStream;
 
 /// One request in flight.
@@ -14,6 +15,11 @@ pub(crate) struct Sequence {
     pub(crate) rng: SequenceRng,
     pub(crate) stop: StopChecker,
     pub(crate) text: Option<Box<dyn TextStream>>,
+    /// Eviction policy; `None` keeps every token.
+    pub(crate) compression: Option<SeqCompression>,
+    /// Teacher-forced output tokens, when the request gave them.
+    pub(crate) forced_output_ids: Option<Vec<u32>>,
+    pub(crate) return_full_logprobs: bool,
 }
 
 impl Sequence {

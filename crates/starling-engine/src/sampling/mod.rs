@@ -30,5 +30,5 @@ mod stop_tests;
 pub use error::SamplingError;
 pub use params::{SamplingParams, GREEDY_TEMPERATURE_EPS, MAX_TOP_LOGPROBS};
 pub use rng::SequenceRng;
-pub use sampler::{SampledToken, Sampler, SamplingContext};
+pub use sampler::{log_softmax, SampledToken, Sampler, SamplingContext};
 pub use stop::{FinishReason, Finished, StopChecker, StopMatch, StopUpdate};

@@ -114,6 +114,35 @@ impl Sampler {
 }
 
 impl Sampler {
+    /// Scores a token chosen by the caller (teacher forcing) as [`Sampler::sample`] would report
+    /// it: its raw log-probability and the request's top alternatives. Draws nothing.
+    pub fn score_forced(
+        &mut self,
+        logits: &[f32],
+        token_id: u32,
+        params: &SamplingParams,
+    ) -> Result<SampledToken, SamplingError> {
+        let log_normalizer = log_normalizer(logits)?;
+        let logit = *logits
+            .get(token_id as usize)
+            .ok_or(SamplingError::NoCandidate)?;
+        let top_n = params.logprobs.unwrap_or(0).min(MAX_TOP_LOGPROBS);
+        Ok(SampledToken {
+            token_id,
+            logprob: logit - log_normalizer,
+            top_logprobs: top_logprobs(logits, log_normalizer, top_n),
+        })
+    }
+}
+
+/// The raw log-softmax of `logits` (one value per vocabulary entry), as used for the reported
+/// log-probabilities; for quality measures that need the whole distribution.
+pub fn log_softmax(logits: &[f32]) -> Result<Vec<f32>, SamplingError> {
+    let log_normalizer = log_normalizer(logits)?;
+    Ok(logits.iter().map(|&l| l - log_normalizer).collect())
+}
+
+impl Sampler {
     /// Temperature, min-p, top-k, top-p and the draw over the processed logits. Unfiltered
     /// requests draw straight from the dense buffer; filtered ones narrow it to a candidate list
     /// first (top-k by its own pass, top-p by a bound on the nucleus).

@@ -24,6 +24,12 @@ pub trait Scorer: Send + Sync {
         false
     }
 
+    /// Whether [`score`](Self::score) reads the key values (StreamingLLM and Random only need
+    /// the token count, so a caller may pass zeros and skip copying keys off the device).
+    fn needs_keys(&self) -> bool {
+        true
+    }
+
     /// One score per token of `input.keys`, higher = keep.
     fn score(&self, input: &ScoreInput<'_>) -> Result<Vec<f32>, EvictError>;
 }

@@ -18,6 +18,10 @@ impl Scorer for RandomScorer {
         "random"
     }
 
+    fn needs_keys(&self) -> bool {
+        false
+    }
+
     fn score(&self, input: &ScoreInput<'_>) -> Result<Vec<f32>, EvictError> {
         let n = input.keys.len_tokens();
         // Distinct streams per layer, head and length, so heads do not evict the same tokens and

@@ -14,6 +14,10 @@ impl Scorer for StreamingLlm {
         "streaming_llm"
     }
 
+    fn needs_keys(&self) -> bool {
+        false
+    }
+
     fn score(&self, input: &ScoreInput<'_>) -> Result<Vec<f32>, EvictError> {
         // Physical index order is chronological; f32 represents indices exactly below 2^24.
         Ok((0..input.keys.len_tokens()).map(|i| i as f32).collect())

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 use starling_engine::sampling::SamplingParams;
+use starling_engine::RequestOptions;
 
 use crate::api_error::ApiError;
 
@@ -106,9 +107,29 @@ pub struct SamplingFields {
     pub include_stop_str_in_output: Option<bool>,
     /// Choices per prompt; only 1 is served.
     pub n: Option<u64>,
+    /// Starling extra: this request's token-eviction policy (the `--kv-compression` JSON),
+    /// overriding the server's.
+    pub kv_compression: Option<serde_json::Value>,
 }
 
 impl SamplingFields {
+    /// Engine options beyond sampling: the request's eviction policy, validated (400 naming
+    /// `kv_compression` when it does not parse).
+    pub fn to_options(&self) -> Result<RequestOptions, ApiError> {
+        let compression = match &self.kv_compression {
+            None | Some(serde_json::Value::Null) => None,
+            Some(value) => Some(
+                starling_evict::CompressionConfig::from_value(value).map_err(|e| {
+                    ApiError::bad_request(format!("kv_compression: {e}"), Some("kv_compression"))
+                })?,
+            ),
+        };
+        Ok(RequestOptions {
+            compression,
+            ..RequestOptions::default()
+        })
+    }
+
     /// Engine parameters for these fields plus the endpoint-specific `max_tokens` and `logprobs`.
     pub fn to_params(
         &self,

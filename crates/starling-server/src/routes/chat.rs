@@ -81,8 +81,9 @@ pub async fn create(
         _ => None,
     };
     let params = request.sampling.to_params(max_tokens, logprobs)?;
+    let options = request.sampling.to_options()?;
     let wants_logprobs = params.logprobs.is_some();
-    let events = submit(&state, prompt_ids, params).await?;
+    let events = submit(&state, prompt_ids, params, options).await?;
     let formatter = ChatFormatter {
         state: state.clone(),
         id: new_request_id("chatcmpl"),

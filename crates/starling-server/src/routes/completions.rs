@@ -56,8 +56,9 @@ pub async fn create(
     let params = request
         .sampling
         .to_params(Some(max_tokens), request.logprobs)?;
+    let options = request.sampling.to_options()?;
     let wants_logprobs = params.logprobs.is_some();
-    let events = submit(&state, prompt_ids, params).await?;
+    let events = submit(&state, prompt_ids, params, options).await?;
     let formatter = CompletionFormatter {
         state: state.clone(),
         id: new_request_id("cmpl"),

@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use starling_engine::sampling::{SamplingParams, StopMatch};
+use starling_engine::RequestOptions;
 use starling_engine::RequestOutput;
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -90,13 +91,14 @@ pub async fn submit(
     state: &AppState,
     prompt_ids: Vec<u32>,
     params: SamplingParams,
+    options: RequestOptions,
 ) -> Result<UnboundedReceiver<RequestEvent>, ApiError> {
     params
         .validate(state.engine.info().vocab_size)
         .map_err(|e| ApiError::bad_request(e.to_string(), e.field()))?;
     let mut events = state
         .engine
-        .submit(prompt_ids, params)
+        .submit(prompt_ids, params, options)
         .ok_or_else(|| ApiError::unavailable("the engine is shutting down"))?;
     match events.recv().await {
         Some(RequestEvent::Accepted) => Ok(events),

@@ -58,6 +58,7 @@ pub fn start_server(
             block_size_tokens: 16,
         },
         kv_cache_memory_bytes: kv_blocks * SMOLLM2_BLOCK_BYTES,
+        compression: Default::default(),
     };
     let text_tokenizer = tokenizer.clone();
     let handle = EngineHandle::spawn(move || {

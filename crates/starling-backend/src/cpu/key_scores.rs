@@ -1,0 +1,145 @@
+//! Eviction scores of one sequence's keys per KV head (CPU reference of `Backend::key_scores`).
+//!
+//! The arithmetic is starling-evict's `KeyDiff` and `KNorm` scorers operation for operation (same
+//! f32 sums in the same order), so on the CPU the two give bit-identical scores
+//! (`starling-evict/tests/device_scores.rs` checks it); device kernels reduce in another order and
+//! are compared with a tolerance.
+
+use super::attention::CpuKvCache;
+use super::kv_checks::physical_slots;
+use crate::{BackendError, HostTensor, KeyScoreKind};
+
+/// Scores `[num_kv_heads, len_tokens]` of one sequence's keys, physical order (higher = keep).
+pub fn key_scores(
+    cache: &CpuKvCache,
+    block_table: &[u32],
+    block_size_tokens: usize,
+    len_tokens: usize,
+    kind: KeyScoreKind,
+) -> Result<HostTensor, BackendError> {
+    let spec = *cache.spec();
+    let slots = physical_slots(
+        &spec,
+        block_table,
+        block_size_tokens,
+        len_tokens,
+        "key_scores",
+    )?;
+    let mut data = Vec::with_capacity(spec.num_kv_heads * len_tokens);
+    for h in 0..spec.num_kv_heads {
+        let rows: Vec<&[f32]> = slots.iter().map(|&s| cache.key(s as usize, h)).collect();
+        match kind {
+            KeyScoreKind::KNorm => data.extend(rows.iter().map(|k| -l2_norm(k))),
+            KeyScoreKind::KeyDiff => data.extend(key_diff(&rows, spec.head_dim)),
+        }
+    }
+    HostTensor::new(vec![spec.num_kv_heads, len_tokens], data)
+}
+
+/// `−cos(k_i, m)`, `m` the mean of the unit keys (zero keys add nothing but count in the mean).
+fn key_diff(rows: &[&[f32]], head_dim: usize) -> Vec<f32> {
+    let mut mean = vec![0.0f32; head_dim];
+    for k in rows {
+        let norm = l2_norm(k);
+        if norm > 0.0 {
+            for (m, v) in mean.iter_mut().zip(*k) {
+                *m += v / norm;
+            }
+        }
+    }
+    if !rows.is_empty() {
+        mean.iter_mut().for_each(|m| *m /= rows.len() as f32);
+    }
+    let mean_norm = l2_norm(&mean);
+    rows.iter()
+        .map(|k| {
+            let denom = l2_norm(k) * mean_norm;
+            if denom > 0.0 {
+                -dot(k, &mean) / denom
+            } else {
+                0.0
+            }
+        })
+        .collect()
+}
+
+fn l2_norm(x: &[f32]) -> f32 {
+    x.iter().map(|v| v * v).sum::<f32>().sqrt()
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AttentionDims, KvCacheSpec};
+
+    const SPEC: KvCacheSpec = KvCacheSpec {
+        num_blocks: 3,
+        block_size_tokens: 2,
+        num_kv_heads: 2,
+        head_dim: 2,
+    };
+
+    /// A cache holding `keys[i]` (`[head 0 | head 1]`) at physical index `i` of table `[2, 0]`.
+    fn cache_with(keys: &[[f32; 4]]) -> CpuKvCache {
+        let mut cache = CpuKvCache::new(SPEC).unwrap();
+        let dims = AttentionDims {
+            num_heads: 2,
+            num_kv_heads: 2,
+            head_dim: 2,
+            scale: 1.0,
+        };
+        // Fused rows [q(4) | k(4) | v(4)]; physical indices 0, 1, 2 are slots 4, 5, 0.
+        let data = keys
+            .iter()
+            .flat_map(|k| [[0.0; 4], *k, [9.0; 4]].concat())
+            .collect();
+        let qkv = HostTensor::new(vec![keys.len(), 12], data).unwrap();
+        cache.write(&qkv, &dims, &[4, 5, 0][..keys.len()]).unwrap();
+        cache
+    }
+
+    fn assert_close(got: &HostTensor, want: &[f32]) {
+        assert_eq!(got.shape(), &[2, want.len() / 2]);
+        for (g, w) in got.data().iter().zip(want) {
+            assert!((g - w).abs() < 1e-6, "{:?} vs {want:?}", got.data());
+        }
+    }
+
+    #[test]
+    fn hand_computed_scores() {
+        // Head 0: (3, 0), (0, 2), (1, 1); head 1: (3, 4), (0, 1), (−6, 8).
+        let cache = cache_with(&[
+            [3.0, 0.0, 3.0, 4.0],
+            [0.0, 2.0, 0.0, 1.0],
+            [1.0, 1.0, -6.0, 8.0],
+        ]);
+        let knorm = key_scores(&cache, &[2, 0], 2, 3, KeyScoreKind::KNorm).unwrap();
+        assert_close(
+            &knorm,
+            &[-3.0, -2.0, -std::f32::consts::SQRT_2, -5.0, -1.0, -10.0],
+        );
+        // Head 0: unit keys (1, 0), (0, 1), (1/√2, 1/√2) average to a (1, 1) direction: cosines
+        // 1/√2, 1/√2, 1. Head 1: unit keys (0.6, 0.8), (0, 1), (−0.6, 0.8) average to (0, 0.867):
+        // cosines 0.8, 1, 0.8.
+        let keydiff = key_scores(&cache, &[2, 0], 2, 3, KeyScoreKind::KeyDiff).unwrap();
+        let r = std::f32::consts::FRAC_1_SQRT_2;
+        assert_close(&keydiff, &[-r, -r, -1.0, -0.8, -1.0, -0.8]);
+    }
+
+    #[test]
+    fn zero_keys_score_zero_and_count_in_the_mean() {
+        // Head 0: (1, 0), (0, 0): mean (0.5, 0); the zero key has no direction → 0.
+        // Head 1: all zero → mean 0 → every score 0.
+        let cache = cache_with(&[[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]);
+        let keydiff = key_scores(&cache, &[2, 0], 2, 2, KeyScoreKind::KeyDiff).unwrap();
+        assert_close(&keydiff, &[-1.0, 0.0, 0.0, 0.0]);
+        let empty = key_scores(&cache, &[2], 2, 0, KeyScoreKind::KeyDiff).unwrap();
+        assert_eq!(empty.shape(), &[2, 0]);
+        assert!(key_scores(&cache, &[2], 2, 3, KeyScoreKind::KNorm).is_err());
+        assert!(key_scores(&cache, &[3], 2, 1, KeyScoreKind::KNorm).is_err());
+    }
+}

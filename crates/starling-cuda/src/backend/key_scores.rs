@@ -1,0 +1,134 @@
+//! Eviction key scores on the GPU (kernels in `kernels/key_scores.cu`): KNorm in one pass over
+//! the sequence's keys, KeyDiff in two (unit-key sums per chunk, a fixed-order reduction to the
+//! mean direction, then the cosines). Only the `[num_kv_heads, len]` scores cross to the host.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use starling_backend::cpu::check_block_table;
+use starling_backend::{HostTensor, KeyScoreKind};
+
+use super::kv_ops::int_arg;
+use super::{CudaBackend, CudaKvCache};
+use crate::CudaError;
+
+/// Tokens each CUDA block scores (and sums, for KeyDiff's mean).
+const TOKENS_PER_BLOCK: usize = 128;
+/// Threads per CUDA block: `WARPS * 32` in key_scores.cu.
+const THREADS: u32 = 256;
+/// Widest head the kernels hold in registers and shared memory (`MAX_HEAD_DIM` in key_scores.cu).
+const MAX_HEAD_DIM: usize = 256;
+
+impl CudaBackend {
+    pub(super) fn key_scores_impl(
+        &self,
+        cache: &CudaKvCache,
+        block_table: &[u32],
+        block_size_tokens: usize,
+        len_tokens: usize,
+        kind: KeyScoreKind,
+    ) -> Result<HostTensor, CudaError> {
+        let spec = cache.spec;
+        check_block_table(
+            &spec,
+            block_table,
+            block_size_tokens,
+            len_tokens,
+            "key_scores",
+        )?;
+        let (nkv, hd) = (spec.num_kv_heads, spec.head_dim);
+        if hd == 0 || hd > MAX_HEAD_DIM || nkv > 65_535 {
+            return Err(CudaError::Shape(format!(
+                "key_scores: head_dim {hd} with {nkv} KV heads unsupported on CUDA \
+                 (head_dim 1..={MAX_HEAD_DIM}, up to 65535 heads)"
+            )));
+        }
+        if len_tokens == 0 || nkv == 0 {
+            return Ok(HostTensor::new(vec![nkv, len_tokens], Vec::new())?);
+        }
+        let table = self.upload_u32(block_table)?;
+        let chunks = len_tokens.div_ceil(TOKENS_PER_BLOCK);
+        let (bs, len) = (
+            int_arg(block_size_tokens, "block size")?,
+            int_arg(len_tokens, "key_scores: length")?,
+        );
+        let (nkv_i, hd_i) = (int_arg(nkv, "KV heads")?, int_arg(hd, "head_dim")?);
+        // Lanes per head row: the fewest (a power of two) whose 8-element vectors cover it.
+        let lpr = int_arg(hd.div_ceil(8).next_power_of_two(), "lanes per row")?;
+        let (tpb, chunks_i) = (
+            int_arg(TOKENS_PER_BLOCK, "tokens per block")?,
+            int_arg(chunks, "key_scores: chunks")?,
+        );
+        let grid = LaunchConfig {
+            grid_dim: (chunks_i as u32, nkv as u32, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let key_diff = kind == KeyScoreKind::KeyDiff;
+        // SAFETY (all allocations below): the kernels write every element before it is read —
+        // partials[chunk, h, c], mean[h, c] and mean_norm[h] for every chunk, head and c < hd,
+        // scores[h, t] for every t < len.
+        let (mean, mean_norm) = if key_diff {
+            let mut partials = unsafe { self.stream.alloc::<f32>(chunks * nkv * hd) }?;
+            let mut mean = unsafe { self.stream.alloc::<f32>(nkv * hd) }?;
+            let mut mean_norm = unsafe { self.stream.alloc::<f32>(nkv) }?;
+            launch!(
+                self,
+                &self.kernels.key_direction_partials,
+                grid,
+                &cache.keys,
+                &table,
+                &bs,
+                &len,
+                &nkv_i,
+                &hd_i,
+                &lpr,
+                &tpb,
+                &mut partials
+            )?;
+            let per_head = LaunchConfig {
+                grid_dim: (nkv as u32, 1, 1),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(
+                self,
+                &self.kernels.key_direction_mean,
+                per_head,
+                &partials,
+                &chunks_i,
+                &nkv_i,
+                &hd_i,
+                &len,
+                &mut mean,
+                &mut mean_norm
+            )?;
+            (mean, mean_norm)
+        } else {
+            // KNorm never reads the mean; the kernel still takes the arguments.
+            (
+                self.stream.alloc_zeros::<f32>(1)?,
+                self.stream.alloc_zeros::<f32>(1)?,
+            )
+        };
+        let mut scores = unsafe { self.stream.alloc::<f32>(nkv * len_tokens) }?;
+        let key_diff_i = i32::from(key_diff);
+        launch!(
+            self,
+            &self.kernels.key_scores,
+            grid,
+            &cache.keys,
+            &table,
+            &bs,
+            &len,
+            &nkv_i,
+            &hd_i,
+            &lpr,
+            &tpb,
+            &mean,
+            &mean_norm,
+            &key_diff_i,
+            &mut scores
+        )?;
+        let data: Vec<f32> = self.stream.clone_dtoh(&scores)?;
+        Ok(HostTensor::new(vec![nkv, len_tokens], data)?)
+    }
+}

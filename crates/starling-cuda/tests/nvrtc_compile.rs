@@ -1,0 +1,46 @@
+//! Compiles every kernel module through the backend's own NVRTC path (`KernelCache::ptx`, disk
+//! cache off) for sm_90 and checks that each function the backend loads is an entry of the PTX.
+//! Needs NVRTC and the CUDA headers but no GPU: `scripts/nvrtc_check.sh` fetches both from PyPI
+//! and runs this test, so kernels can be compile-checked on a CPU-only machine.
+
+use starling_cuda::{kernel_modules, nvrtc_available, KernelCache};
+
+/// The architecture the lent GPUs (H200) have.
+const ARCH: &str = "sm_90";
+
+#[test]
+#[ignore = "needs libnvrtc and the CUDA headers; run scripts/nvrtc_check.sh"]
+fn every_loaded_kernel_compiles_for_sm90() {
+    assert!(
+        nvrtc_available(),
+        "libnvrtc cannot be loaded: set LD_LIBRARY_PATH (scripts/nvrtc_check.sh does)"
+    );
+    let cache = KernelCache::from_env().without_disk_cache();
+    let mut checked = 0;
+    for module in kernel_modules() {
+        let ptx = cache
+            .ptx(module.name, module.source, ARCH)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .to_src();
+        let entries: Vec<&str> = ptx
+            .lines()
+            .filter_map(|line| line.split(".entry ").nth(1))
+            .map(|rest| rest.split('(').next().unwrap_or(rest).trim())
+            .collect();
+        for f in &module.functions {
+            assert!(
+                entries.contains(&f.as_str()),
+                "{}: no `.entry {f}` in the PTX (entries: {entries:?})",
+                module.name
+            );
+        }
+        println!(
+            "{:<12} {:>3} kernels, {:>7} bytes of PTX",
+            module.name,
+            module.functions.len(),
+            ptx.len()
+        );
+        checked += module.functions.len();
+    }
+    assert!(checked > 0, "kernel_modules() lists no functions");
+}

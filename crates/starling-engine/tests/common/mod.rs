@@ -1,0 +1,74 @@
+//! A tiny random-weight model and engine for the integration tests.
+#![allow(dead_code)] // Each test binary uses a different subset.
+
+use starling_backend::cpu::CpuBackend;
+use starling_engine::sampling::SamplingParams;
+use starling_engine::scheduler::SchedulerConfig;
+use starling_engine::{Engine, EngineConfig};
+use starling_evict::CompressionConfig;
+use starling_models::llama::LlamaModel;
+use starling_models::{synthetic_weights, ModelConfig, WeightMap};
+
+/// Random weights scaled up from the N(0, 0.02) init so logits are well separated (no near-ties
+/// that summation order could flip).
+pub fn tiny_weights(cfg: &ModelConfig, seed: u64) -> WeightMap {
+    synthetic_weights(cfg, seed)
+        .into_inner()
+        .into_iter()
+        .map(|(name, mut t)| {
+            if !name.ends_with("norm.weight") {
+                t.data_mut().iter_mut().for_each(|v| *v *= 15.0);
+            }
+            (name, t)
+        })
+        .collect()
+}
+
+/// The 2-layer test model (4 query / 2 KV heads × 16) with fixed weights.
+pub fn tiny_model() -> LlamaModel<CpuBackend> {
+    let cfg = ModelConfig::tiny_llama_for_tests();
+    LlamaModel::load(&CpuBackend::new(), &cfg, tiny_weights(&cfg, 11)).unwrap()
+}
+
+/// A deterministic prompt of `len` ids inside the tiny vocabulary.
+pub fn prompt(seed: u32, len: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| (i * 37 + seed * 11 + 5) % 120 + 3)
+        .collect()
+}
+
+/// Greedy decoding of exactly `max_tokens` tokens.
+pub fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(max_tokens),
+        ignore_eos: true,
+        ..SamplingParams::default()
+    }
+}
+
+/// Block size of the test engines, tokens.
+pub const BLOCK_TOKENS: usize = 4;
+
+/// An engine on the tiny model with `kv_blocks` blocks of 4 tokens.
+pub fn engine(
+    kv_blocks: usize,
+    max_num_batched_tokens: usize,
+    max_model_len_tokens: usize,
+    compression: CompressionConfig,
+) -> Engine<CpuBackend> {
+    let model = tiny_model();
+    let bytes_per_block =
+        Engine::cache_layout(&CpuBackend::new(), &model).bytes_per_block(BLOCK_TOKENS);
+    let config = EngineConfig {
+        scheduler: SchedulerConfig {
+            max_num_seqs: 16,
+            max_num_batched_tokens,
+            max_model_len_tokens,
+            block_size_tokens: BLOCK_TOKENS,
+        },
+        kv_cache_memory_bytes: bytes_per_block * kv_blocks as u64,
+        compression,
+    };
+    Engine::new(CpuBackend::new(), model, None, config).unwrap()
+}

@@ -1,0 +1,88 @@
+//! `Backend::key_scores` (scores computed where the cache lives) against this crate's scorers of
+//! the same names, on the CPU backend: read keys → split heads → `KeyDiff`/`KNorm` must give
+//! exactly the scores `CpuBackend::key_scores` gives. The CPU reference does the same f32
+//! operations in the same order, so the comparison is bit for bit; a change to either definition
+//! fails here (device kernels are compared with the CPU reference, with a tolerance, in
+//! starling-cuda's parity tests).
+
+use rand::{seq::SliceRandom, Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use starling_backend::cpu::{CpuBackend, CpuKvCache};
+use starling_backend::{AttentionDims, Backend, HostTensor, KeyScoreKind, KvCacheSpec};
+use starling_evict::scorer::{KNorm, KeyDiff};
+use starling_evict::{split_heads, HeadKeys, ScoreInput, Scorer};
+
+/// A cache of random keys around a per-channel offset (keys share a mean direction, as real
+/// ones do), with every 11th slot a zero key, and a shuffled block table for `len` tokens.
+fn random_sequence(rng: &mut ChaCha8Rng, spec: &KvCacheSpec, len: usize) -> (CpuKvCache, Vec<u32>) {
+    let dims = AttentionDims {
+        num_heads: spec.num_kv_heads,
+        num_kv_heads: spec.num_kv_heads,
+        head_dim: spec.head_dim,
+        scale: 1.0,
+    };
+    let (n, kv, width) = (spec.num_slots(), dims.kv_size(), dims.qkv_size());
+    let offset: Vec<f32> = (0..kv).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let mut data = vec![0.0f32; n * width];
+    for (s, row) in data.chunks_exact_mut(width).enumerate() {
+        for i in 0..kv {
+            row[kv + i] = if s % 11 == 3 {
+                0.0
+            } else {
+                rng.gen_range(-2.0..2.0) + offset[i]
+            };
+            row[2 * kv + i] = rng.gen_range(-1.0..1.0);
+        }
+    }
+    let mut cache = CpuKvCache::new(*spec).unwrap();
+    let qkv = HostTensor::new(vec![n, width], data).unwrap();
+    cache
+        .write(&qkv, &dims, &(0..n as u32).collect::<Vec<_>>())
+        .unwrap();
+    let mut blocks: Vec<u32> = (0..spec.num_blocks as u32).collect();
+    blocks.shuffle(rng);
+    blocks.truncate(len.div_ceil(spec.block_size_tokens));
+    (cache, blocks)
+}
+
+#[test]
+fn cpu_key_scores_equal_the_evict_scorers_bit_for_bit() {
+    let backend = CpuBackend::new();
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    // (KV heads, head_dim, tokens): GQA- and MHA-like head counts, partial last blocks, one token.
+    for (nkv, hd, len) in [(2, 64, 301), (8, 128, 77), (12, 16, 1), (3, 5, 40)] {
+        let spec = KvCacheSpec {
+            num_blocks: 40,
+            block_size_tokens: 8,
+            num_kv_heads: nkv,
+            head_dim: hd,
+        };
+        let (cache, table) = random_sequence(&mut rng, &spec, len);
+        let keys = backend.read_keys(&cache, &table, 8, len).unwrap();
+        let heads = split_heads(keys.data(), nkv, hd).unwrap();
+        let scorers: [(KeyScoreKind, &dyn Scorer); 2] = [
+            (KeyScoreKind::KeyDiff, &KeyDiff),
+            (KeyScoreKind::KNorm, &KNorm),
+        ];
+        for (kind, scorer) in scorers {
+            let device = backend.key_scores(&cache, &table, 8, len, kind).unwrap();
+            assert_eq!(device.shape(), &[nkv, len]);
+            for (h, head_keys) in heads.iter().enumerate() {
+                let input = ScoreInput {
+                    keys: HeadKeys::new(head_keys, hd).unwrap(),
+                    queries: None,
+                    layer: 0,
+                    kv_head: h,
+                };
+                let want = scorer.score(&input).unwrap();
+                let got = &device.data()[h * len..(h + 1) * len];
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(got),
+                    bits(&want),
+                    "{kind:?} {nkv}x{hd} len {len} head {h}: {got:?} vs {want:?}"
+                );
+            }
+        }
+    }
+}

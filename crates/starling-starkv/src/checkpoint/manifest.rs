@@ -1,0 +1,135 @@
+//! The JSON manifest of a checkpoint: what was compressed, how, for which model, at what cost.
+
+use serde::{Deserialize, Serialize};
+use starling_models::ModelConfig;
+
+use crate::{CompressionReport, KvShape, LayerRanks, RankProfile};
+
+/// The `method` every STAR-KV manifest carries.
+pub const METHOD: &str = "star_kv";
+
+/// The manifest format this crate writes and reads. Bump on any incompatible change.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Element type of the stored projections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProjectionDtype {
+    /// 32-bit float (exact copy of the factors).
+    F32,
+    /// bfloat16 (half the file; round-to-nearest-even from f32).
+    Bf16,
+}
+
+/// The model a checkpoint was made for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelIdentity {
+    /// `llama` or `qwen2`.
+    pub architecture: String,
+    /// The attention shapes.
+    pub shape: KvShape,
+    /// Whether K/V carry biases (kept uncompressed, added after reconstruction).
+    pub attention_bias: bool,
+    /// How `weights_sha256` was computed (see [`super::IDENTITY_SCHEME`]).
+    pub identity_scheme: String,
+    /// The weights' identity.
+    pub weights_sha256: String,
+}
+
+impl ModelIdentity {
+    /// The identity of the model with `config` whose weights hash to `weights_sha256`.
+    pub fn new(config: &ModelConfig, weights_sha256: String) -> Self {
+        Self {
+            architecture: config.architecture.name().to_owned(),
+            shape: KvShape::of(config),
+            attention_bias: config.attention_bias,
+            identity_scheme: super::IDENTITY_SCHEME.to_owned(),
+            weights_sha256,
+        }
+    }
+}
+
+/// The ranks of one compressed layer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerManifest {
+    /// Decoder layer.
+    pub layer: usize,
+    /// Rank of each KV head's key latent.
+    pub key_ranks: Vec<usize>,
+    /// Rank of the value latent.
+    pub value_rank: usize,
+}
+
+impl LayerManifest {
+    /// The ranks as an allocation entry.
+    pub fn ranks(&self) -> LayerRanks {
+        LayerRanks {
+            key_ranks: self.key_ranks.clone(),
+            value_rank: self.value_rank,
+        }
+    }
+}
+
+/// What the projections were calibrated on.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CalibrationInfo {
+    /// Names of the calibration texts (empty for weight-only SVD).
+    pub data: Vec<String>,
+    /// Calibration tokens seen.
+    pub tokens: u64,
+    /// Optimisation steps (threshold learning, distillation).
+    pub steps: u64,
+    /// Whether the factors were whitened by activation statistics.
+    pub whitened: bool,
+}
+
+/// Learned thresholds of one compressed layer, in units of each factor's top singular value.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LayerThresholds {
+    /// Decoder layer.
+    pub layer: usize,
+    /// One per KV head.
+    pub keys: Vec<f64>,
+    /// The value factor's.
+    pub value: f64,
+}
+
+/// Learned thresholds, kept so distillation can resume from them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ThresholdRecord {
+    /// The tanh sharpness they were trained with.
+    pub sharpness: f64,
+    /// Per compressed layer.
+    pub layers: Vec<LayerThresholds>,
+}
+
+/// Everything `manifest.json` holds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Always [`METHOD`].
+    pub method: String,
+    /// [`FORMAT_VERSION`] at writing time.
+    pub format_version: u32,
+    /// The named profile, if the target was one.
+    pub profile: Option<RankProfile>,
+    /// The share of K/V cache elements per token the target removes, per-mille.
+    pub removed_permille: u32,
+    /// The allocation strategy (`uniform`, `greedy_energy`, `learned_thresholds`…).
+    pub rank_strategy: String,
+    /// The model these projections belong to.
+    pub model: ModelIdentity,
+    /// Element type of `projections.safetensors`.
+    pub projection_dtype: ProjectionDtype,
+    /// Layers kept at full K/V, ascending.
+    pub uncompressed_layers: Vec<usize>,
+    /// Ranks of the compressed layers, ascending by layer.
+    pub layers: Vec<LayerManifest>,
+    /// KV bytes per token vs the original, and the parameter compression rate.
+    pub compression: CompressionReport,
+    /// Calibration data and steps.
+    pub calibration: CalibrationInfo,
+    /// Learned thresholds, when ranks were learned.
+    pub thresholds: Option<ThresholdRecord>,
+    /// The seed of every random choice made while calibrating.
+    pub seed: u64,
+}

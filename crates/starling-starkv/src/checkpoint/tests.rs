@@ -1,0 +1,221 @@
+use starling_models::{synthetic_weights, Architecture, ModelConfig, WeightMap};
+
+use super::*;
+use crate::{svd_checkpoint, CalibrationPlan, ModelFactors, RankStrategy, ThresholdConfig};
+
+/// A 6-layer Qwen2-style model (K/V biases) small enough to factor in milliseconds.
+fn small_model(seed: u64) -> (ModelConfig, WeightMap) {
+    let mut config = ModelConfig::tiny_llama_for_tests();
+    config.architecture = Architecture::Qwen2;
+    config.attention_bias = true;
+    config.num_layers = 6;
+    let weights = synthetic_weights(&config, seed);
+    (config, weights)
+}
+
+/// A conservative checkpoint with layer 0 kept whole (the reference's three whole layers
+/// would exceed a 6-layer model's budget on their own).
+fn build(
+    config: &ModelConfig,
+    weights: &WeightMap,
+    strategy: RankStrategy,
+    dtype: ProjectionDtype,
+) -> StarKvCheckpoint {
+    let keep = UncompressedLayers::from_list(&[0], config.num_layers).unwrap();
+    let factors = ModelFactors::compute(config, weights, &keep, None).unwrap();
+    let mut plan = CalibrationPlan::for_profile(RankProfile::Conservative, strategy, 42);
+    plan.projection_dtype = dtype;
+    svd_checkpoint(config, &weights_identity(weights), &factors, &plan).unwrap()
+}
+
+fn learned() -> RankStrategy {
+    RankStrategy::LearnedThresholds(ThresholdConfig::default())
+}
+
+fn read_all(dir: &Path) -> (Vec<u8>, Vec<u8>) {
+    let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
+    (read(PROJECTIONS_FILE), read(MANIFEST_FILE))
+}
+
+#[test]
+fn f32_checkpoints_round_trip_exactly_and_record_their_figures() {
+    let (config, weights) = small_model(1);
+    let checkpoint = build(&config, &weights, learned(), ProjectionDtype::F32);
+    let dir = tempfile::tempdir().unwrap();
+    checkpoint.save(dir.path()).unwrap();
+    let identity = weights_identity(&weights);
+    let loaded = StarKvCheckpoint::load(dir.path(), &config, &identity).unwrap();
+    assert_eq!(loaded, checkpoint);
+    assert!(!dir.path().join("manifest.json.partial").exists());
+
+    let manifest = &loaded.manifest;
+    assert_eq!(manifest.method, "star_kv");
+    assert_eq!(manifest.format_version, FORMAT_VERSION);
+    assert_eq!(manifest.profile, Some(RankProfile::Conservative));
+    assert_eq!(manifest.removed_permille, 500);
+    assert_eq!(manifest.rank_strategy, "learned_thresholds");
+    assert_eq!(manifest.seed, 42);
+    assert_eq!(manifest.uncompressed_layers, vec![0]);
+    assert_eq!(manifest.layers.len(), 5);
+    assert!(manifest.model.attention_bias);
+    assert_eq!(manifest.model.weights_sha256, identity);
+    // 6 layers × 2 · 32 = 384 elements per token; half kept = 192, bf16 → 384 bytes.
+    let figures = &manifest.compression;
+    assert_eq!(figures.kv_elements_per_token_original, 384);
+    assert_eq!(figures.kv_elements_per_token_compressed, 192);
+    assert_eq!(figures.kv_bytes_per_token_original, 768);
+    assert_eq!(figures.kv_bytes_per_token_compressed, 384);
+    let thresholds = manifest.thresholds.as_ref().unwrap();
+    assert_eq!(thresholds.layers.len(), 5);
+    assert_eq!(thresholds.layers[0].layer, 1);
+    assert_eq!(thresholds.layers[0].keys.len(), 2);
+    assert!(manifest.calibration.steps > 0 && !manifest.calibration.whitened);
+}
+
+#[test]
+fn bf16_checkpoints_round_trip_to_bf16_precision() {
+    let (config, weights) = small_model(2);
+    let checkpoint = build(
+        &config,
+        &weights,
+        RankStrategy::GreedyEnergy,
+        ProjectionDtype::Bf16,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    checkpoint.save(dir.path()).unwrap();
+    let identity = weights_identity(&weights);
+    let loaded = StarKvCheckpoint::load(dir.path(), &config, &identity).unwrap();
+    assert_eq!(loaded.manifest, checkpoint.manifest);
+    for (a, b) in loaded
+        .projections
+        .layers()
+        .iter()
+        .zip(checkpoint.projections.layers())
+    {
+        let (Some(a), Some(b)) = (a, b) else {
+            assert_eq!(a.is_none(), b.is_none());
+            continue;
+        };
+        for (x, y) in a.value_down.data().iter().zip(b.value_down.data()) {
+            // bf16 keeps 8 significant bits: relative rounding error at most 2⁻⁸.
+            assert!((x - y).abs() <= y.abs() / 256.0, "{x} vs {y}");
+        }
+    }
+    // Once rounded, saving again is lossless.
+    let again = tempfile::tempdir().unwrap();
+    loaded.save(again.path()).unwrap();
+    assert_eq!(read_all(dir.path()), read_all(again.path()));
+}
+
+#[test]
+fn checkpoints_are_deterministic_for_a_seed() {
+    let (config, weights) = small_model(3);
+    let first = tempfile::tempdir().unwrap();
+    let second = tempfile::tempdir().unwrap();
+    build(&config, &weights, learned(), ProjectionDtype::F32)
+        .save(first.path())
+        .unwrap();
+    build(&config, &weights, learned(), ProjectionDtype::F32)
+        .save(second.path())
+        .unwrap();
+    assert_eq!(read_all(first.path()), read_all(second.path()));
+}
+
+#[test]
+fn a_checkpoint_for_another_model_is_refused() {
+    let (config, weights) = small_model(4);
+    let checkpoint = build(
+        &config,
+        &weights,
+        RankStrategy::Uniform,
+        ProjectionDtype::F32,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    checkpoint.save(dir.path()).unwrap();
+    let identity = weights_identity(&weights);
+
+    let (_, other_weights) = small_model(5);
+    let err =
+        StarKvCheckpoint::load(dir.path(), &config, &weights_identity(&other_weights)).unwrap_err();
+    assert!(
+        matches!(&err, StarKvError::ModelMismatch { reason, .. } if reason.starts_with("weights")),
+        "{err}"
+    );
+
+    let mut wider = config.clone();
+    wider.num_kv_heads = 4;
+    wider.num_attention_heads = 8;
+    let err = StarKvCheckpoint::load(dir.path(), &wider, &identity).unwrap_err();
+    assert!(
+        matches!(&err, StarKvError::ModelMismatch { reason, .. } if reason.starts_with("shape")),
+        "{err}"
+    );
+
+    let mut llama = config.clone();
+    llama.architecture = Architecture::Llama;
+    let err = StarKvCheckpoint::load(dir.path(), &llama, &identity).unwrap_err();
+    assert!(err.to_string().contains("architecture"), "{err}");
+}
+
+#[test]
+fn damaged_checkpoints_are_errors_not_panics() {
+    let (config, weights) = small_model(6);
+    let checkpoint = build(
+        &config,
+        &weights,
+        RankStrategy::GreedyEnergy,
+        ProjectionDtype::F32,
+    );
+    let identity = weights_identity(&weights);
+    // Saves the checkpoint, then overwrites its manifest with an edited copy.
+    let corrupt = |edit: &dyn Fn(&mut Manifest)| {
+        let dir = tempfile::tempdir().unwrap();
+        checkpoint.save(dir.path()).unwrap();
+        let mut manifest = checkpoint.manifest.clone();
+        edit(&mut manifest);
+        let json = serde_json::to_vec(&manifest).unwrap();
+        std::fs::write(dir.path().join(MANIFEST_FILE), json).unwrap();
+        match StarKvCheckpoint::load(dir.path(), &config, &identity) {
+            Ok(_) => panic!("a damaged checkpoint loaded"),
+            Err(err) => err,
+        }
+    };
+
+    let err = corrupt(&|m| m.method = "svd".to_owned());
+    assert!(err.to_string().contains("method"), "{err}");
+    let err = corrupt(&|m| m.format_version = 99);
+    assert!(err.to_string().contains("format version"), "{err}");
+    // A rank the tensors do not have.
+    let err = corrupt(&|m| m.layers[0].key_ranks[0] += 1);
+    assert!(
+        matches!(err, StarKvError::CorruptCheckpoint { .. }),
+        "{err}"
+    );
+    // Figures that disagree with the ranks.
+    let err = corrupt(&|m| m.compression.kv_bytes_per_token_compressed += 2);
+    assert!(err.to_string().contains("disagree"), "{err}");
+    // A layer missing from the manifest leaves tensors unaccounted for.
+    let err = corrupt(&|m| {
+        m.layers.pop();
+    });
+    assert!(err.to_string().contains("tensors"), "{err}");
+    // Projections stored as f32 but announced as bf16.
+    let err = corrupt(&|m| m.projection_dtype = ProjectionDtype::Bf16);
+    assert!(err.to_string().contains("manifest says"), "{err}");
+
+    let dir = tempfile::tempdir().unwrap();
+    checkpoint.save(dir.path()).unwrap();
+    std::fs::write(dir.path().join(PROJECTIONS_FILE), b"not safetensors").unwrap();
+    let err = StarKvCheckpoint::load(dir.path(), &config, &identity).unwrap_err();
+    assert!(
+        matches!(err, StarKvError::CorruptCheckpoint { .. }),
+        "{err}"
+    );
+    std::fs::write(dir.path().join(MANIFEST_FILE), b"{").unwrap();
+    assert!(read_manifest(dir.path()).is_err());
+    let empty = tempfile::tempdir().unwrap();
+    assert!(matches!(
+        StarKvCheckpoint::load(empty.path(), &config, &identity),
+        Err(StarKvError::Io { .. })
+    ));
+}
