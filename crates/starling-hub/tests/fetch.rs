@@ -252,7 +252,7 @@ fn checksum_mismatch_is_reported_and_leaves_nothing_behind() {
     );
     assert!(message.contains("the download was discarded"), "{message}");
     assert!(
-        message.contains("starling model fetch fake-split"),
+        message.contains("re-run the command that fetches `fake-split`"),
         "{message}"
     );
     assert!(dir_names(&fixture.home.join("models/fake-split")).is_empty());

@@ -407,6 +407,13 @@ impl<B: Backend> LlamaModel<B> {
             let act = backend.silu_mul(&gate_up)?;
             pending_delta = Some(backend.linear(&act, &layer.down_proj, None)?);
         }
+        if meta.logits_rows.is_empty() {
+            // A non-final prefill chunk samples nothing: skip the head entirely.
+            return Ok(HostTensor::new(
+                vec![0, self.config.vocab_size],
+                Vec::new(),
+            )?);
+        }
         if let Some(delta) = pending_delta {
             backend.add_inplace(&mut residual, &delta)?;
         }
