@@ -72,15 +72,25 @@ pub struct EngineArgs {
     /// Most tokens in one step (decode tokens first, then prefill chunks).
     #[arg(long, default_value_t = 2048)]
     pub max_num_batched_tokens: usize,
-    /// Token eviction for every request, as JSON (vLLM-style additional config), e.g.
-    /// '{"method":"keydiff","ratio":0.5}'. Methods: none, keydiff, knorm, streaming_llm,
-    /// random, snapkv; optional sink_tokens (4), window_tokens (32), every_n_tokens (64), seed.
-    /// A request may override it with a `kv_compression` body field.
+    /// KV compression as JSON (vLLM-style additional config). Token eviction for every
+    /// request, e.g. '{"method":"keydiff","ratio":0.5}' (methods: none, keydiff, knorm,
+    /// streaming_llm, random, snapkv; optional sink_tokens (4), window_tokens (32),
+    /// every_n_tokens (64), seed), which a request may override with a `kv_compression` body
+    /// field; or STAR-KV, '{"method":"star_kv","checkpoint":DIR,"rank_profile":"balanced"}'
+    /// (a `starling calibrate` output), applied to the model's K/V projections at load and
+    /// never selectable per request.
     #[arg(long, value_parser = parse_compression, default_value = r#"{"method":"none"}"#)]
-    pub kv_compression: starling_evict::CompressionConfig,
+    pub kv_compression: starling_evict::KvCompression,
 }
 
-/// Parses and validates a `--kv-compression` JSON object.
-fn parse_compression(text: &str) -> Result<starling_evict::CompressionConfig, String> {
-    starling_evict::CompressionConfig::from_json(text).map_err(|e| e.to_string())
+/// Parses and validates a `--kv-compression` JSON object (a STAR-KV profile name included).
+fn parse_compression(text: &str) -> Result<starling_evict::KvCompression, String> {
+    let setting = starling_evict::KvCompression::from_json(text).map_err(|e| e.to_string())?;
+    if let Some(selection) = setting.star_kv() {
+        selection
+            .rank_profile
+            .parse::<starling_starkv::RankProfile>()
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(setting)
 }

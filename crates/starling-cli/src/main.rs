@@ -1,4 +1,4 @@
-//! `starling`: fetch models, inspect them, generate text, benchmark.
+//! `starling`: fetch models, inspect them, generate text, benchmark, calibrate STAR-KV.
 
 mod args;
 mod bytes;
@@ -33,6 +33,8 @@ enum Command {
     Bench(commands::bench::BenchArgs),
     /// Serve the OpenAI-compatible HTTP API.
     Serve(commands::serve::ServeArgs),
+    /// Write STAR-KV checkpoints (low-rank K/V projections), one per rank profile.
+    Calibrate(commands::calibrate::CalibrateArgs),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +53,7 @@ fn main() -> ExitCode {
         Command::Demo(a) => commands::demo::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Serve(a) => commands::serve::run(a),
+        Command::Calibrate(a) => commands::calibrate::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -62,7 +62,7 @@ pub fn engine_config(
             block_size_tokens: args.block_size,
         },
         kv_cache_memory_bytes,
-        compression: args.kv_compression.clone(),
+        compression: args.kv_compression.eviction(),
     }
 }
 
@@ -166,6 +166,17 @@ pub fn open_session<B: Backend + 'static>(
             );
         }
     }
+    let weights = match (weights, args.kv_compression.star_kv()) {
+        (Some(mut weights), Some(selection)) => {
+            apply_star_kv(selection, &config, &mut weights)?;
+            Some(weights)
+        }
+        (None, Some(_)) => anyhow::bail!(
+            "--kv-compression star_kv needs the model's real weights (its checkpoint is tied to \
+             them), not --load-format synthetic"
+        ),
+        (weights, None) => weights,
+    };
     let started = std::time::Instant::now();
     let model = match weights {
         Some(weights) => LlamaModel::load(&backend, &config, weights)?,
@@ -182,4 +193,29 @@ pub fn open_session<B: Backend + 'static>(
         path,
         load_ms,
     })
+}
+
+/// The STAR-KV reference path: loads the selected checkpoint (refusing one made for other
+/// weights) and replaces the compressed layers' K/V projections by their low-rank
+/// reconstructions in the host weights, so every backend runs it. Outputs equal caching the
+/// latents; the KV cache is not smaller yet (the latent layout is the next step).
+fn apply_star_kv(
+    selection: &starling_evict::StarKvSelection,
+    config: &ModelConfig,
+    weights: &mut starling_models::WeightMap,
+) -> Result<()> {
+    let profile: starling_starkv::RankProfile = selection.rank_profile.parse()?;
+    let checkpoint =
+        starling_starkv::load_and_apply(&selection.checkpoint, profile, config, weights)
+            .with_context(|| format!("STAR-KV checkpoint {}", selection.checkpoint.display()))?;
+    let report = &checkpoint.manifest.compression;
+    tracing::info!(
+        "STAR-KV {profile}: {} of {} layers low-rank, latent KV {} of {} bytes per token (not yet \
+         used by the cache)",
+        checkpoint.manifest.layers.len(),
+        config.num_layers,
+        report.kv_bytes_per_token_compressed,
+        report.kv_bytes_per_token_original
+    );
+    Ok(())
 }

@@ -1,7 +1,15 @@
 //! The compression configuration, parsed from vLLM-style JSON
 //! (`{"method":"keydiff","ratio":0.5}`) per server and overridable per request.
+//!
+//! Two kinds share the `--kv-compression` flag ([`KvCompression`]): token eviction
+//! ([`CompressionConfig`], per request) and STAR-KV (`{"method":"star_kv","checkpoint":DIR,
+//! "rank_profile":"balanced"}`, [`StarKvSelection`]). STAR-KV replaces the model's K/V
+//! projections, so it is fixed when the engine loads the model; a request can never select it
+//! ([`CompressionConfig::from_value`], the per-request parser, refuses it), and it is not token
+//! eviction, so the engine's eviction policy stays `none` under it.
 
 use std::fmt;
+use std::path::PathBuf;
 
 use serde_json::{Map, Value};
 
@@ -100,6 +108,12 @@ const FIELDS: [&str; 6] = [
     "seed",
 ];
 
+/// The `method` name of STAR-KV in `--kv-compression` JSON.
+pub const STAR_KV_METHOD: &str = "star_kv";
+
+/// The fields only STAR-KV takes.
+const STAR_KV_FIELDS: [&str; 2] = ["checkpoint", "rank_profile"];
+
 fn invalid(field: &'static str, reason: impl Into<String>) -> EvictError {
     EvictError::InvalidField {
         field,
@@ -134,11 +148,22 @@ impl CompressionConfig {
     }
 
     /// As [`from_json`](Self::from_json), from an already parsed JSON value (a request body's
-    /// field).
+    /// field). This is the per-request parser: `star_kv` is refused (it changes the model, see
+    /// [`KvCompression`]), as are its `checkpoint` and `rank_profile` fields.
     pub fn from_value(value: &Value) -> Result<Self, EvictError> {
         let map = value
             .as_object()
             .ok_or_else(|| EvictError::Json(format!("expected an object, got {value}")))?;
+        if map.get("method").and_then(Value::as_str) == Some(STAR_KV_METHOD) {
+            return Err(invalid(
+                "method",
+                "star_kv replaces the model's K/V projections, so it is chosen when the engine \
+                 loads the model (--kv-compression), not per request",
+            ));
+        }
+        if let Some(field) = STAR_KV_FIELDS.into_iter().find(|f| map.contains_key(*f)) {
+            return Err(invalid(field, "only method star_kv takes it"));
+        }
         if let Some(unknown) = map.keys().find(|k| !FIELDS.contains(&k.as_str())) {
             return Err(EvictError::Json(format!(
                 "unknown field `{unknown}` (expected one of {FIELDS:?})"
@@ -220,6 +245,113 @@ impl CompressionConfig {
             "every_n_tokens": self.every_n_tokens,
             "seed": self.seed,
         })
+    }
+}
+
+/// A STAR-KV checkpoint to run the model with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StarKvSelection {
+    /// The directory `starling calibrate --output` wrote (one sub-directory per profile), or a
+    /// single profile's checkpoint directory.
+    pub checkpoint: PathBuf,
+    /// The rank profile's name (`aggressive`, `balanced`, `conservative`; checked against the
+    /// checkpoint when it loads).
+    pub rank_profile: String,
+}
+
+/// The engine-wide `--kv-compression` setting: token eviction, or STAR-KV.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KvCompression {
+    /// Token eviction (or none); requests may override it.
+    Eviction(CompressionConfig),
+    /// STAR-KV low-rank K/V projections from a checkpoint, applied to the model when it loads.
+    /// The engine's eviction policy is `none` under it; requests cannot change it.
+    StarKv(StarKvSelection),
+}
+
+impl Default for KvCompression {
+    /// No compression.
+    fn default() -> Self {
+        Self::Eviction(CompressionConfig::default())
+    }
+}
+
+impl KvCompression {
+    /// Parses `--kv-compression` JSON: `{"method":"star_kv","checkpoint":DIR,
+    /// "rank_profile":NAME}` (both fields required, nothing else allowed), or any eviction
+    /// config [`CompressionConfig::from_json`] accepts.
+    pub fn from_json(text: &str) -> Result<Self, EvictError> {
+        let value: Value =
+            serde_json::from_str(text).map_err(|e| EvictError::Json(e.to_string()))?;
+        Self::from_value(&value)
+    }
+
+    /// As [`from_json`](Self::from_json), from a parsed value.
+    pub fn from_value(value: &Value) -> Result<Self, EvictError> {
+        let map = value
+            .as_object()
+            .ok_or_else(|| EvictError::Json(format!("expected an object, got {value}")))?;
+        if map.get("method").and_then(Value::as_str) != Some(STAR_KV_METHOD) {
+            return CompressionConfig::from_value(value).map(Self::Eviction);
+        }
+        if let Some(unknown) = map
+            .keys()
+            .find(|k| k.as_str() != "method" && !STAR_KV_FIELDS.contains(&k.as_str()))
+        {
+            return Err(EvictError::Json(format!(
+                "unknown field `{unknown}` for star_kv (expected method, checkpoint, \
+                 rank_profile)"
+            )));
+        }
+        let text_field = |field: &'static str| -> Result<String, EvictError> {
+            match map.get(field) {
+                None => Err(invalid(field, "star_kv needs it")),
+                Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+                Some(v) => Err(invalid(
+                    field,
+                    format!("expected a non-empty string, got {v}"),
+                )),
+            }
+        };
+        Ok(Self::StarKv(StarKvSelection {
+            checkpoint: PathBuf::from(text_field("checkpoint")?),
+            rank_profile: text_field("rank_profile")?,
+        }))
+    }
+
+    /// Whether this setting changes the model itself (STAR-KV), so that it can only be chosen
+    /// when the model is loaded, never per request.
+    pub fn requires_model_reload(&self) -> bool {
+        matches!(self, Self::StarKv(_))
+    }
+
+    /// The token-eviction policy the engine runs: the config itself, or `none` under STAR-KV
+    /// (which is not eviction: every token keeps its (reconstructed) K/V).
+    pub fn eviction(&self) -> CompressionConfig {
+        match self {
+            Self::Eviction(config) => config.clone(),
+            Self::StarKv(_) => CompressionConfig::default(),
+        }
+    }
+
+    /// The STAR-KV selection, if this is one.
+    pub fn star_kv(&self) -> Option<&StarKvSelection> {
+        match self {
+            Self::Eviction(_) => None,
+            Self::StarKv(selection) => Some(selection),
+        }
+    }
+
+    /// The setting as a JSON object (what [`from_value`](Self::from_value) reads back).
+    pub fn to_json(&self) -> Value {
+        match self {
+            Self::Eviction(config) => config.to_json(),
+            Self::StarKv(s) => serde_json::json!({
+                "method": STAR_KV_METHOD,
+                "checkpoint": s.checkpoint.to_string_lossy(),
+                "rank_profile": s.rank_profile,
+            }),
+        }
     }
 }
 
@@ -322,5 +454,83 @@ mod tests {
                 Err(EvictError::Json(_))
             ));
         }
+    }
+
+    #[test]
+    fn star_kv_parses_at_startup_and_is_refused_per_request() {
+        let text = r#"{"method":"star_kv","checkpoint":"/ck","rank_profile":"balanced"}"#;
+        let setting = KvCompression::from_json(text).unwrap();
+        assert!(setting.requires_model_reload());
+        assert!(!setting.eviction().evicts());
+        assert_eq!(setting.eviction(), CompressionConfig::default());
+        let selection = setting.star_kv().unwrap();
+        assert_eq!(selection.checkpoint, PathBuf::from("/ck"));
+        assert_eq!(selection.rank_profile, "balanced");
+        assert_eq!(
+            KvCompression::from_value(&setting.to_json()).unwrap(),
+            setting
+        );
+
+        match CompressionConfig::from_json(text) {
+            Err(EvictError::InvalidField { field, reason }) => {
+                assert_eq!(field, "method");
+                assert!(reason.contains("not per request"), "{reason}");
+            }
+            other => panic!("per-request star_kv accepted: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn star_kv_needs_both_fields_and_other_methods_refuse_them() {
+        let field = |text: &str| match KvCompression::from_json(text) {
+            Err(EvictError::InvalidField { field, .. }) => Some(field),
+            _ => None,
+        };
+        assert_eq!(
+            field(r#"{"method":"star_kv","rank_profile":"balanced"}"#),
+            Some("checkpoint")
+        );
+        assert_eq!(
+            field(r#"{"method":"star_kv","checkpoint":"/ck"}"#),
+            Some("rank_profile")
+        );
+        assert_eq!(
+            field(r#"{"method":"star_kv","checkpoint":"","rank_profile":"balanced"}"#),
+            Some("checkpoint")
+        );
+        assert_eq!(
+            field(r#"{"method":"star_kv","checkpoint":"/ck","rank_profile":7}"#),
+            Some("rank_profile")
+        );
+        assert_eq!(
+            field(r#"{"method":"keydiff","ratio":0.5,"checkpoint":"/ck"}"#),
+            Some("checkpoint")
+        );
+        assert_eq!(
+            field(r#"{"method":"none","rank_profile":"balanced"}"#),
+            Some("rank_profile")
+        );
+        assert!(matches!(
+            KvCompression::from_json(
+                r#"{"method":"star_kv","checkpoint":"/ck","rank_profile":"b","ratio":0.5}"#
+            ),
+            Err(EvictError::Json(_))
+        ));
+    }
+
+    #[test]
+    fn eviction_settings_parse_as_before() {
+        let text = r#"{"method":"keydiff","ratio":0.5}"#;
+        let setting = KvCompression::from_json(text).unwrap();
+        assert!(!setting.requires_model_reload());
+        assert!(setting.star_kv().is_none());
+        assert_eq!(
+            setting.eviction(),
+            CompressionConfig::from_json(text).unwrap()
+        );
+        assert_eq!(
+            KvCompression::default().eviction(),
+            CompressionConfig::default()
+        );
     }
 }

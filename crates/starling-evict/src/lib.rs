@@ -14,7 +14,9 @@ mod input;
 pub mod scorer;
 mod select;
 
-pub use config::{CompressionConfig, CompressionMethod};
+pub use config::{
+    CompressionConfig, CompressionMethod, KvCompression, StarKvSelection, STAR_KV_METHOD,
+};
 pub use error::EvictError;
 pub use input::{split_heads, HeadKeys, ScoreInput, WindowQueries};
 pub use scorer::{scorer_for, Scorer};

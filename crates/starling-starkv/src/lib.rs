@@ -7,8 +7,10 @@
 //! thresholds ([`threshold`]). The truncated factors ([`ModelProjections`]) and a manifest are
 //! written as a checkpoint ([`checkpoint`]) that refuses to load against another model.
 //!
-//! Everything here is host-side f32/f64 and device-free; the engine's execution path and the
-//! distillation loop build on these types.
+//! Everything here is host-side f32/f64 and device-free. The reference execution path
+//! ([`load_and_apply`]) replaces a model's K/V projection weights by their low-rank
+//! reconstructions before upload (same outputs as caching latents; no KV memory saved yet);
+//! the distillation loop will build on these types.
 #![deny(missing_docs)]
 
 mod allocation;
@@ -20,13 +22,16 @@ mod matrix;
 mod model_factors;
 mod pipeline;
 mod projections;
+mod reference_path;
 mod report;
 mod shape;
 mod spectra;
 pub mod threshold;
 mod whitening;
 
-pub use allocation::{allocate_ranks, AllocationOutcome, LayerRanks, RankAllocation, RankStrategy};
+pub use allocation::{
+    allocate_ranks, uniform_allocation, AllocationOutcome, LayerRanks, RankAllocation, RankStrategy,
+};
 pub use budget::{BudgetTarget, CacheBudget, RankProfile};
 pub use error::StarKvError;
 pub use factorization::Factorization;
@@ -34,6 +39,7 @@ pub use matrix::Matrix;
 pub use model_factors::{FactorId, FactorKind, LayerFactors, ModelFactors};
 pub use pipeline::{svd_checkpoint, CalibrationPlan};
 pub use projections::{LayerProjections, ModelProjections};
+pub use reference_path::{apply_projections, load_and_apply, profile_dir};
 pub use report::CompressionReport;
 pub use shape::{KvShape, UncompressedLayers};
 pub use spectra::{FactorSpectrum, ModelSpectra};

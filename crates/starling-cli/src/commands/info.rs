@@ -1,10 +1,16 @@
 //! `starling info`: architecture, parameter count, KV bytes per token, block count and max
-//! concurrency for a memory budget.
+//! concurrency for a memory budget; with STAR-KV, the same per rank profile.
 
-use anyhow::Result;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use starling_kv::{format_bytes, preflight, CacheDtype, CacheLayout, LayerLayout};
 use starling_models::{ModelConfig, RopeStyle};
+use starling_starkv::checkpoint::{read_manifest, MANIFEST_FILE};
+use starling_starkv::{
+    uniform_allocation, CacheBudget, KvShape, RankAllocation, RankProfile, UncompressedLayers,
+};
 
 use crate::args::{EngineArgs, LoadFormat, ModelArg};
 use crate::session::{engine_config, open_model};
@@ -16,6 +22,16 @@ pub struct InfoArgs {
     model: ModelArg,
     #[command(flatten)]
     engine: EngineArgs,
+    /// STAR-KV checkpoints to size the cache for: a `starling calibrate --output` directory
+    /// (every profile found) or one profile's checkpoint. Default: the `--kv-compression`
+    /// star_kv checkpoint, if any.
+    #[arg(long, value_name = "DIR")]
+    star_kv: Option<PathBuf>,
+    /// Print what each STAR-KV profile would give from the budget math alone (uniform ranks,
+    /// the first two and the last layer whole): for synthetic presets, or models not yet
+    /// calibrated.
+    #[arg(long)]
+    star_kv_budget: bool,
 }
 
 /// The uncompressed cache layout of `config` with elements of `dtype`.
@@ -103,10 +119,10 @@ pub fn run(args: InfoArgs) -> Result<()> {
     } else {
         (CacheDtype::F32, "f32, cpu")
     };
-    let layout = full_layout(c, dtype);
+    let full = full_layout(c, dtype);
     let pf = preflight(
         engine.kv_cache_memory_bytes,
-        &layout,
+        &full,
         sched.block_size_tokens,
         sched.max_model_len_tokens,
     )?;
@@ -119,5 +135,121 @@ pub fn run(args: InfoArgs) -> Result<()> {
         pf.max_concurrency,
         sched.max_model_len_tokens
     );
+    let rows = star_kv_rows(&args, c)?;
+    if !rows.is_empty() {
+        println!(
+            "STAR-KV latent layout ({dtype_name}; not yet what the engine allocates: the reference path caches full K/V):"
+        );
+    }
+    for row in rows {
+        let layout = row.allocation.cache_layout(dtype);
+        let bytes = layout.bytes_per_token();
+        let sized = preflight(
+            engine.kv_cache_memory_bytes,
+            &layout,
+            sched.block_size_tokens,
+            sched.max_model_len_tokens,
+        )?;
+        println!(
+            "  {:<13} {} per token vs {} ({:.1}% removed) → {} blocks vs {} ({:.2}×); {}",
+            row.profile.name(),
+            format_bytes(bytes),
+            format_bytes(full.bytes_per_token()),
+            100.0 * (1.0 - bytes as f64 / full.bytes_per_token().max(1) as f64),
+            sized.sizing.num_blocks,
+            pf.sizing.num_blocks,
+            sized.sizing.num_blocks as f64 / pf.sizing.num_blocks.max(1) as f64,
+            row.source
+        );
+    }
     Ok(())
+}
+
+/// One STAR-KV profile's ranks and where they came from.
+struct StarKvRow {
+    profile: RankProfile,
+    allocation: RankAllocation,
+    source: String,
+}
+
+/// The profiles to print: from checkpoints (`--star-kv`, else a star_kv `--kv-compression`),
+/// or from the budget math (`--star-kv-budget`); none otherwise.
+fn star_kv_rows(args: &InfoArgs, config: &ModelConfig) -> Result<Vec<StarKvRow>> {
+    let selection = args.engine.kv_compression.star_kv();
+    let dir = args
+        .star_kv
+        .clone()
+        .or_else(|| selection.map(|s| s.checkpoint.clone()));
+    if let Some(dir) = dir {
+        let selected = selection.map(|s| s.rank_profile.as_str());
+        return checkpoint_rows(&dir, config, selected);
+    }
+    if !args.star_kv_budget {
+        return Ok(Vec::new());
+    }
+    let shape = KvShape::of(config);
+    let keep = UncompressedLayers::reference(config.num_layers);
+    RankProfile::ALL
+        .into_iter()
+        .map(|profile| {
+            let budget = CacheBudget::new(&shape, profile.target(), &keep)
+                .with_context(|| format!("STAR-KV profile {profile}"))?;
+            Ok(StarKvRow {
+                profile,
+                allocation: uniform_allocation(&shape, &budget, &keep)?,
+                source: "uniform ranks from the budget alone".to_owned(),
+            })
+        })
+        .collect()
+}
+
+/// Rows from the manifests under `dir` (ranks only; the weights are not read), checked against
+/// the model's shape.
+fn checkpoint_rows(
+    dir: &Path,
+    config: &ModelConfig,
+    selected: Option<&str>,
+) -> Result<Vec<StarKvRow>> {
+    let dirs: Vec<PathBuf> = if dir.join(MANIFEST_FILE).is_file() {
+        vec![dir.to_owned()]
+    } else {
+        RankProfile::ALL
+            .iter()
+            .map(|p| dir.join(p.name()))
+            .filter(|d| d.join(MANIFEST_FILE).is_file())
+            .collect()
+    };
+    if dirs.is_empty() {
+        bail!(
+            "no STAR-KV checkpoint in {} (expected {MANIFEST_FILE} there or in a profile \
+             sub-directory; see `starling calibrate`)",
+            dir.display()
+        );
+    }
+    let shape = KvShape::of(config);
+    let mut rows = Vec::with_capacity(dirs.len());
+    for path in dirs {
+        let manifest = read_manifest(&path)?;
+        if manifest.model.shape != shape {
+            bail!(
+                "STAR-KV checkpoint {} was made for {:?}, this model is {shape:?}",
+                path.display(),
+                manifest.model.shape
+            );
+        }
+        let Some(profile) = manifest.profile else {
+            bail!("STAR-KV checkpoint {} has no named profile", path.display());
+        };
+        let mark = if selected == Some(profile.name()) {
+            " (selected)"
+        } else {
+            ""
+        };
+        rows.push(StarKvRow {
+            profile,
+            allocation: manifest.allocation()?,
+            source: format!("{} ranks, {}{mark}", manifest.rank_strategy, path.display()),
+        });
+    }
+    Ok(rows)
 }

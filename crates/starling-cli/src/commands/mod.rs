@@ -6,6 +6,7 @@ pub mod bench_gpu;
 pub mod bench_niah;
 pub mod bench_quality;
 pub mod bench_serve;
+pub mod calibrate;
 pub mod demo;
 pub mod generate;
 pub mod info;

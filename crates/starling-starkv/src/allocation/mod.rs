@@ -223,6 +223,26 @@ pub fn allocate_ranks(
     })
 }
 
+/// The uniform allocation of `budget` over `shape` with `uncompressed` layers kept whole, from
+/// the shapes alone (no weights, no spectra): what a profile gives a model whose weights are
+/// not at hand (`starling info` on a synthetic preset). Equals
+/// [`allocate_ranks`] with [`RankStrategy::Uniform`], which ignores singular values too.
+pub fn uniform_allocation(
+    shape: &KvShape,
+    budget: &CacheBudget,
+    uncompressed: &UncompressedLayers,
+) -> Result<RankAllocation, StarKvError> {
+    let max_ranks: Vec<usize> = canonical_ids(shape, uncompressed)
+        .iter()
+        .map(|id| match id.kind {
+            FactorKind::Key { .. } => shape.max_key_rank(),
+            FactorKind::Value => shape.max_value_rank(),
+        })
+        .collect();
+    let ranks = uniform_ranks(&max_ranks, budget.compressed_elements_per_token)?;
+    RankAllocation::from_canonical(*shape, uncompressed, &ranks)
+}
+
 /// `⌊max_i · target / Σ max⌋` per factor, then the exact step adding to (removing from) the
 /// factor whose kept share of its maximum rank is lowest (highest), so shares differ by at
 /// most one component.

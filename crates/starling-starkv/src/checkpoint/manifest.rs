@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use starling_models::ModelConfig;
 
-use crate::{CompressionReport, KvShape, LayerRanks, RankProfile};
+use crate::{CompressionReport, KvShape, LayerRanks, RankAllocation, RankProfile, StarKvError};
 
 /// The `method` every STAR-KV manifest carries.
 pub const METHOD: &str = "star_kv";
@@ -79,6 +79,10 @@ pub struct CalibrationInfo {
     pub tokens: u64,
     /// Optimisation steps (threshold learning, distillation).
     pub steps: u64,
+    /// Knowledge-distillation steps among `steps`: 0 for SVD-only checkpoints (the projections
+    /// are the truncated SVD factors, unrefined). Absent in older manifests, which had none.
+    #[serde(default)]
+    pub distillation_steps: u64,
     /// Whether the factors were whitened by activation statistics.
     pub whitened: bool,
 }
@@ -132,4 +136,22 @@ pub struct Manifest {
     pub thresholds: Option<ThresholdRecord>,
     /// The seed of every random choice made while calibrating.
     pub seed: u64,
+}
+
+impl Manifest {
+    /// The rank allocation the manifest records (no tensors read): enough to size a cache.
+    pub fn allocation(&self) -> Result<RankAllocation, StarKvError> {
+        let shape = self.model.shape;
+        let mut layers: Vec<Option<LayerRanks>> = vec![None; shape.num_layers];
+        for entry in &self.layers {
+            let slot = layers.get_mut(entry.layer).ok_or_else(|| {
+                StarKvError::InvalidArgument(format!(
+                    "manifest lists layer {} of a {}-layer model",
+                    entry.layer, shape.num_layers
+                ))
+            })?;
+            *slot = Some(entry.ranks());
+        }
+        RankAllocation::new(shape, layers)
+    }
 }

@@ -1,0 +1,106 @@
+//! The reference execution path of a STAR-KV checkpoint: each compressed layer's `W_k` and `W_v`
+//! are replaced by their low-rank reconstructions (`B_h A_h` per key head, `B_v A_v`) in the
+//! host weights, before any backend sees them; biases stay as they are.
+//!
+//! Why this is the latent path's output: caching the latent `x A_hᵀ` and reconstructing
+//! `latent B_hᵀ + b_h` yields `x (B_h A_h)ᵀ + b_h`, exactly what the reconstructed weight
+//! computes (up to f32 summation order), and RoPE is applied after either. It therefore works
+//! on every backend (it happens on host weights) and is the oracle the latent paged layout and
+//! fused kernels will be tested against. It does **not** reduce KV memory: the cache still
+//! holds full K/V rows; the latent layout is the next step.
+
+use std::path::{Path, PathBuf};
+
+use starling_models::{LayerTensor, ModelConfig, WeightMap};
+
+use crate::checkpoint::{weights_identity, StarKvCheckpoint, MANIFEST_FILE};
+use crate::{KvShape, Matrix, ModelProjections, RankProfile, StarKvError};
+
+/// Replaces `W_k` and `W_v` of every layer `projections` compress by their reconstructions.
+/// Returns how many layers changed. The shapes must be `config`'s; nothing is changed when
+/// they are not.
+pub fn apply_projections(
+    config: &ModelConfig,
+    weights: &mut WeightMap,
+    projections: &ModelProjections,
+) -> Result<usize, StarKvError> {
+    let shape = KvShape::of(config);
+    if *projections.shape() != shape {
+        return Err(StarKvError::InvalidArgument(format!(
+            "projections for {:?} applied to a model of {shape:?}",
+            projections.shape()
+        )));
+    }
+    // Reconstruct everything first, so a failure leaves the weights untouched.
+    let mut replacements = Vec::new();
+    for (layer, p) in projections.layers().iter().enumerate() {
+        let Some(p) = p else { continue };
+        replacements.push((LayerTensor::KProj, layer, p.reconstructed_key_weight()?));
+        replacements.push((LayerTensor::VProj, layer, p.reconstructed_value_weight()?));
+    }
+    for (tensor, layer, matrix) in &replacements {
+        let want = tensor.shape(config);
+        if matrix.shape().as_slice() != want.as_slice() {
+            return Err(StarKvError::InvalidArgument(format!(
+                "reconstructed {} is {:?}, the model's is {want:?}",
+                tensor.name(*layer),
+                matrix.shape()
+            )));
+        }
+    }
+    let layers = replacements.len() / 2;
+    for (tensor, layer, matrix) in replacements {
+        replace(config, weights, tensor, layer, &matrix)?;
+    }
+    Ok(layers)
+}
+
+fn replace(
+    config: &ModelConfig,
+    weights: &mut WeightMap,
+    tensor: LayerTensor,
+    layer: usize,
+    matrix: &Matrix,
+) -> Result<(), StarKvError> {
+    let name = tensor.name(layer);
+    let mut host = weights.take(&name, &tensor.shape(config))?;
+    host.data_mut().copy_from_slice(matrix.data());
+    weights.insert(name, host);
+    Ok(())
+}
+
+/// The checkpoint directory of `profile` under `dir`: `dir` itself when it holds a manifest
+/// (a single-profile checkpoint), else `dir/<profile>` as `starling calibrate` writes them.
+pub fn profile_dir(dir: &Path, profile: RankProfile) -> PathBuf {
+    if dir.join(MANIFEST_FILE).is_file() {
+        dir.to_owned()
+    } else {
+        dir.join(profile.name())
+    }
+}
+
+/// Loads the `profile` checkpoint under `dir` for the model (`config`, `weights`), refusing one
+/// made for other weights or for another profile, and applies it with [`apply_projections`].
+/// Returns the checkpoint (its manifest says what was applied).
+pub fn load_and_apply(
+    dir: &Path,
+    profile: RankProfile,
+    config: &ModelConfig,
+    weights: &mut WeightMap,
+) -> Result<StarKvCheckpoint, StarKvError> {
+    let path = profile_dir(dir, profile);
+    let identity = weights_identity(weights);
+    let checkpoint = StarKvCheckpoint::load(&path, config, &identity)?;
+    if checkpoint.manifest.profile != Some(profile) {
+        let made = checkpoint
+            .manifest
+            .profile
+            .map_or_else(|| "no named profile".to_owned(), |p| p.name().to_owned());
+        return Err(StarKvError::InvalidArgument(format!(
+            "rank_profile `{profile}` was asked for, but {} is `{made}`",
+            path.display()
+        )));
+    }
+    apply_projections(config, weights, &checkpoint.projections)?;
+    Ok(checkpoint)
+}
