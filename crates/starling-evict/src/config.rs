@@ -137,23 +137,31 @@ fn read_usize(map: &Map<String, Value>, field: &'static str) -> Result<Option<us
         .transpose()
 }
 
+/// Parses `--kv-compression` / request-field JSON text.
+fn parse_json(text: &str) -> Result<Value, EvictError> {
+    serde_json::from_str(text).map_err(|e| EvictError::Json(e.to_string()))
+}
+
+/// The configuration's JSON object (anything else is an error naming what came instead).
+fn json_object(value: &Value) -> Result<&Map<String, Value>, EvictError> {
+    value
+        .as_object()
+        .ok_or_else(|| EvictError::Json(format!("expected an object, got {value}")))
+}
+
 impl CompressionConfig {
     /// Parses and validates a JSON object such as `{"method":"keydiff","ratio":0.5}`; omitted
     /// fields take their defaults (`ratio` 0, `sink_tokens` 4, `window_tokens` 32,
     /// `every_n_tokens` 64, `seed` 0). Unknown fields are errors, so typos are not ignored.
     pub fn from_json(text: &str) -> Result<Self, EvictError> {
-        let value: Value =
-            serde_json::from_str(text).map_err(|e| EvictError::Json(e.to_string()))?;
-        Self::from_value(&value)
+        Self::from_value(&parse_json(text)?)
     }
 
     /// As [`from_json`](Self::from_json), from an already parsed JSON value (a request body's
     /// field). This is the per-request parser: `star_kv` is refused (it changes the model, see
     /// [`KvCompression`]), as are its `checkpoint` and `rank_profile` fields.
     pub fn from_value(value: &Value) -> Result<Self, EvictError> {
-        let map = value
-            .as_object()
-            .ok_or_else(|| EvictError::Json(format!("expected an object, got {value}")))?;
+        let map = json_object(value)?;
         if map.get("method").and_then(Value::as_str) == Some(STAR_KV_METHOD) {
             return Err(invalid(
                 "method",
@@ -281,16 +289,12 @@ impl KvCompression {
     /// "rank_profile":NAME}` (both fields required, nothing else allowed), or any eviction
     /// config [`CompressionConfig::from_json`] accepts.
     pub fn from_json(text: &str) -> Result<Self, EvictError> {
-        let value: Value =
-            serde_json::from_str(text).map_err(|e| EvictError::Json(e.to_string()))?;
-        Self::from_value(&value)
+        Self::from_value(&parse_json(text)?)
     }
 
     /// As [`from_json`](Self::from_json), from a parsed value.
     pub fn from_value(value: &Value) -> Result<Self, EvictError> {
-        let map = value
-            .as_object()
-            .ok_or_else(|| EvictError::Json(format!("expected an object, got {value}")))?;
+        let map = json_object(value)?;
         if map.get("method").and_then(Value::as_str) != Some(STAR_KV_METHOD) {
             return CompressionConfig::from_value(value).map(Self::Eviction);
         }

@@ -8,7 +8,7 @@
 //! no longer read and its tail blocks return to the pool.
 
 use super::attention::CpuKvCache;
-use super::kv_checks::{check_distinct_blocks, kept_count, physical_slots};
+use super::kv_checks::{check_compaction, physical_slots};
 use crate::{AttentionDims, BackendError, HostTensor};
 
 /// Compacts one sequence's K and V in one layer: physical index `i` of head `h` gets the `i`-th
@@ -22,6 +22,13 @@ pub fn compact_kv(
     keep: &[Vec<u32>],
 ) -> Result<(), BackendError> {
     let spec = *cache.spec();
+    let count = check_compaction(
+        &spec,
+        block_table,
+        block_size_tokens,
+        physical_len_tokens,
+        keep,
+    )?;
     let slots = physical_slots(
         &spec,
         block_table,
@@ -29,13 +36,6 @@ pub fn compact_kv(
         physical_len_tokens,
         "compact_kv",
     )?;
-    check_distinct_blocks(
-        block_table,
-        block_size_tokens,
-        physical_len_tokens,
-        "compact_kv",
-    )?;
-    let count = kept_count(keep, spec.num_kv_heads, physical_len_tokens)?;
     let (hd, nkv) = (spec.head_dim, spec.num_kv_heads);
     // Gather into a fused `[q | k | v]` scratch so the scatter is the cache's own write path;
     // a one-query-head-per-KV-head geometry keeps the unused Q part as small as the K part.

@@ -79,6 +79,28 @@ pub fn check_distinct_blocks(
     }
 }
 
+/// Everything `compact_kv` checks before moving anything, on every backend: the block table
+/// covers `physical_len_tokens`, its blocks are distinct (compaction writes them in place), and
+/// `keep` is valid (see [`kept_count`]). Returns the kept count.
+pub fn check_compaction(
+    spec: &KvCacheSpec,
+    block_table: &[u32],
+    block_size_tokens: usize,
+    physical_len_tokens: usize,
+    keep: &[Vec<u32>],
+) -> Result<usize, BackendError> {
+    let op = "compact_kv";
+    check_block_table(
+        spec,
+        block_table,
+        block_size_tokens,
+        physical_len_tokens,
+        op,
+    )?;
+    check_distinct_blocks(block_table, block_size_tokens, physical_len_tokens, op)?;
+    kept_count(keep, spec.num_kv_heads, physical_len_tokens)
+}
+
 /// Checks that `keep` has one strictly ascending, in-range index list per KV head, all of the
 /// same length, and returns that length (the kept count).
 pub fn kept_count(

@@ -20,8 +20,8 @@ pub use attention::{dense_causal_attention, CpuKvCache};
 pub use compact::{compact_kv, read_keys};
 pub use key_scores::key_scores;
 pub use kv_checks::{
-    check_block_copies, check_block_table, check_distinct_blocks, kept_count, physical_slots,
-    scatter_len,
+    check_block_copies, check_block_table, check_compaction, check_distinct_blocks, kept_count,
+    physical_slots, scatter_len,
 };
 pub use kv_transfer::{copy_kv_blocks, gather_kv, scatter_kv};
 

@@ -7,7 +7,7 @@
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use half::bf16;
 use starling_backend::cpu::{
-    check_block_copies, check_block_table, check_distinct_blocks, kept_count, scatter_len,
+    check_block_copies, check_block_table, check_compaction, check_distinct_blocks, scatter_len,
 };
 use starling_backend::HostTensor;
 
@@ -216,20 +216,13 @@ impl CudaBackend {
         keep: &[Vec<u32>],
     ) -> Result<(), CudaError> {
         let spec = cache.spec;
-        check_block_table(
+        let count = check_compaction(
             &spec,
             block_table,
             block_size_tokens,
             physical_len_tokens,
-            "compact_kv",
+            keep,
         )?;
-        check_distinct_blocks(
-            block_table,
-            block_size_tokens,
-            physical_len_tokens,
-            "compact_kv",
-        )?;
-        let count = kept_count(keep, spec.num_kv_heads, physical_len_tokens)?;
         let (nkv, hd) = (spec.num_kv_heads, spec.head_dim);
         let width = nkv * hd;
         if count * width == 0 {
