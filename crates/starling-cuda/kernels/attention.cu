@@ -1,6 +1,8 @@
 // Paged causal attention (CPU reference: starling-backend cpu::attention::paged_attention).
 //
-// One block per (query token, KV head, context split). The block holds the G query heads that
+// One block per (query token, KV head, context split); `rows` lists the tokens this launch
+// serves (the decode tokens of a batch whose prefill chunks go to prefill_attention.cu, or all of
+// them). The block holds the G query heads that
 // share the KV head, so every K/V row is read once per group (GQA-aware). Rows are read as 16-byte
 // vectors by D/8 lanes, several rows per warp and UNROLL passes in flight per lane; scores use an
 // online softmax per head. Warps are merged in shared memory; with several splits
@@ -41,13 +43,14 @@ __device__ void paged_attention_impl(
     float* __restrict__ part_ml,          // [T, Hq, splits, 2]
     const bf16* __restrict__ qkv, int qkv_width,
     const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+    const unsigned* __restrict__ rows,         // the query token of each blockIdx.x
     const unsigned* __restrict__ tok_seq,      // sequence of each query token
     const unsigned* __restrict__ tok_visible,  // context positions each query token sees
     const unsigned* __restrict__ block_tables, int max_blocks, int block_size,
     int num_kv_heads, int group, float scale, int splits, int split_len) {
     constexpr int LPR = D / 8;       // lanes per row
     constexpr int RPW = 32 / LPR;    // rows per warp pass
-    const int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+    const int t = (int)rows[blockIdx.x], kvh = blockIdx.y, split = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sub = lane / LPR, sl = lane % LPR;  // row within the pass, lane within the row
     const int num_q_heads = num_kv_heads * group;
@@ -197,12 +200,13 @@ __device__ void paged_attention_impl(
 #define INSTANTIATE(D, G)                                                                        \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) paged_attention_d##D##_g##G##_bf16( \
         bf16* out, float* part_acc, float* part_ml, const bf16* qkv, int qkv_width,              \
-        const bf16* k_cache, const bf16* v_cache, const unsigned* tok_seq,                       \
-        const unsigned* tok_visible, const unsigned* block_tables, int max_blocks,               \
-        int block_size, int num_kv_heads, int group, float scale, int splits, int split_len) {   \
+        const bf16* k_cache, const bf16* v_cache, const unsigned* rows,                          \
+        const unsigned* tok_seq, const unsigned* tok_visible, const unsigned* block_tables,      \
+        int max_blocks, int block_size, int num_kv_heads, int group, float scale, int splits,    \
+        int split_len) {                                                                         \
         paged_attention_impl<D, G>(out, part_acc, part_ml, qkv, qkv_width, k_cache, v_cache,    \
-                                   tok_seq, tok_visible, block_tables, max_blocks, block_size,   \
-                                   num_kv_heads, group, scale, splits, split_len);               \
+                                   rows, tok_seq, tok_visible, block_tables, max_blocks,         \
+                                   block_size, num_kv_heads, group, scale, splits, split_len);   \
     }
 #define INSTANTIATE_GROUPS(D) INSTANTIATE(D, 1) INSTANTIATE(D, 2) INSTANTIATE(D, 4) INSTANTIATE(D, 8)
 INSTANTIATE_GROUPS(64)

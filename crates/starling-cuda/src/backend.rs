@@ -20,9 +20,7 @@ use starling_kv::CacheDtype;
 
 use crate::kernels::Kernels;
 use crate::{cuda_available, CudaError, CudaTensor, DeviceBuf, KernelCache};
-
-/// Attention grid size the flash-decoding split aims for, in blocks per SM.
-const ATTENTION_TARGET_BLOCKS_PER_SM: usize = 8;
+use attention_plan::{plan_splits, AttentionRows, MAX_GROUP, PREFILL_THREADS};
 
 /// Threads per block of the elementwise kernels (grid-stride loops).
 const ELEMENTWISE_THREADS: u32 = 256;
@@ -38,6 +36,7 @@ macro_rules! launch {
     }};
 }
 
+mod attention_plan;
 // After `launch!`, which they use.
 mod key_scores;
 mod kv_ops;
@@ -81,6 +80,13 @@ pub struct CudaBatch {
     block_tables: CudaSlice<u32>,
     max_blocks: usize,
     max_visible: usize,
+    /// Which rows each attention kernel serves, and the prefill tiles (host copy: counts and
+    /// offsets for the launches).
+    rows: AttentionRows,
+    /// `rows.row_order` on the device.
+    row_order: CudaSlice<u32>,
+    /// `rows.tiles` on the device.
+    prefill_tiles: CudaSlice<u32>,
 }
 
 fn err(e: impl Into<CudaError>) -> BackendError {
@@ -343,13 +349,12 @@ impl CudaBackend {
             )));
         }
         let group = dims.num_heads / dims.num_kv_heads.max(1);
-        if group == 0 || group > 8 || group * dims.num_kv_heads != dims.num_heads {
+        if group == 0 || group > MAX_GROUP || group * dims.num_kv_heads != dims.num_heads {
             return Err(CudaError::Shape(format!(
-                "attention: {} query heads per KV head unsupported (1..=8)",
-                group
+                "attention: {group} query heads per KV head unsupported (1..={MAX_GROUP})"
             )));
         }
-        let kernel = self
+        let decode_kernel = self
             .kernels
             .attention(dims.head_dim, group)
             .ok_or_else(|| {
@@ -359,34 +364,36 @@ impl CudaBackend {
                     dims.head_dim
                 ))
             })?;
-        // Flash-decoding split of long contexts until the grid holds several resident blocks per
-        // SM: decode is bound by bytes in flight, and one block per (token, KV head) leaves most
-        // of the GPU idle at small batch or with few KV heads. Splits stay ≥ 256 positions long.
-        let grid_blocks = n * dims.num_kv_heads;
-        let target_blocks = ATTENTION_TARGET_BLOCKS_PER_SM * self.num_sms;
-        let splits = if grid_blocks < target_blocks && batch.max_visible > 256 {
-            target_blocks
-                .div_ceil(grid_blocks)
-                .min(batch.max_visible.div_ceil(256))
-                .clamp(1, 64)
-        } else {
-            1
+        // Prefill runs go to the tiled kernel where it is instantiated for this head width;
+        // otherwise the per-token kernel serves every row (`row_order` lists them all).
+        let rows = &batch.rows;
+        let prefill = match self.kernels.prefill_attention(dims.head_dim) {
+            Some(kernel) if rows.num_prefill() > 0 => Some((kernel, rows.tile_ranges[group - 1])),
+            _ => None,
         };
-        let split_len = batch.max_visible.div_ceil(splits).max(1);
+        let decode_rows = if prefill.is_some() {
+            rows.num_decode
+        } else {
+            n
+        };
+        let tiles = prefill.map_or(0, |(_, (_, count))| count);
+        let plan = plan_splits(
+            decode_rows * dims.num_kv_heads,
+            tiles * dims.num_kv_heads,
+            batch.max_visible,
+            self.num_sms,
+        );
+        let (splits, split_len) = (plan.splits, plan.split_len);
         let mut out = self.alloc_bf16(n * dims.q_size())?;
         let part_len = if splits > 1 {
             n * dims.num_heads * splits
         } else {
             1
         };
-        // SAFETY: the kernel writes every partial it later reads (empty splits write m = -inf).
+        // SAFETY: the kernels write every partial the combine reads: each (row, head, split) is
+        // written by exactly one of the launches below (empty splits write m = -inf).
         let mut part_acc = unsafe { self.stream.alloc::<f32>(part_len * dims.head_dim) }?;
         let mut part_ml = unsafe { self.stream.alloc::<f32>(part_len * 2) }?;
-        let cfg = LaunchConfig {
-            grid_dim: (n as u32, dims.num_kv_heads as u32, splits as u32),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
         let (qkv_width, max_blocks, block_size) = (
             width as i32,
             batch.max_blocks as i32,
@@ -398,28 +405,68 @@ impl CudaBackend {
             splits as i32,
             split_len as i32,
         );
-        launch!(
-            self,
-            kernel,
-            cfg,
-            &mut out,
-            &mut part_acc,
-            &mut part_ml,
-            qkv.bf16()?,
-            &qkv_width,
-            &cache.keys,
-            &cache.values,
-            &batch.tok_seq,
-            &batch.tok_visible,
-            &batch.block_tables,
-            &max_blocks,
-            &block_size,
-            &num_kv,
-            &group_i,
-            &dims.scale,
-            &splits_i,
-            &split_len_i
-        )?;
+        if decode_rows > 0 {
+            let cfg = LaunchConfig {
+                grid_dim: (decode_rows as u32, dims.num_kv_heads as u32, splits as u32),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let order = batch.row_order.slice(..decode_rows);
+            launch!(
+                self,
+                decode_kernel,
+                cfg,
+                &mut out,
+                &mut part_acc,
+                &mut part_ml,
+                qkv.bf16()?,
+                &qkv_width,
+                &cache.keys,
+                &cache.values,
+                &order,
+                &batch.tok_seq,
+                &batch.tok_visible,
+                &batch.block_tables,
+                &max_blocks,
+                &block_size,
+                &num_kv,
+                &group_i,
+                &dims.scale,
+                &splits_i,
+                &split_len_i
+            )?;
+        }
+        if let Some((kernel, (first, count))) = prefill {
+            let cfg = LaunchConfig {
+                grid_dim: (count as u32, dims.num_kv_heads as u32, splits as u32),
+                block_dim: (PREFILL_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let tile_list = batch.prefill_tiles.slice(2 * first..2 * (first + count));
+            launch!(
+                self,
+                kernel,
+                cfg,
+                &mut out,
+                &mut part_acc,
+                &mut part_ml,
+                qkv.bf16()?,
+                &qkv_width,
+                &cache.keys,
+                &cache.values,
+                &tile_list,
+                &batch.tok_seq,
+                &batch.tok_visible,
+                &batch.block_tables,
+                &max_blocks,
+                &block_size,
+                &num_kv,
+                &group_i,
+                &dims.scale,
+                &splits_i,
+                &split_len_i
+            )?;
+        }
         if splits > 1 {
             let cfg = LaunchConfig {
                 grid_dim: (n as u32, dims.num_heads as u32, 1),
@@ -540,7 +587,11 @@ impl Backend for CudaBackend {
             }
         }
         let max_visible = tok_visible.iter().copied().max().unwrap_or(0) as usize;
+        let rows = AttentionRows::new(meta);
         Ok(CudaBatch {
+            row_order: self.upload_u32(&rows.row_order).map_err(err)?,
+            prefill_tiles: self.upload_u32(&rows.tiles).map_err(err)?,
+            rows,
             positions: self.upload_u32(&meta.positions).map_err(err)?,
             slots: self.upload_u32(&meta.slot_mapping).map_err(err)?,
             tok_seq: self.upload_u32(&tok_seq).map_err(err)?,

@@ -68,6 +68,9 @@ pub struct AttentionRow {
     pub kv_bytes: u64,
     /// `kv_bytes` / time.
     pub achieved_tb_s: f64,
+    /// Attention arithmetic (Q·Kᵀ and P·V over each query's visible context, causal) / time:
+    /// prefill chunks are bound by it rather than by `kv_bytes`.
+    pub achieved_tflops: f64,
 }
 
 /// A batch of `batch` sequences with `seq` context tokens each, the last `query` of them new.
@@ -97,7 +100,9 @@ pub fn attention_meta(batch: usize, seq: usize, query: usize, block_size: usize)
     meta
 }
 
-/// Times paged attention for one shape (K/V caches filled with random values).
+/// Times paged attention for one shape (K/V caches filled with random values). A `query` above 1
+/// makes each sequence one prefill run, which the backend sends to the tiled tensor-core kernel
+/// (head widths 64 and 128); `query == 1` is decode (the per-token kernel).
 pub fn bench_attention(
     backend: &CudaBackend,
     dims: AttentionDims,
@@ -123,6 +128,9 @@ pub fn bench_attention(
         Ok(())
     })?;
     let kv_bytes = (batch * seq * dims.num_kv_heads * dims.head_dim * 2 * 2) as u64;
+    // Query i of a run sees seq - query + i + 1 positions; 2 flops per multiply-add, 2 products.
+    let visible_per_seq = query * (seq - query) + query * (query + 1) / 2;
+    let flops = 4.0 * (batch * visible_per_seq * dims.num_heads * dims.head_dim) as f64;
     Ok(AttentionRow {
         kind: if query == 1 { "decode" } else { "prefill" },
         num_heads: dims.num_heads,
@@ -134,6 +142,7 @@ pub fn bench_attention(
         median_ms: ms,
         kv_bytes,
         achieved_tb_s: kv_bytes as f64 / (ms * 1e-3) / 1e12,
+        achieved_tflops: flops / (ms * 1e-3) / 1e12,
     })
 }
 

@@ -16,11 +16,15 @@ const OPS_SRC: &str = include_str!("../kernels/ops.cu");
 const ATTENTION_SRC: &str = include_str!("../kernels/attention.cu");
 const KV_CACHE_SRC: &str = include_str!("../kernels/kv_cache.cu");
 const KEY_SCORES_SRC: &str = include_str!("../kernels/key_scores.cu");
+const PREFILL_ATTENTION_SRC: &str = include_str!("../kernels/prefill_attention.cu");
 
 /// Group bounds the attention kernel is instantiated for (query heads per KV head).
 const ATTENTION_GROUP_BOUNDS: [usize; 4] = [1, 2, 4, 8];
 /// Head widths the attention kernel is instantiated for.
 const ATTENTION_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+/// Head widths the tiled prefill kernel is instantiated for (its K and V tiles of 64 keys fit the
+/// 48 KiB of static shared memory up to 128; wider heads take the per-token kernel).
+const PREFILL_HEAD_DIMS: [usize; 2] = [64, 128];
 
 /// Function names, each used once in [`kernel_modules`] and once in [`Kernels::load`].
 mod names {
@@ -45,6 +49,11 @@ mod names {
     /// The attention instantiation for head width `d` and group bound `g`.
     pub(super) fn attention(d: usize, g: usize) -> String {
         format!("paged_attention_d{d}_g{g}_bf16")
+    }
+
+    /// The tiled prefill attention instantiation for head width `d`.
+    pub(super) fn prefill_attention(d: usize) -> String {
+        format!("prefill_attention_d{d}_bf16")
     }
 }
 
@@ -93,6 +102,14 @@ pub fn kernel_modules() -> Vec<KernelModule> {
             functions: attention,
         },
         KernelModule {
+            name: "prefill_attention",
+            source: PREFILL_ATTENTION_SRC,
+            functions: PREFILL_HEAD_DIMS
+                .iter()
+                .map(|&d| names::prefill_attention(d))
+                .collect(),
+        },
+        KernelModule {
             name: "kv_cache",
             source: KV_CACHE_SRC,
             functions: owned(&[
@@ -128,6 +145,8 @@ pub(crate) struct Kernels {
     /// Paged attention, indexed by (head width, group bound): see [`Kernels::attention`].
     attention: Vec<((usize, usize), CudaFunction)>,
     pub(crate) attention_combine: CudaFunction,
+    /// Tiled prefill attention, indexed by head width: see [`Kernels::prefill_attention`].
+    prefill_attention: Vec<(usize, CudaFunction)>,
     pub(crate) copy_kv_blocks: CudaFunction,
     pub(crate) gather_paged_rows: CudaFunction,
     pub(crate) scatter_paged_rows: CudaFunction,
@@ -161,6 +180,10 @@ impl Kernels {
             .flat_map(|&d| ATTENTION_GROUP_BOUNDS.iter().map(move |&g| (d, g)))
             .map(|(d, g)| take(&names::attention(d, g)).map(|f| ((d, g), f)))
             .collect::<Result<_, _>>()?;
+        let prefill_attention = PREFILL_HEAD_DIMS
+            .iter()
+            .map(|&d| take(&names::prefill_attention(d)).map(|f| (d, f)))
+            .collect::<Result<_, _>>()?;
         Ok(Self {
             gather_rows: take(names::GATHER_ROWS)?,
             rms_norm: take(names::RMS_NORM)?,
@@ -173,6 +196,7 @@ impl Kernels {
             fill_normal: take(names::FILL_NORMAL)?,
             attention,
             attention_combine: take(names::ATTENTION_COMBINE)?,
+            prefill_attention,
             copy_kv_blocks: take(names::COPY_KV_BLOCKS)?,
             gather_paged_rows: take(names::GATHER_PAGED_ROWS)?,
             scatter_paged_rows: take(names::SCATTER_PAGED_ROWS)?,
@@ -192,6 +216,15 @@ impl Kernels {
         self.attention
             .iter()
             .find(|((d, g), _)| *d == head_dim && *g == bound)
+            .map(|(_, f)| f)
+    }
+
+    /// The tiled prefill attention kernel for `head_dim`, if instantiated (any group of 1..=8
+    /// query heads per KV head: the group is a launch argument).
+    pub(crate) fn prefill_attention(&self, head_dim: usize) -> Option<&CudaFunction> {
+        self.prefill_attention
+            .iter()
+            .find(|(d, _)| *d == head_dim)
             .map(|(_, f)| f)
     }
 }

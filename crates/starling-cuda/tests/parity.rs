@@ -713,3 +713,230 @@ fn zero_row_ops_are_no_ops() {
         .unwrap();
     assert_eq!(back.data(), again.data());
 }
+
+// ---- Tiled prefill attention: runs of ≥ 2 new tokens of a sequence go to the tensor-core kernel
+// (prefill_attention.cu), single tokens to the per-token kernel, in one batch.
+
+/// One sequence of a prefill parity batch: `earlier` context tokens written before the step,
+/// optionally compacted down to `kept` physical tokens (token eviction: the visible counts are
+/// then physical lengths, smaller than the positions), then `new` tokens this step.
+#[derive(Clone, Copy, Debug)]
+struct PrefillSeq {
+    earlier: usize,
+    kept: Option<usize>,
+    new: usize,
+}
+
+const fn seq(earlier: usize, new: usize) -> PrefillSeq {
+    PrefillSeq {
+        earlier,
+        kept: None,
+        new,
+    }
+}
+
+/// A fused QKV tensor of bf16-exact values; query columns are `q_scale` times wider than K and V,
+/// so the softmax is peaked rather than nearly uniform (its max tracking is exercised).
+fn rand_qkv(rng: &mut ChaCha8Rng, n: usize, dims: &AttentionDims, q_scale: f32) -> HostTensor {
+    let (q, width) = (dims.q_size(), dims.qkv_size());
+    let data = (0..n * width)
+        .map(|i| {
+            let s = if i % width < q { q_scale } else { 1.0 };
+            half::bf16::from_f32(rng.gen_range(-s..s)).to_f32()
+        })
+        .collect();
+    HostTensor::new(vec![n, width], data).unwrap()
+}
+
+/// Fills `elems` bf16 of fresh device memory with NaN and frees it: the stream-ordered pool hands
+/// the block back to the next allocation of that size (the attention output), so a row the
+/// kernels fail to write reads NaN (caught by `rel_err`) rather than an innocent zero. Stale
+/// values from elsewhere would fail the per-row comparison anyway.
+fn poison_pool(gpu: &CudaBackend, elems: usize) {
+    let t = gpu.random_bf16(vec![elems], 1, 1.0, f32::NAN).unwrap();
+    gpu.synchronize().unwrap();
+    drop(t);
+}
+
+/// Writes each sequence's earlier context on both backends, compacts where asked (the same kept
+/// sets on both), attends the new tokens and compares every row with the CPU reference.
+fn check_prefill_batch(
+    gpu: &CudaBackend,
+    cpu: &CpuBackend,
+    dims: &AttentionDims,
+    seqs: &[PrefillSeq],
+    rng: &mut ChaCha8Rng,
+    label: &str,
+) {
+    let bs = 16;
+    let span = |s: &PrefillSeq| s.earlier.max(s.kept.unwrap_or(s.earlier) + s.new);
+    let num_blocks = seqs.iter().map(|s| span(s).div_ceil(bs)).sum::<usize>() + 3;
+    let spec = KvCacheSpec {
+        num_blocks,
+        block_size_tokens: bs,
+        num_kv_heads: dims.num_kv_heads,
+        head_dim: dims.head_dim,
+    };
+    let mut free: Vec<u32> = (0..num_blocks as u32).collect();
+    free.shuffle(rng);
+    let tables: Vec<Vec<u32>> = seqs
+        .iter()
+        .map(|s| {
+            (0..span(s).div_ceil(bs))
+                .map(|_| free.pop().unwrap())
+                .collect()
+        })
+        .collect();
+    let slot = |table: &[u32], t: usize| table[t / bs] * bs as u32 + (t % bs) as u32;
+
+    // Earlier context, through write_kv on both sides (identical bf16 values).
+    let mut cache_c = cpu.alloc_kv_cache(&spec).unwrap();
+    let mut cache_g = gpu.alloc_kv_cache(&spec).unwrap();
+    let mut ctx = BatchMeta {
+        block_size_tokens: bs,
+        ..Default::default()
+    };
+    for (s, table) in seqs.iter().zip(&tables) {
+        for t in 0..s.earlier {
+            ctx.positions.push(t as u32);
+            ctx.slot_mapping.push(slot(table, t));
+        }
+    }
+    let m = ctx.positions.len();
+    if m > 0 {
+        ctx.seqs.push(SeqBatchMeta {
+            query_start: 0,
+            query_len: m,
+            context_len_tokens: m,
+            block_table: (0..num_blocks as u32).collect(),
+        });
+        let ctx_qkv = rand_qkv(rng, m, dims, 1.0);
+        let (bc, bg) = (
+            cpu.prepare_batch(&ctx, num_blocks).unwrap(),
+            gpu.prepare_batch(&ctx, num_blocks).unwrap(),
+        );
+        cpu.write_kv(&mut cache_c, &ctx_qkv, dims, &bc).unwrap();
+        gpu.write_kv(&mut cache_g, &gpu.upload(&ctx_qkv).unwrap(), dims, &bg)
+            .unwrap();
+    }
+    for (s, table) in seqs.iter().zip(&tables) {
+        if let Some(kept) = s.kept {
+            let keep: Vec<Vec<u32>> = (0..dims.num_kv_heads)
+                .map(|_| random_subset(rng, s.earlier, kept))
+                .collect();
+            cpu.compact_kv(&mut cache_c, table, bs, s.earlier, &keep)
+                .unwrap();
+            gpu.compact_kv(&mut cache_g, table, bs, s.earlier, &keep)
+                .unwrap();
+        }
+    }
+
+    // The step: new tokens at logical positions after `earlier`, physical slots after `kept`.
+    let mut meta = BatchMeta {
+        block_size_tokens: bs,
+        ..Default::default()
+    };
+    for (s, table) in seqs.iter().zip(&tables) {
+        let physical = s.kept.unwrap_or(s.earlier);
+        let start = meta.positions.len();
+        for i in 0..s.new {
+            meta.positions.push((s.earlier + i) as u32);
+            meta.slot_mapping.push(slot(table, physical + i));
+        }
+        meta.seqs.push(SeqBatchMeta {
+            query_start: start,
+            query_len: s.new,
+            context_len_tokens: physical + s.new,
+            block_table: table.clone(),
+        });
+        meta.logits_rows.push((meta.positions.len() - 1) as u32);
+    }
+    let n = meta.num_tokens();
+    let qkv = rand_qkv(rng, n, dims, 3.0);
+    let qkv_g = gpu.upload(&qkv).unwrap();
+    let (bc, bg) = (
+        cpu.prepare_batch(&meta, num_blocks).unwrap(),
+        gpu.prepare_batch(&meta, num_blocks).unwrap(),
+    );
+    cpu.write_kv(&mut cache_c, &qkv, dims, &bc).unwrap();
+    gpu.write_kv(&mut cache_g, &qkv_g, dims, &bg).unwrap();
+    let out_c = cpu.paged_attention(&qkv, &cache_c, dims, &bc).unwrap();
+    poison_pool(gpu, n * dims.q_size());
+    let out_g = gpu
+        .to_host(&gpu.paged_attention(&qkv_g, &cache_g, dims, &bg).unwrap())
+        .unwrap();
+    check(label, &out_g, &out_c);
+    // Per row, naming the sequence, so one wrong tile or split cannot hide in the global norm.
+    let w = dims.q_size();
+    for (s, sm) in seqs.iter().zip(&meta.seqs) {
+        for r in sm.query_start..sm.query_start + sm.query_len {
+            let row = |t: &HostTensor| {
+                HostTensor::new(vec![1, w], t.data()[r * w..(r + 1) * w].to_vec()).unwrap()
+            };
+            let e = rel_err(&row(&out_g), &row(&out_c));
+            assert!(
+                e < 2.0 * BF16_REL_TOL,
+                "{label}: row {r} ({s:?}, token {}): {e:.3e}",
+                r - sm.query_start
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
+fn prefill_attention_matches_cpu() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    // (query heads, KV heads, head_dim): groups 3, 6, 4, 1 (d128 and d64) and 8.
+    let shapes = [
+        (9usize, 3usize, 64usize), // SmolLM2
+        (12, 2, 128),              // Qwen2.5-1.5B
+        (32, 8, 128),              // Llama-3-8B
+        (32, 32, 128),             // Llama-2-7B (MHA)
+        (8, 8, 64),
+        (16, 2, 64),
+    ];
+    // Mixed decode + prefill with contexts up to 1130 tokens: on an H200 the split planner cuts
+    // these into several context splits (partials + combine), and chunks of 5, 64 and 130 tokens
+    // leave partial tiles for every group. Two compacted sequences (eviction kept 200 of 600 and
+    // 100 of 300 tokens) attend over physical lengths below their positions.
+    let mixed = [
+        seq(0, 5),
+        seq(1000, 1),
+        seq(17, 130),
+        seq(300, 64),
+        seq(0, 1),
+        seq(1000, 130),
+        seq(300, 5),
+        seq(1, 64),
+        seq(17, 1),
+        PrefillSeq {
+            earlier: 600,
+            kept: Some(200),
+            new: 64,
+        },
+        seq(1, 1),
+        PrefillSeq {
+            earlier: 300,
+            kept: Some(100),
+            new: 1,
+        },
+        seq(1, 2),
+    ];
+    // Prefill only, contexts ≤ 512 tokens: one split, so the kernel normalises and writes the
+    // output itself.
+    let short = [seq(0, 130), seq(17, 64), seq(1, 5), seq(300, 2)];
+    for (heads, kv_heads, hd) in shapes {
+        let dims = AttentionDims {
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        for (name, seqs) in [("mixed", &mixed[..]), ("short", &short[..])] {
+            let label = format!("prefill {name} h{heads}/{kv_heads} d{hd}");
+            check_prefill_batch(&gpu, &cpu, &dims, seqs, &mut rng, &label);
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! Which attention kernel serves which query rows, and how the context is split.
+//!
+//! A step's rows come in runs, one per sequence. A run of one token (decode) goes to the per-token
+//! kernel (`attention.cu`); a run of two or more (a prefill chunk) is cut into query tiles of
+//! consecutive tokens for the tiled tensor-core kernel (`prefill_attention.cu`), which loads each
+//! K/V tile once for all of a tile's rows. The tiles are built on the host when the batch is
+//! prepared, once per possible group size (the batch does not know the model's), and uploaded with
+//! the rest of the step's metadata.
+
+use starling_backend::BatchMeta;
+
+/// Query rows per block of the tiled kernel (`BM` in `prefill_attention.cu`): a tile holds
+/// `PREFILL_TILE_ROWS / group` tokens × `group` query heads.
+pub(crate) const PREFILL_TILE_ROWS: usize = 64;
+/// Keys per shared-memory tile of the tiled kernel (`BN`): prefill splits are multiples of it,
+/// so no tile straddles two splits.
+const PREFILL_TILE_KEYS: usize = 64;
+/// Threads per block of the tiled kernel (`THREADS`: 4 warps × 16 rows).
+pub(crate) const PREFILL_THREADS: u32 = 128;
+/// Largest group (query heads per KV head) either kernel takes.
+pub(crate) const MAX_GROUP: usize = 8;
+
+/// Resident blocks per SM the split aims for with per-token (decode) blocks only: decode is bound
+/// by bytes in flight, and small blocks need many of them.
+const DECODE_TARGET_BLOCKS_PER_SM: usize = 8;
+/// The same for tiled prefill blocks, which are four times the work of a decode block per key
+/// and hold more registers and shared memory (about two to three are resident per SM).
+const PREFILL_TARGET_BLOCKS_PER_SM: usize = 4;
+/// Shortest split with decode rows only (the per-token kernel's partials are small).
+const DECODE_MIN_SPLIT_TOKENS: usize = 256;
+/// Shortest split once prefill tiles take part: each split of a tile writes a partial of every
+/// row (64 rows × (head_dim + 2) f32), so splits must be long enough to amortise it.
+const PREFILL_MIN_SPLIT_TOKENS: usize = 512;
+/// Most splits of one (row, KV head).
+const MAX_SPLITS: usize = 64;
+
+/// The step's query rows, ordered for the two kernels, and the prefill tiles per group size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AttentionRows {
+    /// Every row once: the decode rows (runs of one token) first, then the prefill rows. The
+    /// per-token kernel reads `row_order[blockIdx.x]`: the first `num_decode` entries when the
+    /// tiled kernel serves the prefill rows, all of them when it cannot (unsupported head width).
+    pub(crate) row_order: Vec<u32>,
+    /// Decode rows at the front of `row_order`.
+    pub(crate) num_decode: usize,
+    /// `(first row, rows)` pairs, flattened; the tiles for group `g` are pairs
+    /// `tile_ranges[g - 1].0 .. + tile_ranges[g - 1].1`.
+    pub(crate) tiles: Vec<u32>,
+    /// `(first pair, pairs)` of each group size `1..=MAX_GROUP` in `tiles`.
+    pub(crate) tile_ranges: [(usize, usize); MAX_GROUP],
+}
+
+impl AttentionRows {
+    /// Splits the rows of a validated batch (sequences own contiguous, non-empty row ranges).
+    pub(crate) fn new(meta: &BatchMeta) -> Self {
+        let mut decode = Vec::new();
+        let mut prefill = Vec::new();
+        let mut runs = Vec::new();
+        for seq in &meta.seqs {
+            let (start, len) = (seq.query_start as u32, seq.query_len as u32);
+            if len == 1 {
+                decode.push(start);
+            } else if len > 1 {
+                prefill.extend(start..start + len);
+                runs.push((start, len));
+            }
+        }
+        let num_decode = decode.len();
+        let mut row_order = decode;
+        row_order.extend(prefill);
+        let mut tiles = Vec::new();
+        let mut tile_ranges = [(0, 0); MAX_GROUP];
+        for (g, range) in (1..=MAX_GROUP).zip(tile_ranges.iter_mut()) {
+            let tile_tokens = (PREFILL_TILE_ROWS / g) as u32;
+            let first_pair = tiles.len() / 2;
+            for &(start, len) in &runs {
+                let mut done = 0;
+                while done < len {
+                    let rows = tile_tokens.min(len - done);
+                    tiles.extend([start + done, rows]);
+                    done += rows;
+                }
+            }
+            *range = (first_pair, tiles.len() / 2 - first_pair);
+        }
+        Self {
+            row_order,
+            num_decode,
+            tiles,
+            tile_ranges,
+        }
+    }
+
+    /// Rows served by the tiled kernel when it is used.
+    pub(crate) fn num_prefill(&self) -> usize {
+        self.row_order.len() - self.num_decode
+    }
+}
+
+/// How the context of every row is cut for the launches: split `s` covers context positions
+/// `[s * split_len, (s + 1) * split_len)`; with `splits > 1` the kernels write partials that
+/// `attention_combine_bf16` merges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SplitPlan {
+    /// Context splits per (row, KV head).
+    pub(crate) splits: usize,
+    /// Context positions per split.
+    pub(crate) split_len: usize,
+}
+
+/// Flash-decoding split of long contexts until the grid fills the GPU. `decode_blocks` and
+/// `prefill_blocks` are the unsplit blocks of each kernel (rows or tiles × KV heads); each kind
+/// counts by its own resident-blocks target, so a decode-only batch splits exactly as before the
+/// tiled kernel existed.
+pub(crate) fn plan_splits(
+    decode_blocks: usize,
+    prefill_blocks: usize,
+    max_visible_tokens: usize,
+    num_sms: usize,
+) -> SplitPlan {
+    // Load and capacity in units of 1 / (DECODE × PREFILL) of an SM's resident blocks.
+    let load =
+        decode_blocks * PREFILL_TARGET_BLOCKS_PER_SM + prefill_blocks * DECODE_TARGET_BLOCKS_PER_SM;
+    let capacity = DECODE_TARGET_BLOCKS_PER_SM * PREFILL_TARGET_BLOCKS_PER_SM * num_sms.max(1);
+    let min_split = if prefill_blocks > 0 {
+        PREFILL_MIN_SPLIT_TOKENS
+    } else {
+        DECODE_MIN_SPLIT_TOKENS
+    };
+    let splits = if load > 0 && load < capacity && max_visible_tokens > min_split {
+        capacity
+            .div_ceil(load)
+            .min(max_visible_tokens.div_ceil(min_split))
+            .clamp(1, MAX_SPLITS)
+    } else {
+        1
+    };
+    let split_len = max_visible_tokens.div_ceil(splits).max(1);
+    if prefill_blocks == 0 || splits == 1 {
+        return SplitPlan { splits, split_len };
+    }
+    // Whole key tiles per split; rounding up can leave the last splits empty, so recount.
+    let split_len = split_len.next_multiple_of(PREFILL_TILE_KEYS);
+    SplitPlan {
+        splits: max_visible_tokens.div_ceil(split_len),
+        split_len,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use starling_backend::SeqBatchMeta;
+
+    /// A batch of sequences with the given new-token counts (context = 100 + new).
+    fn meta(query_lens: &[usize]) -> BatchMeta {
+        let mut m = BatchMeta {
+            block_size_tokens: 16,
+            ..Default::default()
+        };
+        for &len in query_lens {
+            let start = m.positions.len();
+            m.positions.extend((0..len).map(|i| i as u32));
+            m.slot_mapping.extend((0..len).map(|i| i as u32));
+            m.seqs.push(SeqBatchMeta {
+                query_start: start,
+                query_len: len,
+                context_len_tokens: 100 + len,
+                block_table: (0..16).collect(),
+            });
+        }
+        m
+    }
+
+    #[test]
+    fn decode_rows_come_first_and_every_row_once() {
+        let rows = AttentionRows::new(&meta(&[1, 5, 1, 130, 1]));
+        assert_eq!(rows.num_decode, 3);
+        assert_eq!(&rows.row_order[..3], &[0, 6, 137]);
+        let mut all = rows.row_order.clone();
+        all.sort_unstable();
+        assert_eq!(all, (0..138).collect::<Vec<u32>>());
+        assert_eq!(rows.num_prefill(), 135);
+    }
+
+    #[test]
+    fn tiles_cover_each_run_without_crossing_sequences() {
+        let m = meta(&[1, 5, 64, 130, 1, 2]);
+        let rows = AttentionRows::new(&m);
+        for g in 1..=MAX_GROUP {
+            let (first, count) = rows.tile_ranges[g - 1];
+            let pairs = &rows.tiles[2 * first..2 * (first + count)];
+            let mut covered = Vec::new();
+            for p in pairs.chunks_exact(2) {
+                let (start, len) = (p[0] as usize, p[1] as usize);
+                assert!(len >= 1 && len * g <= PREFILL_TILE_ROWS, "group {g}: {p:?}");
+                let seq = m
+                    .seqs
+                    .iter()
+                    .find(|s| (s.query_start..s.query_start + s.query_len).contains(&start))
+                    .expect("tile starts inside a sequence");
+                assert!(seq.query_len > 1, "decode row {start} in a tile");
+                assert!(
+                    start + len <= seq.query_start + seq.query_len,
+                    "{p:?} crosses"
+                );
+                covered.extend(start..start + len);
+            }
+            let expected: Vec<usize> = (1..6).chain(6..70).chain(70..200).chain(201..203).collect();
+            assert_eq!(covered, expected, "group {g}");
+        }
+        // 64 / 3 = 21 tokens per tile: 5 → 1 tile, 64 → 4, 130 → 7, 2 → 1.
+        assert_eq!(rows.tile_ranges[2].1, 13);
+        // Group 1: 64-token tiles: 1 + 1 + 3 + 1.
+        assert_eq!(rows.tile_ranges[0].1, 6);
+    }
+
+    #[test]
+    fn decode_only_batches_have_no_tiles() {
+        let rows = AttentionRows::new(&meta(&[1, 1, 1]));
+        assert_eq!(rows.num_decode, 3);
+        assert_eq!(rows.num_prefill(), 0);
+        assert!(rows.tiles.is_empty());
+        assert!(rows.tile_ranges.iter().all(|&(_, n)| n == 0));
+    }
+
+    #[test]
+    fn decode_only_splits_follow_the_decode_rule() {
+        // 1 token × 8 KV heads on 132 SMs at 32k: ceil(1056 / 8) = 132, capped by 64.
+        assert_eq!(
+            plan_splits(8, 0, 32_768, 132),
+            SplitPlan {
+                splits: 64,
+                split_len: 512
+            }
+        );
+        // 64 tokens × 8 heads = 512 blocks: ceil(1056 / 512) = 3 splits of ceil(4096 / 3).
+        assert_eq!(
+            plan_splits(512, 0, 4096, 132),
+            SplitPlan {
+                splits: 3,
+                split_len: 1366
+            }
+        );
+        // Short contexts and full grids are not split.
+        assert_eq!(plan_splits(8, 0, 256, 132).splits, 1);
+        assert_eq!(plan_splits(2000, 0, 32_768, 132).splits, 1);
+    }
+
+    #[test]
+    fn prefill_splits_are_whole_key_tiles_and_none_is_empty() {
+        for (decode, prefill, visible) in [
+            (0, 64, 32_768),
+            (0, 64, 8192),
+            (16, 8, 3000),
+            (0, 1, 100_000),
+            (0, 3, 1000),
+        ] {
+            let p = plan_splits(decode, prefill, visible, 132);
+            assert!(p.splits >= 1 && p.splits <= MAX_SPLITS, "{p:?}");
+            if p.splits > 1 {
+                assert_eq!(p.split_len % PREFILL_TILE_KEYS, 0, "{p:?}");
+                assert!((p.splits - 1) * p.split_len < visible, "empty split: {p:?}");
+            }
+            assert!(
+                p.splits * p.split_len >= visible,
+                "uncovered context: {p:?}"
+            );
+        }
+        // 64 tiles (chunk 128 of GQA 32/8 at batch 1) at 32k: ceil(528 / 64) = 9 splits.
+        assert_eq!(plan_splits(0, 64, 32_768, 132).splits, 9);
+        // A grid that already fills the GPU is not split.
+        assert_eq!(plan_splits(0, 1024, 32_768, 132).splits, 1);
+    }
+}
