@@ -81,6 +81,29 @@ pub struct EngineArgs {
     /// never selectable per request.
     #[arg(long, value_parser = parse_compression, default_value = r#"{"method":"none"}"#)]
     pub kv_compression: starling_evict::KvCompression,
+    /// When a waiting request may start: `optimistic` (as vLLM: when its first chunk fits;
+    /// growth collisions preempt the newest) or `reserve-peak` (only while the projected peak
+    /// of every running request and its own fit — fewer preemptions, above all with eviction).
+    #[arg(long, value_enum, default_value_t = AdmissionArg::Optimistic)]
+    pub admission_policy: AdmissionArg,
+}
+
+/// `--admission-policy` values.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdmissionArg {
+    /// Admit while the first chunk fits.
+    Optimistic,
+    /// Admit while the projected peaks fit.
+    ReservePeak,
+}
+
+impl From<AdmissionArg> for starling_engine::scheduler::AdmissionPolicy {
+    fn from(arg: AdmissionArg) -> Self {
+        match arg {
+            AdmissionArg::Optimistic => Self::Optimistic,
+            AdmissionArg::ReservePeak => Self::ReservePeak,
+        }
+    }
 }
 
 /// Parses and validates a `--kv-compression` JSON object (a STAR-KV profile name included).

@@ -60,6 +60,7 @@ pub fn engine_config(
             max_num_batched_tokens: args.max_num_batched_tokens.max(args.max_num_seqs),
             max_model_len_tokens,
             block_size_tokens: args.block_size,
+            admission: args.admission_policy.into(),
         },
         kv_cache_memory_bytes,
         compression: args.kv_compression.eviction(),

@@ -6,8 +6,9 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::{engine, greedy, prompt, BLOCK_TOKENS};
+use common::{engine, engine_with_admission, greedy, prompt, BLOCK_TOKENS};
 use starling_backend::cpu::CpuBackend;
+use starling_engine::scheduler::AdmissionPolicy;
 use starling_engine::{Engine, RequestOptions, RequestOutput};
 use starling_evict::{CompressionConfig, CompressionMethod};
 use starling_kv::SeqId;
@@ -273,6 +274,35 @@ fn eviction_under_preemption_finishes_everything_and_admits_more() {
         40,
     );
     assert!(tight.stats().num_preemptions > 0, "must preempt");
+    assert!(outs.iter().all(|o| tokens(o).len() == 40));
+}
+
+#[test]
+fn reserve_peak_admission_stops_compressed_requests_preempting_each_other() {
+    // The tight cache above: six compressed requests preempt each other under optimistic
+    // admission. Reserving each one's projected peak (keep(140) + 8 slack ≈ 80 slots of the
+    // 160) runs them two at a time without a single preemption, and all finish.
+    let compressed = || with_compression(config(CompressionMethod::KeyDiff, 0.5, 8));
+    let requests = || {
+        (0..6)
+            .map(|i| (prompt(20 + i, 100), compressed()))
+            .collect::<Vec<_>>()
+    };
+    let mut optimistic = engine(40, 64, 160, Default::default());
+    run(&mut optimistic, requests(), 40);
+    assert!(
+        optimistic.stats().num_preemptions > 0,
+        "the workload must collide"
+    );
+    let mut reserving = engine_with_admission(
+        40,
+        64,
+        160,
+        Default::default(),
+        AdmissionPolicy::ReservePeak,
+    );
+    let outs = run(&mut reserving, requests(), 40);
+    assert_eq!(reserving.stats().num_preemptions, 0);
     assert!(outs.iter().all(|o| tokens(o).len() == 40));
 }
 

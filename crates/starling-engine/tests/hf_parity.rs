@@ -10,7 +10,7 @@ use std::sync::Arc;
 use starling_backend::cpu::CpuBackend;
 use starling_engine::engine::TokenizerText;
 use starling_engine::sampling::SamplingParams;
-use starling_engine::scheduler::SchedulerConfig;
+use starling_engine::scheduler::{AdmissionPolicy, SchedulerConfig};
 use starling_engine::{Engine, EngineConfig};
 use starling_hub::{fetch, FetchOptions};
 use starling_kv::SeqId;
@@ -118,6 +118,7 @@ fn smollm2_engine_greedy_continuations_match_hf_and_paris() {
             max_num_batched_tokens: 8,
             max_model_len_tokens: 512,
             block_size_tokens: 16,
+            admission: AdmissionPolicy::Optimistic,
         },
         kv_cache_memory_bytes: 64 << 20,
         compression: Default::default(),

@@ -39,6 +39,15 @@ impl SeqCompression {
         self.scorer.needs_queries()
     }
 
+    /// The most slots a request that grows to `total_tokens` holds between compactions: its
+    /// target at that length plus the surplus it may gather before the next compaction (less
+    /// when the surplus could not arise). The transient prefill chunk is reserved by the
+    /// scheduler once for all requests.
+    pub(crate) fn peak_tokens(&self, total_tokens: usize) -> usize {
+        let target = self.config.keep_tokens(total_tokens);
+        (target + self.config.every_n_tokens).min(total_tokens)
+    }
+
     /// The physical length to compress to after a step leaves the request with `logical` and
     /// `physical` tokens, or `None` when no compression is due. `prompt_completed` is true on
     /// the step that finished the prompt's prefill.

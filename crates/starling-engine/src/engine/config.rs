@@ -2,7 +2,7 @@
 
 use starling_evict::CompressionConfig;
 
-use crate::scheduler::SchedulerConfig;
+use crate::scheduler::{AdmissionPolicy, SchedulerConfig};
 
 /// Everything the engine needs to size its cache and batch requests.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,6 +27,7 @@ impl EngineConfig {
                 max_num_batched_tokens: 2048,
                 max_model_len_tokens,
                 block_size_tokens: 16,
+                admission: AdmissionPolicy::Optimistic,
             },
             kv_cache_memory_bytes,
             compression: CompressionConfig::default(),

@@ -24,7 +24,7 @@ use crate::sampling::{
     log_softmax, FinishReason, Finished, Sampler, SamplingContext, SamplingParams, SequenceRng,
     StopChecker,
 };
-use crate::scheduler::{Scheduler, SchedulerError, StepStats};
+use crate::scheduler::{Footprint, Scheduler, SchedulerError, StepStats};
 
 pub use config::EngineConfig;
 pub use error::EngineError;
@@ -236,7 +236,16 @@ impl<B: Backend> Engine<B> {
         compression_config.validate()?;
         let compression = SeqCompression::new(compression_config);
         let seq_id = SeqId(self.next_seq_id);
-        self.scheduler.add_request(seq_id, prompt_ids.len())?;
+        let total_tokens = prompt_ids.len() + max_output;
+        let footprint = match &compression {
+            None => Footprint::uncompressed(total_tokens),
+            Some(c) => Footprint {
+                peak_tokens: c.peak_tokens(total_tokens),
+                compresses: true,
+            },
+        };
+        self.scheduler
+            .add_request_with_footprint(seq_id, prompt_ids.len(), footprint)?;
         self.next_seq_id += 1;
         let rng = params
             .seed

@@ -1,5 +1,6 @@
 //! Scheduler limits, validated once at construction.
 
+use super::admission::AdmissionPolicy;
 use super::error::SchedulerError;
 
 /// Limits of one scheduling step and of a sequence.
@@ -13,6 +14,8 @@ pub struct SchedulerConfig {
     pub max_model_len_tokens: usize,
     /// Token slots per KV block; must match the cache manager's.
     pub block_size_tokens: usize,
+    /// When a waiting request may start.
+    pub admission: AdmissionPolicy,
 }
 
 impl SchedulerConfig {

@@ -21,6 +21,7 @@
 //! is readmitted, its prompt and generated tokens are prefilled again and the
 //! chunk that reaches the end samples the next token as before.
 
+mod admission;
 mod config;
 mod error;
 mod plan;
@@ -33,6 +34,7 @@ use std::collections::{HashMap, VecDeque};
 
 use starling_kv::{KvCacheManager, KvError, SeqId};
 
+pub use admission::{AdmissionPolicy, Footprint};
 pub use config::SchedulerConfig;
 pub use error::SchedulerError;
 pub use plan::{ScheduledSeq, StepPlan, StepStats};
@@ -90,11 +92,23 @@ impl Scheduler {
         self.config.max_model_len_tokens.min(capacity)
     }
 
-    /// Queues a new request at the back of the waiting queue.
+    /// Queues a new request at the back of the waiting queue, projected to grow to the
+    /// context limit ([`Self::add_request_with_footprint`] tells the scheduler more).
     pub fn add_request(
         &mut self,
         seq_id: SeqId,
         num_prompt_tokens: usize,
+    ) -> Result<(), SchedulerError> {
+        let footprint = Footprint::uncompressed(self.max_seq_len_tokens());
+        self.add_request_with_footprint(seq_id, num_prompt_tokens, footprint)
+    }
+
+    /// [`Self::add_request`] with the most the request is projected to hold in the cache.
+    pub fn add_request_with_footprint(
+        &mut self,
+        seq_id: SeqId,
+        num_prompt_tokens: usize,
+        footprint: Footprint,
     ) -> Result<(), SchedulerError> {
         if self.seqs.contains_key(&seq_id) {
             return Err(SchedulerError::DuplicateSequence(seq_id));
@@ -124,6 +138,7 @@ impl Scheduler {
                 num_prompt_tokens,
                 num_tokens: num_prompt_tokens,
                 num_computed_tokens: 0,
+                footprint,
             },
         );
         self.waiting.push_back(seq_id);

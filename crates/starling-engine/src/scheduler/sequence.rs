@@ -1,6 +1,8 @@
 //! What the scheduler knows of one sequence: token counts only. The token
 //! ids themselves stay with the engine.
 
+use super::admission::Footprint;
+
 /// Where a sequence is in the scheduler's queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SeqStatus {
@@ -21,6 +23,9 @@ pub struct SeqProgress {
     pub num_tokens: usize,
     /// Tokens whose KV is in the cache (or scheduled into it by the last plan).
     pub num_computed_tokens: usize,
+    /// The most the sequence is projected to hold (admission under
+    /// [`super::AdmissionPolicy::ReservePeak`]).
+    pub footprint: Footprint,
 }
 
 impl SeqProgress {

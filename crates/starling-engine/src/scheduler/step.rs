@@ -14,7 +14,9 @@
 //! (defensive: with this service order the newest running sequence is
 //! normally reached last). A
 //! waiting sequence that cannot get blocks stops admission altogether, so no
-//! later request jumps ahead of it (no starvation of large requests).
+//! later request jumps ahead of it (no starvation of large requests). Under
+//! [`super::AdmissionPolicy::ReservePeak`] the head also waits until the
+//! projected peaks of the running sequences and its own fit (see `admission`).
 
 use starling_kv::{KvError, SeqId};
 
@@ -93,7 +95,7 @@ impl Scheduler {
                 continue;
             };
             let num_tokens = seq.num_remaining_tokens().min(draft.budget_tokens);
-            if num_tokens == 0 || !self.try_allocate(seq_id, num_tokens) {
+            if num_tokens == 0 || !self.admits(seq_id) || !self.try_allocate(seq_id, num_tokens) {
                 // FCFS: the head waits, and so does everyone behind it.
                 break;
             }

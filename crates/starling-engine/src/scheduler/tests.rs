@@ -76,7 +76,11 @@ impl Sim {
 
     fn add(&mut self, seq: u64, num_prompt_tokens: usize, max_new_tokens: usize) {
         let id = SeqId(seq);
-        self.sched.add_request(id, num_prompt_tokens).unwrap();
+        // The footprint the engine would project: prompt plus every output token.
+        let footprint = Footprint::uncompressed(num_prompt_tokens + max_new_tokens);
+        self.sched
+            .add_request_with_footprint(id, num_prompt_tokens, footprint)
+            .unwrap();
         self.requests.insert(
             id,
             Request {
@@ -239,6 +243,7 @@ fn config(
         max_num_batched_tokens,
         max_model_len_tokens: 256,
         block_size_tokens,
+        admission: AdmissionPolicy::Optimistic,
     }
 }
 
@@ -525,6 +530,62 @@ fn eviction_shrinks_physical_slots_but_positions_keep_counting() {
     );
 }
 
+/// Four requests that each grow from 8 to 20 tokens in a 40-slot cache: optimistic admission
+/// starts all four (their prompts fit) and must preempt as they grow; reserve-peak starts two
+/// (2 × 20 = 40), then the others as those finish, and never preempts. Both complete correctly.
+#[test]
+fn reserve_peak_admission_avoids_growth_preemptions() {
+    let run = |admission| {
+        let cfg = SchedulerConfig {
+            admission,
+            ..config(4, 64, 4)
+        };
+        let mut sim = Sim::new(cfg, 10);
+        for seq in 1..=4 {
+            sim.add(seq, 8, 12);
+        }
+        sim.run_to_completion(400);
+        sim.assert_all_correct();
+        let peak_running = sim.plans.iter().map(|p| p.stats.num_running).max();
+        (sim.sched.num_preemptions(), peak_running.unwrap_or(0))
+    };
+    let (optimistic_preemptions, optimistic_peak) = run(AdmissionPolicy::Optimistic);
+    assert!(optimistic_preemptions > 0, "the workload must collide");
+    assert_eq!(optimistic_peak, 4);
+    assert_eq!(run(AdmissionPolicy::ReservePeak), (0, 2));
+}
+
+/// A request whose projected peak exceeds the whole cache still runs when it is alone (it ends
+/// at the length limit), and the compression transient is reserved once a compressing request runs.
+#[test]
+fn reserve_peak_admits_a_lone_request_and_reserves_the_compression_transient() {
+    let cfg = SchedulerConfig {
+        admission: AdmissionPolicy::ReservePeak,
+        ..config(4, 8, 4)
+    };
+    let mut s = Scheduler::new(cfg, KvCacheManager::new(10, 4).unwrap()).unwrap();
+    let huge = Footprint::uncompressed(1000);
+    s.add_request_with_footprint(SeqId(1), 4, huge).unwrap();
+    assert_eq!(s.schedule().scheduled.len(), 1, "alone, it runs");
+    let small = Footprint {
+        peak_tokens: 4,
+        compresses: true,
+    };
+    s.add_request_with_footprint(SeqId(2), 4, small).unwrap();
+    assert!(
+        s.schedule().scheduled.is_empty(),
+        "seq 1's growth is reserved"
+    );
+    s.abort(SeqId(1)).unwrap();
+    // Alone again: admitted. A third compressing request needs its 1-block peak plus the
+    // 2-block transient (8 batched tokens) on top of seq 2's: 9 free blocks are enough.
+    assert_eq!(s.schedule().scheduled.len(), 1);
+    s.add_request_with_footprint(SeqId(3), 4, small).unwrap();
+    assert_eq!(s.kv().num_free_blocks(), 9);
+    assert_eq!(s.schedule().scheduled.len(), 1);
+    assert_eq!(s.num_running(), 2);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -539,12 +600,18 @@ proptest! {
         num_blocks in 2usize..20,
         max_model_len in 4usize..48,
         arrivals in prop::collection::vec((0usize..12, 1usize..=100, 1usize..10), 1..12),
+        reserve_peak in any::<bool>(),
     ) {
         let cfg = SchedulerConfig {
             max_num_seqs,
             max_num_batched_tokens: max_num_seqs + extra_budget,
             max_model_len_tokens: max_model_len,
             block_size_tokens: block_size,
+            admission: if reserve_peak {
+                AdmissionPolicy::ReservePeak
+            } else {
+                AdmissionPolicy::Optimistic
+            },
         };
         let mut sim = Sim::new(cfg, num_blocks);
         let limit = sim.sched.max_seq_len_tokens();

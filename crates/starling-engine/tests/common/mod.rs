@@ -3,7 +3,7 @@
 
 use starling_backend::cpu::CpuBackend;
 use starling_engine::sampling::SamplingParams;
-use starling_engine::scheduler::SchedulerConfig;
+use starling_engine::scheduler::{AdmissionPolicy, SchedulerConfig};
 use starling_engine::{Engine, EngineConfig};
 use starling_evict::CompressionConfig;
 use starling_models::llama::LlamaModel;
@@ -57,6 +57,23 @@ pub fn engine(
     max_model_len_tokens: usize,
     compression: CompressionConfig,
 ) -> Engine<CpuBackend> {
+    engine_with_admission(
+        kv_blocks,
+        max_num_batched_tokens,
+        max_model_len_tokens,
+        compression,
+        AdmissionPolicy::Optimistic,
+    )
+}
+
+/// [`engine`] with the given admission policy.
+pub fn engine_with_admission(
+    kv_blocks: usize,
+    max_num_batched_tokens: usize,
+    max_model_len_tokens: usize,
+    compression: CompressionConfig,
+    admission: AdmissionPolicy,
+) -> Engine<CpuBackend> {
     let model = tiny_model();
     let bytes_per_block =
         Engine::cache_layout(&CpuBackend::new(), &model).bytes_per_block(BLOCK_TOKENS);
@@ -66,6 +83,7 @@ pub fn engine(
             max_num_batched_tokens,
             max_model_len_tokens,
             block_size_tokens: BLOCK_TOKENS,
+            admission,
         },
         kv_cache_memory_bytes: bytes_per_block * kv_blocks as u64,
         compression,

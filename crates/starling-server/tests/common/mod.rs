@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use starling_backend::cpu::CpuBackend;
 use starling_engine::engine::TokenizerText;
-use starling_engine::scheduler::SchedulerConfig;
+use starling_engine::scheduler::{AdmissionPolicy, SchedulerConfig};
 use starling_engine::{Engine, EngineConfig};
 use starling_hub::{fetch, FetchOptions};
 use starling_models::chat::ChatTemplate;
@@ -56,6 +56,7 @@ pub fn start_server(
             max_num_batched_tokens: 512,
             max_model_len_tokens,
             block_size_tokens: 16,
+            admission: AdmissionPolicy::Optimistic,
         },
         kv_cache_memory_bytes: kv_blocks * SMOLLM2_BLOCK_BYTES,
         compression: Default::default(),
