@@ -8,7 +8,7 @@
 # policy; POLICIES (default "none keydiff@0.5 keydiff@0.75") the compression policies.
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64
-S=.device/starling
+S=${S:-.device/starling}
 TOK=${TOK:-$HOME/stage/smollm2.gguf}
 KV=${KV:-8GiB}
 ADMISSION=${ADMISSION:-optimistic}

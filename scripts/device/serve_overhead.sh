@@ -6,7 +6,7 @@
 # Needs the SmolLM2 GGUF at $HOME/stage/smollm2.gguf (tokenizer).
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64
-S=.device/starling
+S=${S:-.device/starling}
 TOK=${TOK:-$HOME/stage/smollm2.gguf}
 date -u +%FT%TZ > "$OUT/date.txt"
 $S bench throughput --device cuda --load-format synthetic --model llama2-7b --tokenizer "$TOK" \
