@@ -1,6 +1,7 @@
-//! STAR-KV through the `starling` binary: `calibrate` writes deterministic SVD checkpoints for
-//! SmolLM2-135M, `generate` runs with one (the reference path), `info` sizes the cache per
-//! profile, and bad settings or a checkpoint for other weights end in clear errors.
+//! STAR-KV through the `starling` binary: `calibrate` writes deterministic whitened (and, with
+//! `--no-whiten`, weight-only) SVD checkpoints for SmolLM2-135M, `generate` runs with one (the
+//! reference path), `info` sizes the cache per profile, and bad settings or a checkpoint for
+//! other weights end in clear errors.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -32,10 +33,17 @@ fn assert_clean_failure(out: &Output, needle: &str) {
     assert!(!err.contains("panicked"), "panic: {err}");
 }
 
-fn calibrate(dir: &Path, profiles: &str) -> Output {
+/// The Paul Graham essay set's digest (`starling-hub`'s `EssaySource::paul_graham`).
+const ESSAYS_SHA256: &str = "425faac798858e4240d7f4be9b3440b658e805b1289e0bdae72b83a4a1bcdfde";
+
+/// Calibrates on the CPU with 2048 calibration tokens (4 windows of 512: enough to test the
+/// path, small enough for CI); `extra` adds flags.
+fn calibrate(dir: &Path, profiles: &str, extra: &[&str]) -> Output {
     let dir = dir.to_string_lossy();
-    starling(&[
+    let mut args = vec![
         "calibrate",
+        "--device",
+        "cpu",
         "--model",
         "smollm2-135m",
         "--profiles",
@@ -44,9 +52,17 @@ fn calibrate(dir: &Path, profiles: &str) -> Output {
         "greedy",
         "--seed",
         "9",
+        "--calibration-tokens",
+        "2048",
         "--output",
         &dir,
-    ])
+    ];
+    args.extend_from_slice(extra);
+    starling(&args)
+}
+
+fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 fn star_kv_json(dir: &Path, profile: &str) -> String {
@@ -61,17 +77,28 @@ fn star_kv_json(dir: &Path, profile: &str) -> String {
 #[test]
 fn calibrate_generate_and_info_with_smollm2_checkpoints() {
     let first = tempfile::tempdir().unwrap();
-    let out = calibrate(first.path(), "balanced,aggressive");
+    let out = calibrate(first.path(), "balanced,aggressive", &[]);
     assert!(out.status.success(), "stderr: {}", stderr(&out));
-    assert!(stdout(&out).contains("SVD only"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("whitened SVD (2048"),
+        "{}",
+        stdout(&out)
+    );
 
     let manifest_path = first.path().join("balanced/manifest.json");
-    let manifest: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&manifest_path).unwrap()).unwrap();
+    let manifest = read_json(&manifest_path);
     assert_eq!(manifest["method"], "star_kv");
     assert_eq!(manifest["profile"], "balanced");
     assert_eq!(manifest["seed"], 9);
-    assert_eq!(manifest["calibration"]["distillation_steps"], 0);
+    // Whitened by default, on 4 windows of 512 tokens from the 41 essays not held out.
+    let calibration = &manifest["calibration"];
+    assert_eq!(calibration["distillation_steps"], 0);
+    assert_eq!(calibration["whitened"], true);
+    assert_eq!(calibration["tokens"], 2048);
+    assert_eq!(calibration["windows"], 4);
+    assert_eq!(calibration["window_tokens"], 512);
+    assert_eq!(calibration["dataset_sha256"], ESSAYS_SHA256);
+    assert_eq!(calibration["data"].as_array().map(Vec::len), Some(41));
     assert_eq!(
         manifest["uncompressed_layers"],
         serde_json::json!([0, 1, 29])
@@ -85,13 +112,30 @@ fn calibrate_generate_and_info_with_smollm2_checkpoints() {
 
     // Deterministic: a second run writes the same bytes.
     let second = tempfile::tempdir().unwrap();
-    let out = calibrate(second.path(), "balanced");
+    let out = calibrate(second.path(), "balanced", &[]);
     assert!(out.status.success(), "stderr: {}", stderr(&out));
     for file in ["manifest.json", "projections.safetensors"] {
         let a = std::fs::read(first.path().join("balanced").join(file)).unwrap();
         let b = std::fs::read(second.path().join("balanced").join(file)).unwrap();
         assert!(a == b, "{file} differs between two runs");
     }
+
+    // The weight-only ablation: no calibration text, other projections, the same budget.
+    let plain = tempfile::tempdir().unwrap();
+    let out = calibrate(plain.path(), "balanced", &["--no-whiten"]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    assert!(stdout(&out).contains("weight SVD only"), "{}", stdout(&out));
+    let plain_manifest = read_json(&plain.path().join("balanced/manifest.json"));
+    let plain_calibration = &plain_manifest["calibration"];
+    assert_eq!(plain_calibration["whitened"], false);
+    assert_eq!(plain_calibration["tokens"], 0);
+    assert_eq!(plain_calibration["dataset_sha256"], serde_json::Value::Null);
+    // Equal KV bytes (greedy may split them differently between keys and values).
+    let kv_bytes =
+        |m: &serde_json::Value| m["compression"]["kv_bytes_per_token_compressed"].clone();
+    assert_eq!(kv_bytes(&plain_manifest), kv_bytes(&manifest));
+    let projections = |dir: &Path| std::fs::read(dir.join("balanced/projections.safetensors"));
+    assert!(projections(plain.path()).unwrap() != projections(first.path()).unwrap());
 
     // The reference path runs and still knows the capital of France at 70% of K/V removed.
     let config = star_kv_json(first.path(), "balanced");
@@ -173,6 +217,46 @@ fn calibrate_generate_and_info_with_smollm2_checkpoints() {
     assert_clean_failure(&out, "conservative");
 }
 
+/// Distillation from the CLI: two KD steps on 32-token windows (enough to run every part —
+/// teacher, student forward and backward, the budget projection — in CI time).
+#[test]
+fn calibrate_with_distillation_records_the_steps_and_meets_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = calibrate(
+        dir.path(),
+        "aggressive",
+        &["--distill-steps", "2", "--distill-window-tokens", "32"],
+    );
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    assert!(
+        stdout(&out).contains("distilled 2 steps"),
+        "{}",
+        stdout(&out)
+    );
+    let manifest = read_json(&dir.path().join("aggressive/manifest.json"));
+    assert_eq!(manifest["rank_strategy"], "distilled_thresholds");
+    assert_eq!(manifest["calibration"]["distillation_steps"], 2);
+    assert_eq!(manifest["calibration"]["whitened"], true);
+    // SmolLM2: 11 520 K/V elements per token; aggressive keeps ⌊0.2 · 11 520⌋ = 2304 (bf16).
+    assert_eq!(
+        manifest["compression"]["kv_bytes_per_token_compressed"],
+        2 * 2304
+    );
+    // Distillation starts from uniform or greedy ranks, not from learned thresholds.
+    let refused = starling(&[
+        "calibrate",
+        "--model",
+        "smollm2-135m",
+        "--strategy",
+        "learned",
+        "--distill-steps",
+        "1",
+        "--output",
+        &dir.path().to_string_lossy(),
+    ]);
+    assert_clean_failure(&refused, "--distill-steps");
+}
+
 #[test]
 fn info_on_a_synthetic_preset_prints_every_profile_from_the_budget() {
     let out = starling(&[
@@ -243,4 +327,19 @@ fn bad_star_kv_settings_fail_cleanly() {
         "unknown rank profile `medium`",
     );
     assert_clean_failure(&calibrate_with("balanced,balanced"), "twice");
+    // More calibration text than the essays hold.
+    let dir = tempfile::tempdir().unwrap();
+    let out = starling(&[
+        "calibrate",
+        "--device",
+        "cpu",
+        "--profiles",
+        "balanced",
+        "--calibration-tokens",
+        "100000000",
+        "--output",
+        &dir.path().to_string_lossy(),
+    ]);
+    assert_clean_failure(&out, "calibration-tokens");
+    assert!(!dir.path().join("balanced").exists());
 }

@@ -66,6 +66,24 @@ impl QueryCapture {
     }
 }
 
+/// Receives the rows that enter each layer's Q/K/V projection (the output of the layer's input
+/// RMSNorm), copied to the host: what activation-aware calibration (STAR-KV whitening) needs.
+/// Costs one device-to-host copy of `[tokens, hidden]` per layer, only when a capture is given.
+pub trait ActivationCapture {
+    /// Called once per layer, in layer order, with `rows` of shape `[tokens, hidden]`.
+    fn attention_input(&mut self, layer: usize, rows: &HostTensor) -> Result<(), ModelError>;
+}
+
+/// What a forward pass copies to the host besides the logits (see
+/// [`LlamaModel::forward_with_hooks`]); the default copies nothing.
+#[derive(Default)]
+pub struct ForwardHooks<'a> {
+    /// Post-RoPE query rows, per layer.
+    pub queries: Option<&'a mut QueryCapture>,
+    /// Every layer's Q/K/V projection input.
+    pub activations: Option<&'a mut dyn ActivationCapture>,
+}
+
 /// A loaded decoder-only model on backend `B`.
 pub struct LlamaModel<B: Backend> {
     config: ModelConfig,
@@ -299,10 +317,43 @@ impl<B: Backend> LlamaModel<B> {
     /// Logits at every position of `ids`, run as one sequence through a fresh private cache: the
     /// reference path for parity tests and quality measurements (the engine batches instead).
     pub fn sequence_logits(&self, backend: &B, ids: &[u32]) -> Result<Vec<Vec<f32>>, ModelError> {
+        let every_row: Vec<u32> = (0..ids.len() as u32).collect();
+        let logits = self.run_sequence(backend, ids, every_row, ForwardHooks::default())?;
+        Ok(logits
+            .data()
+            .chunks(self.config.vocab_size)
+            .map(<[f32]>::to_vec)
+            .collect())
+    }
+
+    /// Runs `ids` as one sequence through a fresh private cache, handing every layer's Q/K/V
+    /// projection input to `capture`; no logits are computed (the head is skipped).
+    pub fn sequence_activations(
+        &self,
+        backend: &B,
+        ids: &[u32],
+        capture: &mut dyn ActivationCapture,
+    ) -> Result<(), ModelError> {
+        let hooks = ForwardHooks {
+            queries: None,
+            activations: Some(capture),
+        };
+        self.run_sequence(backend, ids, Vec::new(), hooks)?;
+        Ok(())
+    }
+
+    /// One sequence through a fresh private cache, logits for `logits_rows`.
+    fn run_sequence(
+        &self,
+        backend: &B,
+        ids: &[u32],
+        logits_rows: Vec<u32>,
+        hooks: ForwardHooks<'_>,
+    ) -> Result<HostTensor, ModelError> {
         const BLOCK_TOKENS: usize = 16;
         if ids.is_empty() {
             return Err(ModelError::InvalidConfig(
-                "sequence_logits needs at least one token".into(),
+                "a single-sequence run needs at least one token".into(),
             ));
         }
         let n = ids.len();
@@ -316,18 +367,13 @@ impl<B: Backend> LlamaModel<B> {
         let meta = BatchMeta::single_sequence(
             0,
             n,
-            every_row.clone(),
+            every_row,
             (0..blocks as u32).collect(),
             BLOCK_TOKENS,
-            every_row,
+            logits_rows,
         );
         let batch = backend.prepare_batch(&meta, blocks)?;
-        let logits = self.forward(backend, ids, &meta, &batch, &mut caches)?;
-        Ok(logits
-            .data()
-            .chunks(self.config.vocab_size)
-            .map(<[f32]>::to_vec)
-            .collect())
+        self.forward_with_hooks(backend, ids, &meta, &batch, &mut caches, hooks)
     }
 
     /// The per-layer cache geometry for a pool of `num_blocks` blocks.
@@ -362,8 +408,30 @@ impl<B: Backend> LlamaModel<B> {
         meta: &BatchMeta,
         batch: &B::Batch,
         caches: &mut [B::KvCache],
-        mut capture: Option<&mut QueryCapture>,
+        capture: Option<&mut QueryCapture>,
     ) -> Result<HostTensor, ModelError> {
+        let hooks = ForwardHooks {
+            queries: capture,
+            activations: None,
+        };
+        self.forward_with_hooks(backend, token_ids, meta, batch, caches, hooks)
+    }
+
+    /// [`LlamaModel::forward`] with the host copies `hooks` asks for: query rows
+    /// ([`QueryCapture`]) and/or every layer's Q/K/V projection input ([`ActivationCapture`]).
+    pub fn forward_with_hooks(
+        &self,
+        backend: &B,
+        token_ids: &[u32],
+        meta: &BatchMeta,
+        batch: &B::Batch,
+        caches: &mut [B::KvCache],
+        hooks: ForwardHooks<'_>,
+    ) -> Result<HostTensor, ModelError> {
+        let ForwardHooks {
+            queries: mut capture,
+            mut activations,
+        } = hooks;
         if let Some(c) = capture.as_deref_mut() {
             c.per_layer.clear();
             if let Some(&bad) = c.rows.iter().find(|&&r| r as usize >= token_ids.len()) {
@@ -385,13 +453,16 @@ impl<B: Backend> LlamaModel<B> {
         let eps = self.config.rms_norm_eps;
         let mut residual = backend.embedding(&self.embed_tokens, token_ids)?;
         let mut pending_delta: Option<B::Tensor> = None;
-        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+        for (index, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
             let x = match pending_delta.take() {
                 None => backend.rms_norm(&residual, &layer.input_norm, eps)?,
                 Some(delta) => {
                     backend.add_rms_norm(&mut residual, &delta, &layer.input_norm, eps)?
                 }
             };
+            if let Some(a) = activations.as_deref_mut() {
+                a.attention_input(index, &backend.to_host(&x)?)?;
+            }
             let mut qkv = backend.linear(&x, &layer.qkv_weight, layer.qkv_bias.as_ref())?;
             backend.rope_qk(&mut qkv, &self.dims, &self.rope, batch)?;
             if let Some(c) = capture.as_deref_mut().filter(|c| !c.rows.is_empty()) {

@@ -22,6 +22,9 @@ pub enum StarKvError {
     /// The model's weights lack a tensor this crate needs, or have it in another shape.
     #[error("model weights: {0}")]
     Weights(#[from] starling_models::ModelError),
+    /// Running the original model over calibration text failed.
+    #[error("running the model on calibration text: {0}")]
+    Calibration(starling_models::ModelError),
     /// The linear-algebra routine did not converge (non-finite input, usually).
     #[error("{what}: {reason}")]
     Decomposition {

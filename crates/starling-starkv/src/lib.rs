@@ -1,21 +1,26 @@
 //! STAR-KV foundations: low-rank K/V projections for a compressed KV cache.
 //!
 //! Per layer, keys are factored per KV head and values jointly by SVD ([`Factorization`],
-//! [`ModelFactors`]), optionally whitened by calibration activations ([`Whitener`]). Ranks are
+//! [`ModelFactors`]), optionally whitened by calibration activations ([`Whitener`], from the
+//! per-layer statistics of [`AttentionInputMoments`] over [`calibration_windows`]). Ranks are
 //! chosen to meet a cache budget exactly ([`RankProfile`], [`CacheBudget`],
 //! [`allocate_ranks`]): uniformly, greedily by singular-value energy, or by learned soft
 //! thresholds ([`threshold`]). The truncated factors ([`ModelProjections`]) and a manifest are
 //! written as a checkpoint ([`checkpoint`]) that refuses to load against another model.
 //!
-//! Everything here is host-side f32/f64 and device-free. The reference execution path
+//! Everything here is host-side f32/f64; only the activation statistics run the model, on any
+//! backend, and read its activations back to the host. The reference execution path
 //! ([`load_and_apply`]) replaces a model's K/V projection weights by their low-rank
 //! reconstructions before upload (same outputs as caching latents; no KV memory saved yet);
 //! the distillation loop will build on these types.
 #![deny(missing_docs)]
 
+mod activations;
 mod allocation;
 mod budget;
+mod calibration_text;
 pub mod checkpoint;
+pub mod distill;
 mod error;
 mod factorization;
 mod matrix;
@@ -29,10 +34,12 @@ mod spectra;
 pub mod threshold;
 mod whitening;
 
+pub use activations::AttentionInputMoments;
 pub use allocation::{
     allocate_ranks, uniform_allocation, AllocationOutcome, LayerRanks, RankAllocation, RankStrategy,
 };
 pub use budget::{BudgetTarget, CacheBudget, RankProfile};
+pub use calibration_text::calibration_windows;
 pub use error::StarKvError;
 pub use factorization::Factorization;
 pub use matrix::Matrix;

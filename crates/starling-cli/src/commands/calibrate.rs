@@ -1,6 +1,11 @@
 //! `starling calibrate`: STAR-KV checkpoints for a model, one per rank profile, from the SVD of
-//! its K/V projections. Weight-only for now: the projections are the truncated SVD factors
-//! (no calibration text, no distillation; the manifest records `distillation_steps: 0`).
+//! its K/V projections. By default the SVD is whitened: the original model first runs over
+//! calibration text (Paul Graham essays not held out for evaluation) and each layer's factors
+//! minimise the error of the projection *outputs* on those activations, not of the weights
+//! (`--no-whiten` keeps the weight-space SVD for ablations). With `--distill-steps N` the
+//! rank thresholds are then trained by knowledge distillation, KL(original ‖ compressed) on
+//! calibration windows (`starling_starkv::distill`), starting from `--strategy`'s ranks, and
+//! projected onto each profile's budget exactly; the manifest records the steps and tokens.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -8,13 +13,21 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use starling_starkv::checkpoint::weights_identity;
+use starling_backend::Backend;
+use starling_models::llama::LlamaModel;
+use starling_starkv::checkpoint::{weights_identity, CalibrationInfo};
+use starling_starkv::distill::{distill_with, distilled_checkpoint, DistillConfig, Distiller};
+use starling_starkv::threshold::ThresholdInit;
 use starling_starkv::{
-    svd_checkpoint, CalibrationPlan, ModelFactors, RankProfile, RankStrategy, ThresholdConfig,
-    UncompressedLayers,
+    calibration_windows, svd_checkpoint, AttentionInputMoments, CalibrationPlan, ModelFactors,
+    RankProfile, RankStrategy, ThresholdConfig, UncompressedLayers, Whitener,
+    DEFAULT_RELATIVE_FLOOR,
 };
 
-use crate::session::open_model;
+use super::bench_eval::{essay_tokens, EssaysArg};
+use crate::args::DeviceArg;
+use crate::device::{with_backend, BackendJob};
+use crate::session::{open_model, tokenizer_for, OpenedModel};
 
 /// How ranks are spread over heads and layers.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,17 +71,53 @@ pub struct CalibrateArgs {
     /// so an interrupted run is simply run again).
     #[arg(long)]
     output: PathBuf,
-    /// Seed recorded in the manifests. The SVD path is deterministic; the seed will drive
-    /// calibration-text sampling once distillation lands.
+    /// Seed recorded in the manifests. Calibration is deterministic without it (fixed,
+    /// evenly spaced windows); it will drive sampling once distillation lands.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Factor the plain weights (the SVD of W) instead of whitening them by calibration
+    /// activations (the SVD of W·C^{1/2}): the ablation baseline.
+    #[arg(long)]
+    no_whiten: bool,
+    /// Calibration tokens the model runs over to measure each layer's attention-input
+    /// statistics (rounded up to whole windows).
+    #[arg(long, default_value_t = 16_384)]
+    calibration_tokens: usize,
+    /// Tokens per calibration window; each window runs from position 0 in its own cache.
+    #[arg(long, default_value_t = 512)]
+    window_tokens: usize,
+    /// Knowledge-distillation steps per profile (one calibration window each, forward and
+    /// backward on the CPU); 0 keeps the SVD allocation of `--strategy`.
+    #[arg(long, default_value_t = 0)]
+    distill_steps: usize,
+    /// Tokens per distillation window.
+    #[arg(long, default_value_t = 128)]
+    distill_window_tokens: usize,
+    /// Where the calibration forward passes run.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
+    device: DeviceArg,
+    #[command(flatten)]
+    essays: EssaysArg,
 }
 
 /// Runs `starling calibrate`.
 pub fn run(args: CalibrateArgs) -> Result<()> {
+    // Flags are checked before anything is loaded or fetched.
+    parse_profiles(&args.profiles)?;
+    with_backend(args.device, args)
+}
+
+impl BackendJob for CalibrateArgs {
+    fn run<B: Backend + 'static>(self, backend: B) -> Result<()> {
+        calibrate(&backend, self)
+    }
+}
+
+fn calibrate<B: Backend>(backend: &B, args: CalibrateArgs) -> Result<()> {
     let profiles = parse_profiles(&args.profiles)?;
+    let distill = distill_config(&args)?;
     let started = Instant::now();
-    let bar = stage_bar(profiles.len() as u64 + 3);
+    let bar = stage_bar(profiles.len() as u64 + 4);
     bar.set_message(format!("loading {}", args.model));
     let opened = open_model(&args.model)?;
     let config = &opened.loaded.config;
@@ -78,23 +127,86 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
     let identity = weights_identity(&opened.loaded.weights);
     bar.inc(1);
 
+    let text = if args.no_whiten && args.distill_steps == 0 {
+        None
+    } else {
+        bar.set_message("tokenising the calibration essays");
+        Some(CalibrationText::load(&opened, &args)?)
+    };
+    let (whiteners, calibration) = match (&text, args.no_whiten) {
+        (Some(text), false) => {
+            let (whiteners, calibration) =
+                activation_whiteners(backend, &opened, &args, text, &bar)?;
+            (Some(whiteners), calibration)
+        }
+        _ => (None, CalibrationInfo::default()),
+    };
+    bar.inc(1);
+
     // The reference's choice: the first two layers and the last stay at full K/V.
     let keep = UncompressedLayers::reference(config.num_layers);
+    let kind = if whiteners.is_some() {
+        "whitened SVD"
+    } else {
+        "SVD"
+    };
     bar.set_message(format!(
-        "SVD of {} layers' K/V projections",
+        "{kind} of {} layers' K/V projections",
         config.num_layers - keep.len()
     ));
-    let factors = ModelFactors::compute(config, &opened.loaded.weights, &keep, None)
-        .context("factoring the K/V projections")?;
+    let factors =
+        ModelFactors::compute(config, &opened.loaded.weights, &keep, whiteners.as_deref())
+            .context("factoring the K/V projections")?;
     bar.inc(1);
 
     let strategy = args.strategy.strategy();
+    let mut distiller = match (&distill, &text) {
+        (Some(d), Some(text)) => {
+            bar.set_message("distillation: cutting the calibration text into windows");
+            Some(
+                Distiller::new(
+                    config,
+                    &opened.loaded.weights,
+                    &factors,
+                    &text.ids,
+                    d.window_tokens,
+                )
+                .context("preparing distillation")?,
+            )
+        }
+        _ => None,
+    };
     let mut lines = Vec::with_capacity(profiles.len());
     for profile in profiles {
-        bar.set_message(format!("{profile}: allocating ranks ({})", strategy.name()));
-        let plan = CalibrationPlan::for_profile(profile, strategy.clone(), args.seed);
-        let checkpoint = svd_checkpoint(config, &identity, &factors, &plan)
-            .with_context(|| format!("profile {profile}"))?;
+        let mut plan = CalibrationPlan::for_profile(profile, strategy.clone(), args.seed);
+        plan.calibration = calibration.clone();
+        let checkpoint = match (&distill, distiller.as_mut(), &text) {
+            (Some(d), Some(distiller), Some(text)) => {
+                bar.set_message(format!(
+                    "{profile}: distilling thresholds ({} steps of {} tokens)",
+                    d.steps, d.window_tokens
+                ));
+                if plan.calibration.data.is_empty() {
+                    plan.calibration.data = text.essay_names.clone();
+                    plan.calibration.dataset_sha256 = Some(text.dataset_sha256.clone());
+                }
+                let (outcome, report) = distill_with(distiller, &factors, &plan, d)
+                    .with_context(|| format!("distilling profile {profile}"))?;
+                let last_kl = report.steps.last().map_or(f64::NAN, |s| s.kl);
+                lines.push(format!(
+                    "{:<13} distilled {} steps, last-step KL {last_kl:.4} nats/token",
+                    profile.name(),
+                    report.steps.len()
+                ));
+                distilled_checkpoint(config, &identity, &factors, &plan, &outcome, &report)
+                    .with_context(|| format!("profile {profile}"))?
+            }
+            _ => {
+                bar.set_message(format!("{profile}: allocating ranks ({})", strategy.name()));
+                svd_checkpoint(config, &identity, &factors, &plan)
+                    .with_context(|| format!("profile {profile}"))?
+            }
+        };
         let dir = args.output.join(profile.name());
         checkpoint
             .save(&dir)
@@ -112,19 +224,125 @@ pub fn run(args: CalibrateArgs) -> Result<()> {
         bar.inc(1);
     }
     bar.finish_and_clear();
+    let how = if calibration.tokens > 0 {
+        format!(
+            "whitened SVD ({} calibration tokens in {} windows of {}, {})",
+            calibration.tokens,
+            calibration.windows,
+            calibration.window_tokens,
+            backend.name()
+        )
+    } else {
+        "weight SVD only".to_owned()
+    };
+    let distilled = match &distill {
+        Some(d) => format!(
+            "distilled {} steps × {} tokens from {}",
+            d.steps,
+            d.window_tokens,
+            strategy.name()
+        ),
+        None => format!("ranks by {}, no distillation", strategy.name()),
+    };
     println!(
-        "{} ({}): {} of {} layers low-rank, ranks by {}, SVD only (no distillation), {:.1} s",
+        "{} ({}): {} of {} layers low-rank, {distilled}, {how}, {:.1} s",
         args.model,
         opened.path.display(),
         config.num_layers - keep.len(),
         config.num_layers,
-        strategy.name(),
         started.elapsed().as_secs_f64()
     );
     for line in lines {
         println!("{line}");
     }
     Ok(())
+}
+
+/// Runs the original model over the calibration windows (essays not held out) and returns one
+/// whitener per layer, with what the manifest records about the text.
+fn activation_whiteners<B: Backend>(
+    backend: &B,
+    opened: &OpenedModel,
+    args: &CalibrateArgs,
+    text: &CalibrationText,
+    bar: &ProgressBar,
+) -> Result<(Vec<Whitener>, CalibrationInfo)> {
+    let windows = calibration_windows(&text.ids, args.window_tokens, args.calibration_tokens)
+        .context("--calibration-tokens")?;
+
+    let config = &opened.loaded.config;
+    let model = LlamaModel::load(backend, config, opened.loaded.weights.clone())
+        .context("loading the model for calibration")?;
+    let mut moments = AttentionInputMoments::new(config);
+    for (index, window) in windows.iter().enumerate() {
+        bar.set_message(format!(
+            "activation statistics: window {}/{} ({} tokens)",
+            index + 1,
+            windows.len(),
+            window.len()
+        ));
+        moments
+            .observe(backend, &model, window)
+            .with_context(|| format!("calibration window {}", index + 1))?;
+    }
+    drop(model);
+    bar.set_message("whitening: eigendecomposition of each layer's statistics");
+    let whiteners = moments
+        .whiteners(DEFAULT_RELATIVE_FLOOR)
+        .context("whitening the K/V projections")?;
+    let calibration = CalibrationInfo {
+        data: text.essay_names.clone(),
+        tokens: moments.tokens_seen(),
+        dataset_sha256: Some(text.dataset_sha256.clone()),
+        windows: moments.windows_seen(),
+        window_tokens: args.window_tokens as u64,
+        ..CalibrationInfo::default()
+    };
+    Ok((whiteners, calibration))
+}
+
+/// The calibration text: every essay not held out for evaluation, tokenised in order.
+struct CalibrationText {
+    ids: Vec<u32>,
+    essay_names: Vec<String>,
+    dataset_sha256: String,
+}
+
+impl CalibrationText {
+    fn load(opened: &OpenedModel, args: &CalibrateArgs) -> Result<Self> {
+        let essays = args.essays.load()?;
+        let haystack = essays.standard_split().haystack;
+        let tokenizer = tokenizer_for(opened)?;
+        // Every haystack essay (windows are spread over all of them): a token covers at least
+        // one byte, so asking for as many tokens as there are bytes never stops early.
+        let all_tokens = haystack.iter().map(|e| e.text.len() + 2).sum();
+        Ok(Self {
+            ids: essay_tokens(&tokenizer, haystack, all_tokens)?,
+            essay_names: haystack.iter().map(|e| e.name.clone()).collect(),
+            dataset_sha256: essays.sha256(),
+        })
+    }
+}
+
+/// The distillation settings the flags ask for (`None` without `--distill-steps`). The
+/// thresholds start from `--strategy`'s allocation where distillation can (uniform or greedy).
+fn distill_config(args: &CalibrateArgs) -> Result<Option<DistillConfig>> {
+    if args.distill_steps == 0 {
+        return Ok(None);
+    }
+    let init = match args.strategy {
+        StrategyArg::Uniform => ThresholdInit::Uniform,
+        StrategyArg::Greedy => ThresholdInit::GreedyEnergy,
+        StrategyArg::Learned => {
+            bail!("--distill-steps starts from --strategy uniform or greedy, not learned")
+        }
+    };
+    Ok(Some(DistillConfig {
+        steps: args.distill_steps,
+        window_tokens: args.distill_window_tokens,
+        init,
+        ..DistillConfig::default()
+    }))
 }
 
 /// The profiles named on the command line, in order, each once.

@@ -73,7 +73,7 @@ impl LayerManifest {
 /// What the projections were calibrated on.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CalibrationInfo {
-    /// Names of the calibration texts (empty for weight-only SVD).
+    /// Names of the calibration texts the windows were drawn from (empty for weight-only SVD).
     pub data: Vec<String>,
     /// Calibration tokens seen.
     pub tokens: u64,
@@ -85,6 +85,16 @@ pub struct CalibrationInfo {
     pub distillation_steps: u64,
     /// Whether the factors were whitened by activation statistics.
     pub whitened: bool,
+    /// Digest of the dataset the calibration text came from (for the Paul Graham essays, the
+    /// set digest of `starling-hub`); absent for weight-only SVD and in older manifests.
+    #[serde(default)]
+    pub dataset_sha256: Option<String>,
+    /// Calibration windows run through the model (each from position 0, its own cache).
+    #[serde(default)]
+    pub windows: u64,
+    /// Tokens per calibration window (`tokens = windows · window_tokens`).
+    #[serde(default)]
+    pub window_tokens: u64,
 }
 
 /// Learned thresholds of one compressed layer, in units of each factor's top singular value.

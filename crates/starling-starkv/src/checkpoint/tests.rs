@@ -219,3 +219,63 @@ fn damaged_checkpoints_are_errors_not_panics() {
         Err(StarKvError::Io { .. })
     ));
 }
+
+#[test]
+fn whitened_calibration_fields_round_trip_and_older_manifests_still_load() {
+    let (config, weights) = small_model(7);
+    // Statistics of fixed anisotropic rows (channel j scaled by j % 5 + 1), one per layer.
+    let rows: Vec<f32> = (0..96 * 64)
+        .map(|i| ((i * 7919 % 101) as f32 / 101.0 - 0.5) * ((i % 64) % 5 + 1) as f32)
+        .collect();
+    let rows = crate::Matrix::new(96, 64, rows).unwrap();
+    let whiteners: Vec<crate::Whitener> = (0..config.num_layers)
+        .map(|_| {
+            let mut moment = crate::SecondMoment::new(64);
+            moment.add_rows(&rows).unwrap();
+            crate::Whitener::new(&moment, crate::DEFAULT_RELATIVE_FLOOR).unwrap()
+        })
+        .collect();
+    let keep = UncompressedLayers::from_list(&[0], config.num_layers).unwrap();
+    let factors = ModelFactors::compute(&config, &weights, &keep, Some(&whiteners)).unwrap();
+    let mut plan = CalibrationPlan::for_profile(RankProfile::Balanced, learned(), 5);
+    plan.calibration = CalibrationInfo {
+        data: vec!["addiction.txt".to_owned(), "aord.txt".to_owned()],
+        tokens: 96,
+        dataset_sha256: Some("ab".repeat(32)),
+        windows: 2,
+        window_tokens: 48,
+        ..CalibrationInfo::default()
+    };
+    let identity = weights_identity(&weights);
+    let checkpoint = svd_checkpoint(&config, &identity, &factors, &plan).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    checkpoint.save(dir.path()).unwrap();
+    let loaded = StarKvCheckpoint::load(dir.path(), &config, &identity).unwrap();
+    assert_eq!(loaded.manifest, checkpoint.manifest);
+    assert_eq!(loaded.projections, checkpoint.projections);
+    let calibration = &loaded.manifest.calibration;
+    // `whitened` comes from the factors, not from the plan.
+    assert!(calibration.whitened);
+    assert_eq!(calibration.data, ["addiction.txt", "aord.txt"]);
+    assert_eq!((calibration.tokens, calibration.windows), (96, 2));
+    assert_eq!(calibration.window_tokens, 48);
+    assert_eq!(
+        calibration.dataset_sha256.as_deref(),
+        Some(&*"ab".repeat(32))
+    );
+    assert!(calibration.steps > 0, "learned thresholds count as steps");
+    assert_eq!(calibration.distillation_steps, 0);
+
+    // A manifest written before these fields existed reads them as absent / zero.
+    let path = dir.path().join(MANIFEST_FILE);
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let object = json["calibration"].as_object_mut().unwrap();
+    for key in ["dataset_sha256", "windows", "window_tokens"] {
+        assert!(object.remove(key).is_some(), "{key} was not written");
+    }
+    std::fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
+    let old = read_manifest(dir.path()).unwrap().calibration;
+    assert_eq!(old.dataset_sha256, None);
+    assert_eq!((old.windows, old.window_tokens, old.tokens), (0, 0, 96));
+}
