@@ -121,6 +121,11 @@ pub fn markdown(report: &BenchReport) -> String {
         "| KV evicted: tokens per layer / blocks | {} / {} |",
         s.kv_evicted_tokens, s.kv_evicted_blocks
     );
+    let _ = writeln!(
+        out,
+        "| engine time compacting caches (s) | {:.3} |",
+        s.kv_compression_s
+    );
     out
 }
 

@@ -60,6 +60,8 @@ pub struct ServerFigures {
     pub kv_evicted_tokens: f64,
     /// KV blocks returned to the pool by eviction during the run.
     pub kv_evicted_blocks: f64,
+    /// Seconds the engine spent compacting caches during the run.
+    pub kv_compression_s: f64,
 }
 
 /// What polling `/metrics` during a run saw.
@@ -136,6 +138,7 @@ pub fn figures(before: &MetricValues, after: &MetricValues, sampled: Sampled) ->
         peak_running: sampled.peak_running,
         kv_evicted_tokens: delta("starling:kv_evicted_tokens_total"),
         kv_evicted_blocks: delta("starling:kv_evicted_blocks_total"),
+        kv_compression_s: delta("starling:kv_compression_seconds_total"),
     }
 }
 

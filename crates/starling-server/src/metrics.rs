@@ -321,6 +321,12 @@ fn render_state(state: &MetricsState, model_name: &str) -> String {
         counters.evicted_blocks.to_string(),
     );
     metric(
+        "starling:kv_compression_seconds_total",
+        "counter",
+        "Wall time the engine spent compacting caches (scoring, selection, compaction).",
+        format!("{:.6}", counters.compression_micros as f64 / 1e6),
+    );
+    metric(
         "starling:requests_rejected_total",
         "counter",
         "Requests the engine refused at admission.",

@@ -504,6 +504,7 @@ async fn per_request_kv_compression_evicts_and_is_reported() {
         "starling:kv_compressions_total",
         "starling:kv_evicted_tokens_total",
         "starling:kv_evicted_blocks_total",
+        "starling:kv_compression_seconds_total",
     ] {
         assert!(
             metric(&after, name) > metric(&before, name),

@@ -51,6 +51,9 @@ pub struct EngineCounters {
     pub evicted_tokens: u64,
     /// KV blocks returned to the pool by eviction.
     pub evicted_blocks: u64,
+    /// Wall time spent compacting (scoring, selection, compaction of every layer, with the
+    /// device syncs that scoring needs), microseconds: the share of step time eviction costs.
+    pub compression_micros: u64,
 }
 
 /// A snapshot of the engine's load, for logs, metrics and tests.
@@ -472,8 +475,10 @@ impl<B: Backend> Engine<B> {
             target_tokens: due.target_tokens,
             query_rows,
         };
+        let started = std::time::Instant::now();
         let evicted =
             compression::compress_layers(&self.backend, &mut self.caches, policy, shape, &job)?;
+        self.counters.compression_micros += started.elapsed().as_micros() as u64;
         let freed = self
             .scheduler
             .shrink_physical(due.seq_id, due.target_tokens)?;
