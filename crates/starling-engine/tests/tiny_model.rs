@@ -160,6 +160,34 @@ fn seeded_sampling_is_reproducible_across_batches() {
     assert_eq!(alone, batched[1]);
 }
 
+/// Enough sampling rows in one step that the engine splits them over its sampler pool (two
+/// workers or more): every request still produces exactly its solo output, whatever its
+/// sampling parameters, because rows keep their own RNGs and come back in row order.
+#[test]
+fn parallel_row_sampling_matches_solo_runs() {
+    let requests: Vec<_> = (0..24u32)
+        .map(|i| {
+            let params = SamplingParams {
+                temperature: 0.7 + 0.05 * (i % 5) as f32,
+                top_p: if i % 3 == 0 { 0.9 } else { 1.0 },
+                top_k: (i % 4 == 1).then_some(20),
+                repetition_penalty: if i % 6 == 2 { 1.3 } else { 1.0 },
+                logprobs: (i % 5 == 4).then_some(3),
+                seed: Some(1000 + u64::from(i)),
+                max_tokens: Some(6),
+                ignore_eos: true,
+                ..SamplingParams::default()
+            };
+            (prompt(i + 40, 5 + (i as usize % 7)), params)
+        })
+        .collect();
+    let together = run_all(&mut engine(400, 256), &requests);
+    for (i, req) in requests.iter().enumerate() {
+        let alone = run_all(&mut engine(400, 256), std::slice::from_ref(req)).remove(0);
+        assert_eq!(alone, together[i], "request {i}");
+    }
+}
+
 #[test]
 fn abort_frees_blocks_immediately() {
     let mut e = engine(64, 32);

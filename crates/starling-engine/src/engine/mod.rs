@@ -10,6 +10,7 @@ mod compression;
 mod config;
 mod error;
 mod output;
+mod row_sampling;
 mod sequence;
 mod text;
 
@@ -20,10 +21,7 @@ use starling_backend::Backend;
 use starling_kv::{preflight, CacheLayout, KvCacheManager, LayerLayout, Preflight, SeqId};
 use starling_models::llama::{LlamaModel, QueryCapture};
 
-use crate::sampling::{
-    log_softmax, FinishReason, Finished, Sampler, SamplingContext, SamplingParams, SequenceRng,
-    StopChecker,
-};
+use crate::sampling::{FinishReason, Finished, SamplingParams, SequenceRng, StopChecker};
 use crate::scheduler::{Footprint, Scheduler, SchedulerError, StepStats};
 
 pub use config::EngineConfig;
@@ -32,6 +30,7 @@ pub use output::{RequestOptions, RequestOutput, TokenLogprob};
 pub use text::{TextDecoder, TextStream, TokenizerText};
 
 use compression::{CompressionJob, HeadShape, SeqCompression};
+use row_sampling::{RowSample, SamplerPool};
 use sequence::Sequence;
 
 /// Cumulative counters since the engine started.
@@ -81,7 +80,7 @@ pub struct Engine<B: Backend> {
     model: LlamaModel<B>,
     caches: Vec<B::KvCache>,
     scheduler: Scheduler,
-    sampler: Sampler,
+    samplers: SamplerPool,
     text: Option<Arc<dyn TextDecoder>>,
     eos_token_ids: Vec<u32>,
     seqs: HashMap<SeqId, Sequence>,
@@ -123,7 +122,7 @@ impl<B: Backend> Engine<B> {
             backend,
             caches,
             scheduler,
-            sampler: Sampler::new(eos_token_ids.clone()),
+            samplers: SamplerPool::new(&eos_token_ids, rayon::current_num_threads()),
             text,
             eos_token_ids,
             seqs: HashMap::new(),
@@ -357,10 +356,10 @@ impl<B: Backend> Engine<B> {
         };
         self.counters.prefill_tokens += plan.stats.num_prefill_tokens as u64;
         let vocab = self.model.config().vocab_size;
+        let samples = self.sample_rows(&built.sampling_seqs, logits.data(), vocab)?;
         let mut outputs = Vec::with_capacity(built.sampling_seqs.len());
-        for (row, &seq_id) in built.sampling_seqs.iter().enumerate() {
-            let row_logits = &logits.data()[row * vocab..(row + 1) * vocab];
-            outputs.push(self.sample_and_advance(seq_id, row_logits)?);
+        for (&seq_id, sample) in built.sampling_seqs.iter().zip(samples) {
+            outputs.push(self.advance(seq_id, sample?)?);
         }
         self.run_compressions(&due, capture.as_ref(), &mut outputs);
         Ok(outputs)
@@ -505,36 +504,57 @@ impl<B: Backend> Engine<B> {
         )?)
     }
 
-    fn sample_and_advance(
+    /// Samples every sampling row of the step (in parallel across requests when there are
+    /// many), returning the results in `seq_ids`' order. `logits` holds one row per id.
+    fn sample_rows(
         &mut self,
-        seq_id: SeqId,
+        seq_ids: &[SeqId],
         logits: &[f32],
-    ) -> Result<RequestOutput, EngineError> {
+        vocab: usize,
+    ) -> Result<Vec<Result<RowSample, EngineError>>, EngineError> {
+        let row_of: HashMap<SeqId, usize> = seq_ids
+            .iter()
+            .enumerate()
+            .map(|(row, &id)| (id, row))
+            .collect();
+        let mut rows: Vec<(usize, &mut Sequence)> = self
+            .seqs
+            .iter_mut()
+            .filter_map(|(id, seq)| row_of.get(id).map(|&row| (row, seq)))
+            .collect();
+        if rows.len() != seq_ids.len() {
+            let missing = seq_ids
+                .iter()
+                .find(|id| !self.seqs.contains_key(id))
+                .copied()
+                .unwrap_or(SeqId(u64::MAX));
+            return Err(EngineError::UnknownRequest(missing));
+        }
+        rows.sort_unstable_by_key(|(row, _)| *row);
+        let mut jobs: Vec<(&mut Sequence, &[f32])> = Vec::with_capacity(rows.len());
+        for (row, seq) in rows {
+            let row_logits = logits.get(row * vocab..(row + 1) * vocab).ok_or_else(|| {
+                EngineError::InvalidRequest(format!(
+                    "logits hold {} values, fewer than row {row} of {vocab}",
+                    logits.len()
+                ))
+            })?;
+            jobs.push((seq, row_logits));
+        }
+        Ok(self.samplers.sample_rows(&mut jobs))
+    }
+
+    /// Appends a sampled token to its request: text, stop conditions, the scheduler, and the
+    /// request's output for this step.
+    fn advance(&mut self, seq_id: SeqId, sample: RowSample) -> Result<RequestOutput, EngineError> {
+        let RowSample {
+            sampled,
+            full_logprobs,
+        } = sample;
         let seq = self
             .seqs
             .get_mut(&seq_id)
             .ok_or(EngineError::UnknownRequest(seq_id))?;
-        let (prompt_ids, output_ids) = seq.token_ids.split_at(seq.num_prompt_tokens);
-        let context = SamplingContext {
-            prompt_ids,
-            output_ids,
-        };
-        let sampled = match &seq.forced_output_ids {
-            Some(forced) => {
-                let token = *forced
-                    .get(output_ids.len())
-                    .ok_or(EngineError::UnknownRequest(seq_id))?;
-                self.sampler.score_forced(logits, token, &seq.params)?
-            }
-            None => self
-                .sampler
-                .sample(logits, &context, &seq.params, &mut seq.rng)?,
-        };
-        let full_logprobs = if seq.return_full_logprobs {
-            Some(log_softmax(logits)?)
-        } else {
-            None
-        };
         let token = sampled.token_id;
         seq.token_ids.push(token);
         self.counters.generation_tokens += 1;
