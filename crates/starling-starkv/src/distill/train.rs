@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use candle_core::{Device, Tensor, Var};
 
-use super::adam::Adam;
+use crate::threshold::adam::Adam;
 use super::student::{sigmoid, Values};
 use super::{DistillConfig, DistillError, DistillStep, Distiller};
 use crate::allocation::{meet_budget, uniform_ranks};
