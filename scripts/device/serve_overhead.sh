@@ -8,12 +8,14 @@ set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64
 S=${S:-.device/starling}
 TOK=${TOK:-$HOME/stage/smollm2.gguf}
+# Extra engine flags for both runs, e.g. ENGINE_FLAGS="--cuda-graphs on".
+ENGINE_FLAGS=${ENGINE_FLAGS:-}
 date -u +%FT%TZ > "$OUT/date.txt"
 $S bench throughput --device cuda --load-format synthetic --model llama2-7b --tokenizer "$TOK" \
-  --batch-sizes 64 --prompt-tokens 64 --output-tokens 512 --max-model-len 4096 \
+  --batch-sizes 64 --prompt-tokens 64 --output-tokens 512 --max-model-len 4096 $ENGINE_FLAGS \
   --output "$OUT/engine_b64.json" | tee "$OUT/engine_b64.md"
 $S serve --device cuda --load-format synthetic --model llama2-7b --tokenizer "$TOK" \
-  --max-model-len 4096 --port 8012 > "$OUT/serve.log" 2>&1 &
+  --max-model-len 4096 --port 8012 $ENGINE_FLAGS > "$OUT/serve.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 120); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8012/health', timeout=2)" 2>/dev/null && break; sleep 1; done
 $S bench serve --base-url http://127.0.0.1:8012 --model llama2-7b --dataset random --random-input-len 64 \
