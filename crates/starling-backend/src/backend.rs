@@ -4,7 +4,7 @@
 //! transformer with a paged KV cache needs; fused ops (QKV projection, residual add + RMSNorm,
 //! SwiGLU) are ops of their own because they are one kernel each on a GPU.
 
-use crate::{BackendError, BatchMeta, HostTensor};
+use crate::{BackendError, BatchMeta, DecodeGraphConfig, DecodeGraphs, HostTensor};
 
 /// Rotary embedding flavour.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,6 +155,30 @@ pub trait Backend: Send + Sync {
 
     /// Rows of `table` (`[vocab, d]`) selected by `ids` → `[ids.len(), d]`.
     fn embedding(&self, table: &Self::Tensor, ids: &[u32]) -> Result<Self::Tensor, BackendError>;
+    /// [`Backend::embedding`] of a step's token ids. A backend whose batch carries the ids in its
+    /// own memory (the fixed inputs of a replayed decode step) reads them there, so the op can be
+    /// recorded once and replayed with new ids; the default gathers `ids` as given.
+    fn embedding_for_batch(
+        &self,
+        table: &Self::Tensor,
+        ids: &[u32],
+        batch: &Self::Batch,
+    ) -> Result<Self::Tensor, BackendError> {
+        let _ = batch;
+        self.embedding(table, ids)
+    }
+    /// Recorded decode steps for one model over caches of `config`'s geometry, where the backend
+    /// can replay them (see [`DecodeGraphs`]); `None` (the default) runs every step eagerly.
+    fn decode_graphs(
+        &self,
+        config: &DecodeGraphConfig,
+    ) -> Result<Option<Box<dyn DecodeGraphs<Self>>>, BackendError>
+    where
+        Self: Sized,
+    {
+        let _ = config;
+        Ok(None)
+    }
     /// `x · wᵀ (+ bias)`: `x` is `[n, k]`, `w` is `[m, k]` (PyTorch Linear layout) → `[n, m]`.
     fn linear(
         &self,

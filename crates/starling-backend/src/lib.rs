@@ -8,9 +8,11 @@ mod backend;
 mod batch;
 pub mod cpu;
 mod error;
+mod graphs;
 mod host_tensor;
 
 pub use backend::{AttentionDims, Backend, KeyScoreKind, KvCacheSpec, RopeSpec, RopeStyle};
 pub use batch::{BatchMeta, SeqBatchMeta};
 pub use error::BackendError;
+pub use graphs::{DecodeGraphConfig, DecodeGraphs, DecodeStep, DeviceForward};
 pub use host_tensor::HostTensor;

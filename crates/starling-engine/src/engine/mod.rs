@@ -17,7 +17,9 @@ mod text;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use starling_backend::Backend;
+use starling_backend::{
+    Backend, BackendError, BatchMeta, DecodeGraphConfig, DecodeGraphs, DecodeStep,
+};
 use starling_kv::{preflight, CacheLayout, KvCacheManager, LayerLayout, Preflight, SeqId};
 use starling_models::llama::{LlamaModel, QueryCapture};
 
@@ -89,6 +91,8 @@ pub struct Engine<B: Backend> {
     compression: starling_evict::CompressionConfig,
     counters: EngineCounters,
     last_step: Option<StepStats>,
+    /// Recorded decode steps (CUDA graphs), when enabled and the backend has them.
+    graphs: Option<Box<dyn DecodeGraphs<B>>>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -131,8 +135,29 @@ impl<B: Backend> Engine<B> {
             compression: config.compression,
             counters: EngineCounters::default(),
             last_step: None,
+            graphs: None,
             model,
         })
+    }
+
+    /// Turns on recorded decode steps (CUDA graphs: one per batch-size bucket, replayed on later
+    /// decode-only steps; prefill and mixed steps stay eager) where the backend has them. Returns
+    /// whether it does; `false` leaves every step eager.
+    pub fn enable_decode_graphs(&mut self) -> Result<bool, EngineError> {
+        let sched = self.scheduler.config();
+        let config = DecodeGraphConfig {
+            max_num_seqs: sched.max_num_seqs,
+            max_model_len_tokens: sched.max_model_len_tokens,
+            block_size_tokens: sched.block_size_tokens,
+            num_cache_blocks: self.scheduler.kv().num_total_blocks(),
+        };
+        self.graphs = self.backend.decode_graphs(&config)?;
+        Ok(self.graphs.is_some())
+    }
+
+    /// Whether decode steps are replayed from recorded graphs.
+    pub fn decode_graphs_enabled(&self) -> bool {
+        self.graphs.is_some()
     }
 
     /// The uncompressed cache layout of `model` on `backend` (one full K/V layer per model layer).
@@ -492,6 +517,11 @@ impl<B: Backend> Engine<B> {
         built: &batch_builder::BuiltBatch,
         capture: Option<&mut QueryCapture>,
     ) -> Result<starling_backend::HostTensor, EngineError> {
+        if capture.is_none() {
+            if let Some(logits) = self.replay_decode(built) {
+                return Ok(logits);
+            }
+        }
         let num_blocks = self.scheduler.kv().num_total_blocks();
         let batch = self.backend.prepare_batch(&built.meta, num_blocks)?;
         Ok(self.model.forward_capturing(
@@ -502,6 +532,42 @@ impl<B: Backend> Engine<B> {
             &mut self.caches,
             capture,
         )?)
+    }
+
+    /// The step's logits from a recorded decode graph, or `None` to run it eagerly (graphs off,
+    /// not a decode-only step). A replay error turns graphs off for good (logged) and the step
+    /// runs eagerly: it rewrites the same cache slots with the same values.
+    fn replay_decode(
+        &mut self,
+        built: &batch_builder::BuiltBatch,
+    ) -> Option<starling_backend::HostTensor> {
+        let graphs = self.graphs.as_mut()?;
+        let model = &self.model;
+        let mut forward = |backend: &B,
+                           ids: &[u32],
+                           meta: &BatchMeta,
+                           batch: &B::Batch,
+                           caches: &mut [B::KvCache]|
+         -> Result<B::Tensor, BackendError> {
+            model
+                .forward_device(backend, ids, meta, batch, caches)
+                .map_err(|e| match e {
+                    starling_models::ModelError::Backend(b) => b,
+                    other => BackendError::Device(other.to_string()),
+                })
+        };
+        let step = DecodeStep {
+            token_ids: &built.token_ids,
+            meta: &built.meta,
+        };
+        match graphs.run(&self.backend, step, &mut self.caches, &mut forward) {
+            Ok(logits) => logits,
+            Err(e) => {
+                tracing::error!("decode graph replay failed, running eagerly from now on: {e}");
+                self.graphs = None;
+                None
+            }
+        }
     }
 
     /// Samples every sampling row of the step (in parallel across requests when there are
