@@ -18,9 +18,11 @@ use starling_backend::{
 };
 use starling_kv::CacheDtype;
 
-use crate::kernels::Kernels;
+use crate::kernels::{Kernels, DECODE_MMA_THREADS};
 use crate::{cuda_available, CudaError, CudaTensor, DeviceBuf, KernelCache};
-use attention_plan::{plan_splits, AttentionRows, MAX_GROUP, PREFILL_THREADS};
+use attention_plan::{
+    plan_splits, AttentionRows, DecodeKernel, GridBlocks, MAX_GROUP, PREFILL_THREADS,
+};
 
 /// Threads per block of the elementwise kernels (grid-stride loops).
 const ELEMENTWISE_THREADS: u32 = 256;
@@ -354,18 +356,28 @@ impl CudaBackend {
                 "attention: {group} query heads per KV head unsupported (1..={MAX_GROUP})"
             )));
         }
-        let decode_kernel = self
-            .kernels
-            .attention(dims.head_dim, group)
-            .ok_or_else(|| {
-                CudaError::Shape(format!(
-                    "attention: head_dim {} with {group} query heads per KV head unsupported \
-                 (head_dim 64/128/256, up to 8 per KV head)",
-                    dims.head_dim
-                ))
-            })?;
+        let mma = self.kernels.decode_attention_mma(dims.head_dim);
+        let decode_choice = DecodeKernel::choose(group, mma.is_some());
+        // (function, block threads, dynamic shared bytes) of the decode launch.
+        let decode_kernel = match (decode_choice, mma) {
+            (DecodeKernel::Mma, Some(k)) => (&k.function, DECODE_MMA_THREADS, k.shared_bytes),
+            _ => {
+                let f = self
+                    .kernels
+                    .attention(dims.head_dim, group)
+                    .ok_or_else(|| {
+                        CudaError::Shape(format!(
+                            "attention: head_dim {} with {group} query heads per KV head \
+                             unsupported (head_dim 64/128/256, up to 8 per KV head)",
+                            dims.head_dim
+                        ))
+                    })?;
+                (f, 128, 0)
+            }
+        };
         // Prefill runs go to the tiled kernel where it is instantiated for this head width;
-        // otherwise the per-token kernel serves every row (`row_order` lists them all).
+        // otherwise the decode kernel serves every row (`row_order` lists them all; both decode
+        // kernels attend any single row correctly, prefill rows included).
         let rows = &batch.rows;
         let prefill = match self.kernels.prefill_attention(dims.head_dim) {
             Some(kernel) if rows.num_prefill() > 0 => Some((kernel, rows.tile_ranges[group - 1])),
@@ -377,9 +389,22 @@ impl CudaBackend {
             n
         };
         let tiles = prefill.map_or(0, |(_, (_, count))| count);
+        let decode_blocks = decode_rows * dims.num_kv_heads;
         let plan = plan_splits(
-            decode_rows * dims.num_kv_heads,
-            tiles * dims.num_kv_heads,
+            GridBlocks {
+                per_token: if decode_choice == DecodeKernel::PerToken {
+                    decode_blocks
+                } else {
+                    0
+                },
+                mma: if decode_choice == DecodeKernel::Mma {
+                    decode_blocks
+                } else {
+                    0
+                },
+                mma_resident_per_sm: mma.map_or(1, |k| k.resident_per_sm),
+                prefill: tiles * dims.num_kv_heads,
+            },
             batch.max_visible,
             self.num_sms,
         );
@@ -406,15 +431,17 @@ impl CudaBackend {
             split_len as i32,
         );
         if decode_rows > 0 {
+            let (function, threads, shared_bytes) = decode_kernel;
             let cfg = LaunchConfig {
                 grid_dim: (decode_rows as u32, dims.num_kv_heads as u32, splits as u32),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: shared_bytes,
             };
             let order = batch.row_order.slice(..decode_rows);
+            // Both decode kernels take the same arguments.
             launch!(
                 self,
-                decode_kernel,
+                function,
                 cfg,
                 &mut out,
                 &mut part_acc,
