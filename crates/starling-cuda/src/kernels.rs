@@ -17,6 +17,7 @@ const ATTENTION_SRC: &str = include_str!("../kernels/attention.cu");
 const KV_CACHE_SRC: &str = include_str!("../kernels/kv_cache.cu");
 const KEY_SCORES_SRC: &str = include_str!("../kernels/key_scores.cu");
 const PREFILL_ATTENTION_SRC: &str = include_str!("../kernels/prefill_attention.cu");
+const SAMPLING_SRC: &str = include_str!("../kernels/sampling.cu");
 
 /// Group bounds the attention kernel is instantiated for (query heads per KV head).
 const ATTENTION_GROUP_BOUNDS: [usize; 4] = [1, 2, 4, 8];
@@ -45,6 +46,7 @@ mod names {
     pub(super) const KEY_DIRECTION_PARTIALS: &str = "key_direction_partials_bf16";
     pub(super) const KEY_DIRECTION_MEAN: &str = "key_direction_mean";
     pub(super) const KEY_SCORES: &str = "key_scores_bf16";
+    pub(super) const SAMPLE_ROWS: &str = "sample_rows_f32";
 
     /// The attention instantiation for head width `d` and group bound `g`.
     pub(super) fn attention(d: usize, g: usize) -> String {
@@ -128,6 +130,11 @@ pub fn kernel_modules() -> Vec<KernelModule> {
                 names::KEY_SCORES,
             ]),
         },
+        KernelModule {
+            name: "sampling",
+            source: SAMPLING_SRC,
+            functions: owned(&[names::SAMPLE_ROWS]),
+        },
     ]
 }
 
@@ -154,6 +161,7 @@ pub(crate) struct Kernels {
     pub(crate) key_direction_partials: CudaFunction,
     pub(crate) key_direction_mean: CudaFunction,
     pub(crate) key_scores: CudaFunction,
+    pub(crate) sample_rows: CudaFunction,
 }
 
 impl Kernels {
@@ -204,6 +212,7 @@ impl Kernels {
             key_direction_partials: take(names::KEY_DIRECTION_PARTIALS)?,
             key_direction_mean: take(names::KEY_DIRECTION_MEAN)?,
             key_scores: take(names::KEY_SCORES)?,
+            sample_rows: take(names::SAMPLE_ROWS)?,
         })
     }
 
