@@ -12,6 +12,7 @@ use cudarc::driver::{
 };
 use half::bf16;
 use rayon::prelude::*;
+use starling_backend::sampling::{RowOutcome, RowSamplingParams};
 use starling_backend::{
     AttentionDims, Backend, BackendError, BatchMeta, HostTensor, KeyScoreKind, KvCacheSpec,
     RopeSpec, RopeStyle,
@@ -42,6 +43,7 @@ mod attention_plan;
 // After `launch!`, which they use.
 mod key_scores;
 mod kv_ops;
+mod sampling;
 
 /// A RoPE frequency table on the host and its device copy.
 type RopeTable = (Vec<f32>, Arc<CudaSlice<f32>>);
@@ -170,6 +172,20 @@ impl CudaBackend {
     /// Waits for all queued work (and surfaces asynchronous kernel errors).
     pub fn synchronize(&self) -> Result<(), CudaError> {
         Ok(self.stream.synchronize()?)
+    }
+
+    /// Copies a host tensor to the device in f32, the dtype [`Backend::logits`] returns (logits
+    /// for the sampling op in tests and tools; [`Backend::upload`] converts to bf16).
+    pub fn upload_f32(&self, host: &HostTensor) -> Result<CudaTensor, CudaError> {
+        let buf = if host.numel() == 0 {
+            self.stream.alloc_zeros::<f32>(1)?
+        } else {
+            self.stream.clone_htod(host.data())?
+        };
+        Ok(CudaTensor {
+            buf: DeviceBuf::F32(buf),
+            shape: host.shape().to_vec(),
+        })
     }
 
     /// A device tensor of N(mean, std) bf16 values made on the GPU (synthetic weights: no host
@@ -577,6 +593,22 @@ impl Backend for CudaBackend {
             }
         };
         HostTensor::new(t.shape.clone(), data)
+    }
+
+    fn sample_rows(
+        &self,
+        logits: &CudaTensor,
+        rows: &[RowSamplingParams],
+    ) -> Result<Vec<RowOutcome>, BackendError> {
+        self.sample_rows_impl(logits, rows).map_err(err)
+    }
+
+    fn logits_rows_to_host(
+        &self,
+        logits: &CudaTensor,
+        rows: &[u32],
+    ) -> Result<HostTensor, BackendError> {
+        self.logits_rows_to_host_impl(logits, rows).map_err(err)
     }
 
     fn alloc_kv_cache(&self, spec: &KvCacheSpec) -> Result<CudaKvCache, BackendError> {

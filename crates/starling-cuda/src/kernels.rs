@@ -29,6 +29,7 @@ macro_rules! with_mma_common {
 }
 const PREFILL_ATTENTION_SRC: &str = with_mma_common!("../kernels/prefill_attention.cu");
 const DECODE_ATTENTION_SRC: &str = with_mma_common!("../kernels/decode_attention.cu");
+const SAMPLING_SRC: &str = include_str!("../kernels/sampling.cu");
 
 /// Group bounds the attention kernel is instantiated for (query heads per KV head).
 const ATTENTION_GROUP_BOUNDS: [usize; 4] = [1, 2, 4, 8];
@@ -71,6 +72,7 @@ mod names {
     pub(super) const KEY_DIRECTION_PARTIALS: &str = "key_direction_partials_bf16";
     pub(super) const KEY_DIRECTION_MEAN: &str = "key_direction_mean";
     pub(super) const KEY_SCORES: &str = "key_scores_bf16";
+    pub(super) const SAMPLE_ROWS: &str = "sample_rows_f32";
 
     /// The attention instantiation for head width `d` and group bound `g`.
     pub(super) fn attention(d: usize, g: usize) -> String {
@@ -167,6 +169,11 @@ pub fn kernel_modules() -> Vec<KernelModule> {
                 names::KEY_SCORES,
             ]),
         },
+        KernelModule {
+            name: "sampling",
+            source: SAMPLING_SRC,
+            functions: owned(&[names::SAMPLE_ROWS]),
+        },
     ]
 }
 
@@ -196,6 +203,7 @@ pub(crate) struct Kernels {
     pub(crate) key_direction_partials: CudaFunction,
     pub(crate) key_direction_mean: CudaFunction,
     pub(crate) key_scores: CudaFunction,
+    pub(crate) sample_rows: CudaFunction,
 }
 
 impl Kernels {
@@ -254,6 +262,7 @@ impl Kernels {
             key_direction_partials: take(names::KEY_DIRECTION_PARTIALS)?,
             key_direction_mean: take(names::KEY_DIRECTION_MEAN)?,
             key_scores: take(names::KEY_SCORES)?,
+            sample_rows: take(names::SAMPLE_ROWS)?,
         })
     }
 

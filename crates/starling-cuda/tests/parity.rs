@@ -15,6 +15,10 @@ use starling_backend::{
 };
 use starling_cuda::CudaBackend;
 
+/// The device-side sampling op (one file, one job).
+#[path = "parity/sampling.rs"]
+mod sampling;
+
 /// bf16 operand tolerance on ‖out − ref‖ / ‖ref‖.
 const BF16_REL_TOL: f64 = 1e-2;
 

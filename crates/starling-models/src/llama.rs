@@ -428,6 +428,27 @@ impl<B: Backend> LlamaModel<B> {
         caches: &mut [B::KvCache],
         hooks: ForwardHooks<'_>,
     ) -> Result<HostTensor, ModelError> {
+        match self.forward_device_logits(backend, token_ids, meta, batch, caches, hooks)? {
+            Some(logits) => Ok(backend.to_host(&logits)?),
+            None => Ok(HostTensor::new(
+                vec![0, self.config.vocab_size],
+                Vec::new(),
+            )?),
+        }
+    }
+
+    /// [`LlamaModel::forward_with_hooks`], leaving the f32 logits `[meta.logits_rows.len(), vocab]`
+    /// in backend memory (for [`Backend::sample_rows`], so a device backend copies only sampled
+    /// tokens to the host); `None` when the batch requests no logits rows (the head is skipped).
+    pub fn forward_device_logits(
+        &self,
+        backend: &B,
+        token_ids: &[u32],
+        meta: &BatchMeta,
+        batch: &B::Batch,
+        caches: &mut [B::KvCache],
+        hooks: ForwardHooks<'_>,
+    ) -> Result<Option<B::Tensor>, ModelError> {
         let ForwardHooks {
             queries: mut capture,
             mut activations,
@@ -480,10 +501,7 @@ impl<B: Backend> LlamaModel<B> {
         }
         if meta.logits_rows.is_empty() {
             // A non-final prefill chunk samples nothing: skip the head entirely.
-            return Ok(HostTensor::new(
-                vec![0, self.config.vocab_size],
-                Vec::new(),
-            )?);
+            return Ok(None);
         }
         if let Some(delta) = pending_delta {
             backend.add_inplace(&mut residual, &delta)?;
@@ -491,7 +509,6 @@ impl<B: Backend> LlamaModel<B> {
         let last = backend.gather_rows(&residual, &meta.logits_rows)?;
         let normed = backend.rms_norm(&last, &self.final_norm, eps)?;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-        let logits = backend.logits(&normed, head)?;
-        Ok(backend.to_host(&logits)?)
+        Ok(Some(backend.logits(&normed, head)?))
     }
 }
