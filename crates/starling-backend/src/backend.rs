@@ -4,6 +4,7 @@
 //! transformer with a paged KV cache needs; fused ops (QKV projection, residual add + RMSNorm,
 //! SwiGLU) are ops of their own because they are one kernel each on a GPU.
 
+use crate::sampling::{sample_host_rows, select_host_rows, RowOutcome, RowSamplingParams};
 use crate::{BackendError, BatchMeta, DecodeGraphConfig, DecodeGraphs, HostTensor};
 
 /// Rotary embedding flavour.
@@ -144,6 +145,30 @@ pub trait Backend: Send + Sync {
 
     /// Copies a tensor back to the host as f32.
     fn to_host(&self, t: &Self::Tensor) -> Result<HostTensor, BackendError>;
+    /// Samples one token for each of `rows` from an f32 `[n, vocab]` logits tensor (as
+    /// [`Backend::logits`] returns it) where the logits live, and returns, in `rows`' order, only
+    /// each row's token id and raw log-probability (or why the row has no distribution). The
+    /// reference is [`crate::sampling::sample_row`]; the default copies the logits to the host
+    /// and runs it.
+    fn sample_rows(
+        &self,
+        logits: &Self::Tensor,
+        rows: &[RowSamplingParams],
+    ) -> Result<Vec<RowOutcome>, BackendError> {
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        sample_host_rows(&self.to_host(logits)?, rows)
+    }
+    /// The listed rows of an f32 `[n, vocab]` logits tensor, copied to the host in the listed
+    /// order (the rows a host sampler still needs). The default copies the whole tensor first.
+    fn logits_rows_to_host(
+        &self,
+        logits: &Self::Tensor,
+        rows: &[u32],
+    ) -> Result<HostTensor, BackendError> {
+        select_host_rows(&self.to_host(logits)?, rows)
+    }
     /// Allocates one layer's K/V cache, zero-filled.
     fn alloc_kv_cache(&self, spec: &KvCacheSpec) -> Result<Self::KvCache, BackendError>;
     /// Makes the step metadata available to the ops (validated against the cache size).

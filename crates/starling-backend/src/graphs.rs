@@ -6,7 +6,7 @@
 //! once per batch-size bucket, and replays it on later steps. A step it cannot replay (prefill,
 //! mixed, too large) comes back as `None` and the caller runs it eagerly.
 
-use crate::{Backend, BackendError, BatchMeta, HostTensor};
+use crate::{Backend, BackendError, BatchMeta};
 
 /// A model's forward pass up to the device logits of `meta.logits_rows`, as the backend replays
 /// it: `(backend, token_ids, meta, batch, caches) -> logits`. It must only issue backend ops
@@ -31,6 +31,9 @@ pub struct DecodeGraphConfig {
     pub block_size_tokens: usize,
     /// Blocks in each layer's cache.
     pub num_cache_blocks: usize,
+    /// The model's query heads per KV head (its attention group), which picks the decode
+    /// attention kernel and so the split plan a replay must reproduce.
+    pub query_heads_per_kv_head: usize,
 }
 
 /// One decode step as the engine built it.
@@ -47,7 +50,8 @@ pub struct DecodeStep<'a> {
 /// forward pass (a recording holds that model's weights).
 pub trait DecodeGraphs<B: Backend>: Send {
     /// Runs `step` by replaying a recording of `forward` (recording it first when its bucket has
-    /// none) and returns the logits `[meta.logits_rows.len(), vocab]` in f32, or `None` when the
+    /// none) and returns the logits `[meta.logits_rows.len(), vocab]` in f32, in backend memory
+    /// (for [`Backend::sample_rows`]), or `None` when the
     /// step cannot be replayed and must run eagerly (not every sequence decodes one token, the
     /// batch is larger than the largest bucket, or recording failed earlier for its bucket).
     fn run(
@@ -56,7 +60,7 @@ pub trait DecodeGraphs<B: Backend>: Send {
         step: DecodeStep<'_>,
         caches: &mut [B::KvCache],
         forward: &mut DeviceForward<'_, B>,
-    ) -> Result<Option<HostTensor>, BackendError>;
+    ) -> Result<Option<B::Tensor>, BackendError>;
 
     /// The batch sizes steps are padded up to, ascending.
     fn buckets(&self) -> &[usize];

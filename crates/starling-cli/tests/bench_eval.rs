@@ -3,20 +3,12 @@
 //! so each run takes seconds.
 
 use std::path::Path;
-use std::process::{Command, Output};
 
 use serde_json::Value;
 
-fn starling(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_starling"))
-        .args(args)
-        .output()
-        .expect("run starling")
-}
+mod common;
 
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
+use common::{starling, stderr};
 
 fn read_json(path: &Path) -> Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));

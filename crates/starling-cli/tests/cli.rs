@@ -2,30 +2,10 @@
 //! error and a non-zero exit code, never a panic.
 
 use std::path::Path;
-use std::process::{Command, Output};
 
-fn starling(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_starling"))
-        .args(args)
-        .output()
-        .expect("run starling")
-}
+mod common;
 
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// Asserts a clean failure: exit code 1, an `error:` line containing `needle`, no panic.
-fn assert_clean_failure(out: &Output, needle: &str) {
-    let err = stderr(out);
-    assert_eq!(out.status.code(), Some(1), "stderr: {err}");
-    assert!(err.contains("error:"), "stderr: {err}");
-    assert!(
-        err.to_lowercase().contains(&needle.to_lowercase()),
-        "expected {needle:?} in: {err}"
-    );
-    assert!(!err.contains("panicked"), "panic: {err}");
-}
+use common::{assert_clean_failure, starling, stderr};
 
 #[test]
 fn generate_continues_the_capital_of_france_with_paris() {

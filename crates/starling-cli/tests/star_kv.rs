@@ -4,34 +4,11 @@
 //! other weights end in clear errors.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
-fn starling(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_starling"))
-        .args(args)
-        .output()
-        .expect("run starling")
-}
+mod common;
 
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// Asserts a clean failure: exit code 1, an `error:` line containing `needle`, no panic.
-fn assert_clean_failure(out: &Output, needle: &str) {
-    let err = stderr(out);
-    assert_eq!(out.status.code(), Some(1), "stderr: {err}");
-    assert!(err.contains("error:"), "stderr: {err}");
-    assert!(
-        err.to_lowercase().contains(&needle.to_lowercase()),
-        "expected {needle:?} in: {err}"
-    );
-    assert!(!err.contains("panicked"), "panic: {err}");
-}
+use common::{assert_clean_failure, starling, stderr, stdout};
 
 /// The Paul Graham essay set's digest (`starling-hub`'s `EssaySource::paul_graham`).
 const ESSAYS_SHA256: &str = "425faac798858e4240d7f4be9b3440b658e805b1289e0bdae72b83a4a1bcdfde";

@@ -13,15 +13,18 @@ use cudarc::driver::{
 };
 use half::bf16;
 use rayon::prelude::*;
+use starling_backend::sampling::{RowOutcome, RowSamplingParams};
 use starling_backend::{
     AttentionDims, Backend, BackendError, BatchMeta, DecodeGraphConfig, DecodeGraphs, HostTensor,
     KeyScoreKind, KvCacheSpec, RopeSpec, RopeStyle,
 };
 use starling_kv::CacheDtype;
 
-use crate::kernels::Kernels;
+use crate::kernels::{Kernels, DECODE_MMA_THREADS};
 use crate::{cuda_available, CudaError, CudaTensor, DeviceBuf, KernelCache};
-use attention_plan::{plan_splits, MAX_GROUP, PREFILL_THREADS};
+use attention_plan::{
+    plan_splits, AttentionRows, DecodeKernel, GridBlocks, SplitPlan, MAX_GROUP, PREFILL_THREADS,
+};
 
 /// Threads per block of the elementwise kernels (grid-stride loops).
 const ELEMENTWISE_THREADS: u32 = 256;
@@ -45,6 +48,7 @@ mod batch;
 mod graphs;
 mod key_scores;
 mod kv_ops;
+mod sampling;
 
 pub use batch::CudaBatch;
 pub use graphs::CudaDecodeGraphs;
@@ -188,6 +192,20 @@ impl CudaBackend {
     /// Waits for all queued work (and surfaces asynchronous kernel errors).
     pub fn synchronize(&self) -> Result<(), CudaError> {
         Ok(self.stream.synchronize()?)
+    }
+
+    /// Copies a host tensor to the device in f32, the dtype [`Backend::logits`] returns (logits
+    /// for the sampling op in tests and tools; [`Backend::upload`] converts to bf16).
+    pub fn upload_f32(&self, host: &HostTensor) -> Result<CudaTensor, CudaError> {
+        let buf = if host.numel() == 0 {
+            self.stream.alloc_zeros::<f32>(1)?
+        } else {
+            self.stream.clone_htod(host.data())?
+        };
+        Ok(CudaTensor {
+            buf: DeviceBuf::F32(buf),
+            shape: host.shape().to_vec(),
+        })
     }
 
     /// A device tensor of N(mean, std) bf16 values made on the GPU (synthetic weights: no host
@@ -352,6 +370,36 @@ impl CudaBackend {
         })
     }
 
+    /// The context split of one attention call: `decode_blocks` (decode rows × KV heads) go to
+    /// the decode kernel this head width and group get ([`DecodeKernel::choose`]), `prefill_blocks`
+    /// (tiles × KV heads) to the tiled kernel. Eager launches and recorded decode graphs plan
+    /// through here, so a replayed step splits exactly as the eager one.
+    pub(crate) fn attention_split_plan(
+        &self,
+        head_dim: usize,
+        group: usize,
+        decode_blocks: usize,
+        prefill_blocks: usize,
+        max_visible_tokens: usize,
+    ) -> SplitPlan {
+        let mma = self.kernels.decode_attention_mma(head_dim);
+        let choice = DecodeKernel::choose(group, mma.is_some());
+        let (per_token, mma_blocks) = match choice {
+            DecodeKernel::PerToken => (decode_blocks, 0),
+            DecodeKernel::Mma => (0, decode_blocks),
+        };
+        plan_splits(
+            GridBlocks {
+                per_token,
+                mma: mma_blocks,
+                mma_resident_per_sm: mma.map_or(1, |k| k.resident_per_sm),
+                prefill: prefill_blocks,
+            },
+            max_visible_tokens,
+            self.num_sms,
+        )
+    }
+
     fn paged_attention_impl(
         &self,
         qkv: &CudaTensor,
@@ -386,18 +434,28 @@ impl CudaBackend {
                 "attention: {group} query heads per KV head unsupported (1..={MAX_GROUP})"
             )));
         }
-        let decode_kernel = self
-            .kernels
-            .attention(dims.head_dim, group)
-            .ok_or_else(|| {
-                CudaError::Shape(format!(
-                    "attention: head_dim {} with {group} query heads per KV head unsupported \
-                 (head_dim 64/128/256, up to 8 per KV head)",
-                    dims.head_dim
-                ))
-            })?;
+        let mma = self.kernels.decode_attention_mma(dims.head_dim);
+        let decode_choice = DecodeKernel::choose(group, mma.is_some());
+        // (function, block threads, dynamic shared bytes) of the decode launch.
+        let decode_kernel = match (decode_choice, mma) {
+            (DecodeKernel::Mma, Some(k)) => (&k.function, DECODE_MMA_THREADS, k.shared_bytes),
+            _ => {
+                let f = self
+                    .kernels
+                    .attention(dims.head_dim, group)
+                    .ok_or_else(|| {
+                        CudaError::Shape(format!(
+                            "attention: head_dim {} with {group} query heads per KV head \
+                             unsupported (head_dim 64/128/256, up to 8 per KV head)",
+                            dims.head_dim
+                        ))
+                    })?;
+                (f, 128, 0)
+            }
+        };
         // Prefill runs go to the tiled kernel where it is instantiated for this head width;
-        // otherwise the per-token kernel serves every row (`row_order` lists them all).
+        // otherwise the decode kernel serves every row (`row_order` lists them all; both decode
+        // kernels attend any single row correctly, prefill rows included).
         let rows = &batch.rows;
         let prefill = match self.kernels.prefill_attention(dims.head_dim) {
             Some(kernel) if rows.num_prefill() > 0 => Some((kernel, rows.tile_ranges[group - 1])),
@@ -414,11 +472,12 @@ impl CudaBackend {
         // from the batch (`plan_ptr`), the same plan an eager run of the step computes.
         let (splits, split_len, plan_ptr) = match &batch.replay {
             None => {
-                let plan = plan_splits(
+                let plan = self.attention_split_plan(
+                    dims.head_dim,
+                    group,
                     decode_rows * dims.num_kv_heads,
                     tiles * dims.num_kv_heads,
                     batch.max_visible,
-                    self.num_sms,
                 );
                 (plan.splits, plan.split_len, 0u64)
             }
@@ -459,15 +518,17 @@ impl CudaBackend {
             split_len as i32,
         );
         if decode_rows > 0 {
+            let (function, threads, shared_bytes) = decode_kernel;
             let cfg = LaunchConfig {
                 grid_dim: (decode_rows as u32, dims.num_kv_heads as u32, splits as u32),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: shared_bytes,
             };
             let order = batch.row_order(decode_rows);
+            // Both decode kernels take the same arguments.
             launch!(
                 self,
-                decode_kernel,
+                function,
                 cfg,
                 &mut out,
                 &mut part_acc,
@@ -605,6 +666,22 @@ impl Backend for CudaBackend {
             }
         };
         HostTensor::new(t.shape.clone(), data)
+    }
+
+    fn sample_rows(
+        &self,
+        logits: &CudaTensor,
+        rows: &[RowSamplingParams],
+    ) -> Result<Vec<RowOutcome>, BackendError> {
+        self.sample_rows_impl(logits, rows).map_err(err)
+    }
+
+    fn logits_rows_to_host(
+        &self,
+        logits: &CudaTensor,
+        rows: &[u32],
+    ) -> Result<HostTensor, BackendError> {
+        self.logits_rows_to_host_impl(logits, rows).map_err(err)
     }
 
     fn alloc_kv_cache(&self, spec: &KvCacheSpec) -> Result<CudaKvCache, BackendError> {

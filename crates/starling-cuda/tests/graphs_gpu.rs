@@ -93,6 +93,7 @@ fn replay_matches_eager(cfg: &ModelConfig, batch: usize, prompt_lens: &[usize], 
         max_model_len_tokens: max_model_len,
         block_size_tokens: BLOCK_TOKENS,
         num_cache_blocks: blocks,
+        query_heads_per_kv_head: cfg.num_attention_heads / cfg.num_kv_heads.max(1),
     };
     let mut graphs = gpu
         .decode_graphs(&config)
@@ -135,6 +136,7 @@ fn replay_matches_eager(cfg: &ModelConfig, batch: usize, prompt_lens: &[usize], 
             )
             .expect("replay")
             .expect("a decode step within the buckets is replayed");
+        let replayed = gpu.to_host(&replayed).expect("logits to the host");
         assert_eq!(replayed.shape(), eager.shape());
         let differing = eager
             .data()

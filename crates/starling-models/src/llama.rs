@@ -428,7 +428,7 @@ impl<B: Backend> LlamaModel<B> {
         caches: &mut [B::KvCache],
         hooks: ForwardHooks<'_>,
     ) -> Result<HostTensor, ModelError> {
-        match self.forward_logits(backend, token_ids, meta, batch, caches, hooks)? {
+        match self.forward_device_logits(backend, token_ids, meta, batch, caches, hooks)? {
             Some(logits) => Ok(backend.to_host(&logits)?),
             // A non-final prefill chunk samples nothing: the head was skipped.
             None => Ok(HostTensor::new(
@@ -438,7 +438,7 @@ impl<B: Backend> LlamaModel<B> {
         }
     }
 
-    /// [`LlamaModel::forward`] without the copy to the host: the f32 logits
+    /// [`LlamaModel::forward`] without the copy to the host and without hooks: the f32 logits
     /// `[meta.logits_rows.len(), vocab]` stay in backend memory. Issues backend ops only (no host
     /// copy, token ids read through [`Backend::embedding_for_batch`]), which is what a recorded
     /// decode step (`starling_backend::DecodeGraphs`) needs. `meta.logits_rows` must not be empty.
@@ -451,12 +451,14 @@ impl<B: Backend> LlamaModel<B> {
         caches: &mut [B::KvCache],
     ) -> Result<B::Tensor, ModelError> {
         let hooks = ForwardHooks::default();
-        self.forward_logits(backend, token_ids, meta, batch, caches, hooks)?
+        self.forward_device_logits(backend, token_ids, meta, batch, caches, hooks)?
             .ok_or_else(|| ModelError::InvalidConfig("forward_device: no logits rows".into()))
     }
 
-    /// The forward pass; `None` when no row wants logits (the head is skipped).
-    fn forward_logits(
+    /// [`LlamaModel::forward_with_hooks`], leaving the f32 logits `[meta.logits_rows.len(), vocab]`
+    /// in backend memory (for [`Backend::sample_rows`], so a device backend copies only sampled
+    /// tokens to the host); `None` when the batch requests no logits rows (the head is skipped).
+    pub fn forward_device_logits(
         &self,
         backend: &B,
         token_ids: &[u32],

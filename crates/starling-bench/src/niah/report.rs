@@ -74,6 +74,10 @@ pub struct NiahReport {
     pub question: String,
     /// The methods, in the order run.
     pub methods: Vec<MethodRun>,
+    /// A model-level K/V compression every method ran on top of (a STAR-KV checkpoint and
+    /// profile, `--kv-compression`), absent for the original model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_compression: Option<Value>,
     /// Every cell of every method.
     pub cells: Vec<NiahCell>,
 }
@@ -148,6 +152,12 @@ impl NiahReport {
             self.kv_bytes_per_token,
             self.essays_sha256
         );
+        if let Some(model) = &self.model_compression {
+            let _ = writeln!(
+                out,
+                "Model K/V projections: `{model}` (every method runs on it)\n"
+            );
+        }
         let _ = writeln!(out, "Compression configs:\n");
         for method in &self.methods {
             let _ = writeln!(out, "- `{}`: `{}`", method.label, method.compression);
@@ -225,6 +235,7 @@ pub(crate) mod tests {
                     compression: serde_json::json!({"method": "keydiff", "ratio": 0.5}),
                 },
             ],
+            model_compression: None,
             cells,
         }
     }

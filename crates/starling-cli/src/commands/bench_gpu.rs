@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use starling_backend::sampling::{RowSamplingParams, TokenFilter};
 use starling_backend::{
     AttentionDims, Backend, BackendError, BatchMeta, DecodeGraphConfig, DecodeStep,
 };
@@ -214,12 +215,28 @@ pub fn decode(args: DecodeArgs) -> Result<()> {
                 let ids: Vec<u32> = (0..batch as u32)
                     .map(|i| (i * 7919) % config.vocab_size as u32)
                     .collect();
+                // Greedy rows sampled where the logits are, as the engine's decode steps do.
+                let greedy: Vec<RowSamplingParams> = (0..batch as u32)
+                    .map(|row| RowSamplingParams {
+                        row,
+                        filter: TokenFilter {
+                            temperature: 0.0,
+                            top_k: None,
+                            top_p: 1.0,
+                            min_p: 0.0,
+                        },
+                        uniform: 0.0,
+                    })
+                    .collect();
                 let mut times = Vec::with_capacity(args.steps);
                 for i in 0..args.steps + 3 {
                     let t = Instant::now();
                     let prepared = gpu.prepare_batch(&meta, num_blocks)?;
-                    let logits = model.forward(&gpu, &ids, &meta, &prepared, &mut caches)?;
-                    std::hint::black_box(&logits);
+                    let logits = model
+                        .forward_device(&gpu, &ids, &meta, &prepared, &mut caches)
+                        .map_err(|e| anyhow::anyhow!("eager step: {e}"))?;
+                    let tokens = gpu.sample_rows(&logits, &greedy)?;
+                    std::hint::black_box(&tokens);
                     if i >= 3 {
                         times.push(t.elapsed().as_secs_f64() * 1e3);
                     }
@@ -231,6 +248,7 @@ pub fn decode(args: DecodeArgs) -> Result<()> {
                     max_model_len_tokens: ctx + 1,
                     block_size_tokens: block_size,
                     num_cache_blocks: num_blocks,
+                    query_heads_per_kv_head: config.num_attention_heads / config.num_kv_heads,
                 };
                 let mut graphs = gpu
                     .decode_graphs(&graph_config)?
@@ -255,7 +273,8 @@ pub fn decode(args: DecodeArgs) -> Result<()> {
                     let logits = graphs
                         .run(&gpu, step, &mut caches, &mut forward)?
                         .context("the decode step was not replayed")?;
-                    std::hint::black_box(&logits);
+                    let tokens = gpu.sample_rows(&logits, &greedy)?;
+                    std::hint::black_box(&tokens);
                     if i >= 3 {
                         graph_times.push(t.elapsed().as_secs_f64() * 1e3);
                     }

@@ -181,6 +181,11 @@ fn niah<B: Backend + 'static>(backend: B, args: NiahArgs) -> Result<()> {
                 compression: config.to_json(),
             })
             .collect(),
+        model_compression: args
+            .engine
+            .kv_compression
+            .star_kv()
+            .map(|_| args.engine.kv_compression.to_json()),
         cells,
     };
     let mut markdown = report.markdown();

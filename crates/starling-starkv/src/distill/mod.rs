@@ -23,7 +23,6 @@
 //! Entry point: [`distill_ranks`]; [`distilled_checkpoint`] writes the result like
 //! [`crate::svd_checkpoint`].
 
-mod adam;
 mod config;
 mod distiller;
 mod error;

@@ -4,7 +4,7 @@
 //! budget is met. Gradients are written by hand: the only trained quantities are the
 //! thresholds, and their derivatives are closed-form.
 
-mod adam;
+pub(crate) mod adam;
 mod learn;
 mod objective;
 mod soft;

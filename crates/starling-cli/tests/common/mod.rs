@@ -1,0 +1,34 @@
+//! What the CLI's integration tests share: running the `starling` binary and reading its output.
+#![allow(dead_code)] // Each test binary uses a different subset.
+
+use std::process::{Command, Output};
+
+/// Runs the `starling` binary built for these tests with `args`.
+pub fn starling(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_starling"))
+        .args(args)
+        .output()
+        .expect("run starling")
+}
+
+/// The run's standard output, lossily decoded.
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The run's standard error, lossily decoded.
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Asserts a clean failure: exit code 1, an `error:` line containing `needle`, no panic.
+pub fn assert_clean_failure(out: &Output, needle: &str) {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(1), "stderr: {err}");
+    assert!(err.contains("error:"), "stderr: {err}");
+    assert!(
+        err.to_lowercase().contains(&needle.to_lowercase()),
+        "expected {needle:?} in: {err}"
+    );
+    assert!(!err.contains("panicked"), "panic: {err}");
+}
