@@ -23,7 +23,7 @@ use starling_kv::CacheDtype;
 use crate::kernels::{Kernels, DECODE_MMA_THREADS};
 use crate::{cuda_available, CudaError, CudaTensor, DeviceBuf, KernelCache};
 use attention_plan::{
-    plan_splits, AttentionRows, DecodeKernel, GridBlocks, SplitPlan, MAX_GROUP, PREFILL_THREADS,
+    plan_splits, DecodeKernel, GridBlocks, SplitPlan, MAX_GROUP, PREFILL_THREADS,
 };
 
 /// Threads per block of the elementwise kernels (grid-stride loops).

@@ -545,10 +545,7 @@ impl<B: Backend> Engine<B> {
     /// The step's logits (in backend memory) from a recorded decode graph, or `None` to run it eagerly (graphs off,
     /// not a decode-only step). A replay error turns graphs off for good (logged) and the step
     /// runs eagerly: it rewrites the same cache slots with the same values.
-    fn replay_decode(
-        &mut self,
-        built: &batch_builder::BuiltBatch,
-    ) -> Option<B::Tensor> {
+    fn replay_decode(&mut self, built: &batch_builder::BuiltBatch) -> Option<B::Tensor> {
         let graphs = self.graphs.as_mut()?;
         let model = &self.model;
         let mut forward = |backend: &B,
