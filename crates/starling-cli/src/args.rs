@@ -87,9 +87,9 @@ pub struct EngineArgs {
     #[arg(long, value_enum, default_value_t = AdmissionArg::Optimistic)]
     pub admission_policy: AdmissionArg,
     /// Replay decode-only steps from CUDA graphs recorded per batch-size bucket (fewer kernel
-    /// launches at small batch); prefill and mixed steps stay eager. Ignored on the CPU. Off by
-    /// default until the replay-equals-eager tests (tests/graphs_gpu.rs) have passed on a GPU.
-    #[arg(long, value_enum, default_value_t = OnOff::Off)]
+    /// launches at small batch); prefill and mixed steps stay eager. Ignored on the CPU. A replay
+    /// is bit-identical to the eager step (tests/graphs_gpu.rs, run on an H200).
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub cuda_graphs: OnOff,
 }
 

@@ -237,7 +237,10 @@ pub(crate) fn replayable_rows(
     let n = meta.seqs.len();
     let decode_only = meta.seqs.iter().all(|s| s.query_len == 1);
     let fits = meta.seqs.iter().all(|s| s.block_table.len() <= max_blocks);
-    (n > 0 && decode_only && fits && meta.num_tokens() == n && token_ids.len() == n).then_some(n)
+    // The graph's logits are every row's, in order: a step must want exactly those.
+    let all_logits = (0..n as u32).eq(meta.logits_rows.iter().copied());
+    (n > 0 && decode_only && fits && all_logits && meta.num_tokens() == n && token_ids.len() == n)
+        .then_some(n)
 }
 
 /// The packed buffer of a replay batch for one decode step (validated, `replayable_rows` rows):
