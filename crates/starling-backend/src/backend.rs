@@ -4,7 +4,8 @@
 //! transformer with a paged KV cache needs; fused ops (QKV projection, residual add + RMSNorm,
 //! SwiGLU) are ops of their own because they are one kernel each on a GPU.
 
-use crate::{BackendError, BatchMeta, HostTensor};
+use crate::sampling::{sample_host_rows, select_host_rows, RowOutcome, RowSamplingParams};
+use crate::{BackendError, BatchMeta, DecodeGraphConfig, DecodeGraphs, HostTensor};
 
 /// Rotary embedding flavour.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,6 +145,30 @@ pub trait Backend: Send + Sync {
 
     /// Copies a tensor back to the host as f32.
     fn to_host(&self, t: &Self::Tensor) -> Result<HostTensor, BackendError>;
+    /// Samples one token for each of `rows` from an f32 `[n, vocab]` logits tensor (as
+    /// [`Backend::logits`] returns it) where the logits live, and returns, in `rows`' order, only
+    /// each row's token id and raw log-probability (or why the row has no distribution). The
+    /// reference is [`crate::sampling::sample_row`]; the default copies the logits to the host
+    /// and runs it.
+    fn sample_rows(
+        &self,
+        logits: &Self::Tensor,
+        rows: &[RowSamplingParams],
+    ) -> Result<Vec<RowOutcome>, BackendError> {
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        sample_host_rows(&self.to_host(logits)?, rows)
+    }
+    /// The listed rows of an f32 `[n, vocab]` logits tensor, copied to the host in the listed
+    /// order (the rows a host sampler still needs). The default copies the whole tensor first.
+    fn logits_rows_to_host(
+        &self,
+        logits: &Self::Tensor,
+        rows: &[u32],
+    ) -> Result<HostTensor, BackendError> {
+        select_host_rows(&self.to_host(logits)?, rows)
+    }
     /// Allocates one layer's K/V cache, zero-filled.
     fn alloc_kv_cache(&self, spec: &KvCacheSpec) -> Result<Self::KvCache, BackendError>;
     /// Makes the step metadata available to the ops (validated against the cache size).
@@ -155,6 +180,30 @@ pub trait Backend: Send + Sync {
 
     /// Rows of `table` (`[vocab, d]`) selected by `ids` → `[ids.len(), d]`.
     fn embedding(&self, table: &Self::Tensor, ids: &[u32]) -> Result<Self::Tensor, BackendError>;
+    /// [`Backend::embedding`] of a step's token ids. A backend whose batch carries the ids in its
+    /// own memory (the fixed inputs of a replayed decode step) reads them there, so the op can be
+    /// recorded once and replayed with new ids; the default gathers `ids` as given.
+    fn embedding_for_batch(
+        &self,
+        table: &Self::Tensor,
+        ids: &[u32],
+        batch: &Self::Batch,
+    ) -> Result<Self::Tensor, BackendError> {
+        let _ = batch;
+        self.embedding(table, ids)
+    }
+    /// Recorded decode steps for one model over caches of `config`'s geometry, where the backend
+    /// can replay them (see [`DecodeGraphs`]); `None` (the default) runs every step eagerly.
+    fn decode_graphs(
+        &self,
+        config: &DecodeGraphConfig,
+    ) -> Result<Option<Box<dyn DecodeGraphs<Self>>>, BackendError>
+    where
+        Self: Sized,
+    {
+        let _ = config;
+        Ok(None)
+    }
     /// `x · wᵀ (+ bias)`: `x` is `[n, k]`, `w` is `[m, k]` (PyTorch Linear layout) → `[n, m]`.
     fn linear(
         &self,

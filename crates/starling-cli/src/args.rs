@@ -86,6 +86,20 @@ pub struct EngineArgs {
     /// of every running request and its own fit — fewer preemptions, above all with eviction).
     #[arg(long, value_enum, default_value_t = AdmissionArg::Optimistic)]
     pub admission_policy: AdmissionArg,
+    /// Replay decode-only steps from CUDA graphs recorded per batch-size bucket (fewer kernel
+    /// launches at small batch); prefill and mixed steps stay eager. Ignored on the CPU. A replay
+    /// is bit-identical to the eager step (tests/graphs_gpu.rs, run on an H200).
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub cuda_graphs: OnOff,
+}
+
+/// A switch flag's values.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnOff {
+    /// Enabled.
+    On,
+    /// Disabled.
+    Off,
 }
 
 /// `--admission-policy` values.

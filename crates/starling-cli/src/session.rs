@@ -187,7 +187,18 @@ pub fn open_session<B: Backend + 'static>(
     let engine_config = engine_config(args, &config, kv_budget_bytes(args, &backend)?);
     let text = Arc::new(TokenizerText(tokenizer.clone()));
     tracing::info!("engine on {}", backend.name());
-    let engine = Engine::new(backend, model, Some(text), engine_config)?;
+    let mut engine = Engine::new(backend, model, Some(text), engine_config)?;
+    if args.cuda_graphs == crate::args::OnOff::On {
+        let on = engine.enable_decode_graphs()?;
+        tracing::info!(
+            "CUDA graphs for decode steps: {}",
+            if on {
+                "on"
+            } else {
+                "not available on this backend"
+            }
+        );
+    }
     Ok(Session {
         engine,
         tokenizer,

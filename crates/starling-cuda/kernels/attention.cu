@@ -47,8 +47,17 @@ __device__ void paged_attention_impl(
     const unsigned* __restrict__ tok_seq,      // sequence of each query token
     const unsigned* __restrict__ tok_visible,  // context positions each query token sees
     const unsigned* __restrict__ block_tables, int max_blocks, int block_size,
-    int num_kv_heads, int group, float scale, int splits, int split_len) {
+    int num_kv_heads, int group, float scale, int splits, int split_len,
+    const unsigned* __restrict__ plan) {  // null, or {splits, split_len} on the device
     constexpr int LPR = D / 8;       // lanes per row
+    // A replayed decode step (CUDA graph) launches the bucket's largest split count and reads
+    // this step's plan here; the splits it does not use leave at once (whole blocks, before any
+    // barrier). Eager launches pass the plan by value and a null pointer.
+    if (plan != nullptr) {
+        splits = (int)plan[0];
+        split_len = (int)plan[1];
+        if ((int)blockIdx.z >= splits) return;
+    }
     constexpr int RPW = 32 / LPR;    // rows per warp pass
     const int t = (int)rows[blockIdx.x], kvh = blockIdx.y, split = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -203,21 +212,28 @@ __device__ void paged_attention_impl(
         const bf16* k_cache, const bf16* v_cache, const unsigned* rows,                          \
         const unsigned* tok_seq, const unsigned* tok_visible, const unsigned* block_tables,      \
         int max_blocks, int block_size, int num_kv_heads, int group, float scale, int splits,    \
-        int split_len) {                                                                         \
+        int split_len, const unsigned* plan) {                                                   \
         paged_attention_impl<D, G>(out, part_acc, part_ml, qkv, qkv_width, k_cache, v_cache,    \
                                    rows, tok_seq, tok_visible, block_tables, max_blocks,         \
-                                   block_size, num_kv_heads, group, scale, splits, split_len);   \
+                                   block_size, num_kv_heads, group, scale, splits, split_len,    \
+                                   plan);                                                        \
     }
 #define INSTANTIATE_GROUPS(D) INSTANTIATE(D, 1) INSTANTIATE(D, 2) INSTANTIATE(D, 4) INSTANTIATE(D, 8)
 INSTANTIATE_GROUPS(64)
 INSTANTIATE_GROUPS(128)
 INSTANTIATE_GROUPS(256)
 
-// Merges the splits of one (token, head): grid (T, Hq), block = D threads.
+// Merges the splits of one (token, head): grid (T, Hq), block = D threads. `plan` as above: a
+// replayed step whose plan has one split wrote `out` directly, so there is nothing to merge.
 extern "C" __global__ void attention_combine_bf16(bf16* __restrict__ out,
                                                   const float* __restrict__ part_acc,
                                                   const float* __restrict__ part_ml, int num_q_heads,
-                                                  int splits, int head_dim) {
+                                                  int splits, int head_dim,
+                                                  const unsigned* __restrict__ plan) {
+    if (plan != nullptr) {
+        splits = (int)plan[0];
+        if (splits <= 1) return;
+    }
     const int t = blockIdx.x, h = blockIdx.y;
     const size_t base = ((size_t)t * num_q_heads + h) * splits;
     float m_max = NEG_INF;

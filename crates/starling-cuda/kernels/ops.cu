@@ -120,8 +120,12 @@ extern "C" __global__ void rope_qk_bf16(bf16* __restrict__ qkv, const unsigned* 
 extern "C" __global__ void write_kv_bf16(const bf16* __restrict__ qkv, const unsigned* __restrict__ slots,
                                          bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
                                          int width, int q_size, int kv_size) {
+    const unsigned slot = slots[blockIdx.x];
+    // The padding rows of a replayed decode step (CUDA graph bucket) carry this slot: they own
+    // no cache slot, so they write nothing.
+    if (slot == 0xffffffffu) return;
     const bf16* row = qkv + (size_t)blockIdx.x * width;
-    const size_t dst = (size_t)slots[blockIdx.x] * kv_size;
+    const size_t dst = (size_t)slot * kv_size;
     for (int c = threadIdx.x; c < kv_size; c += blockDim.x) {
         k_cache[dst + c] = row[q_size + c];
         v_cache[dst + c] = row[q_size + kv_size + c];

@@ -1,5 +1,5 @@
 // Tiled paged attention for prefill chunks (CPU reference: starling-backend
-// cpu::attention::paged_attention; decode tokens use attention.cu).
+// cpu::attention::paged_attention; decode tokens use decode_attention.cu or attention.cu).
 //
 // FlashAttention-2 style. One block per (query tile, KV head, context split). A tile is up to
 // 64 / group consecutive tokens of ONE sequence; its BM = 64 rows are (token, query head of the
@@ -14,96 +14,14 @@
 // Causality is the decode kernel's: row r sees the context positions below tok_visible of its
 // token (physical lengths, so compacted caches work unchanged). With several splits each block
 // covers keys [split * split_len, +split_len) and writes an unnormalised partial in the layout
-// attention_combine_bf16 (attention.cu) merges, the same layout the decode kernel writes.
-#include <cuda_bf16.h>
-typedef __nv_bfloat16 bf16;
+// attention_combine_bf16 (attention.cu) merges, the same layout the decode kernels write.
+//
+// The helpers (cp.async, ldmatrix, mma.sync, swizzle, tile copies) are in mma_common.cuh, which
+// the host prepends to this source.
 
 #define BM 64        // query rows per block
 #define BN 64        // keys per shared-memory tile
 #define THREADS 128  // 4 warps x 16 rows
-#define NEG_INF (__int_as_float(0xff800000))
-#define LOG2E 1.4426950408889634f
-#define LN2 0.6931471805599453f
-#define NO_SLOT 0xffffffffu
-
-// Element offset of 16-byte chunk `c` of row `r` in a swizzled [rows][D] bf16 tile.
-template <int D>
-__device__ __forceinline__ int swz(int r, int c) {
-    return r * D + ((c ^ (r & 7)) << 3);
-}
-
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-
-// 16-byte global → shared copy; an invalid source writes zeros (src-size 0 reads nothing), so
-// rows past the end of the context hold finite values (0 · NaN would poison P·V).
-__device__ __forceinline__ void cp_async16(bf16* dst, const bf16* src, bool valid) {
-    const int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-                 "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const bf16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, const bf16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-
-// c[16x8] += a[16x16] · b[16x8] (bf16 operands, f32 accumulators, PTX fragment layouts).
-__device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats as one bf16x2 register, `lo` in the low half (the lower column of a fragment).
-__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<unsigned*>(&v);
-}
-
-// The cache slots of the key rows this thread copies for the tile starting at key `kb`
-// (NO_SLOT past `end`). Computed once per tile and used for both the K and the V copy.
-template <int D>
-__device__ __forceinline__ void tile_slots(unsigned* slots, const unsigned* __restrict__ table,
-                                           int kb, int end, int block_size) {
-    constexpr int CPR = D / 8, RPP = THREADS / CPR, LPT = BN / RPP;
-#pragma unroll
-    for (int p = 0; p < LPT; p++) {
-        const int j = kb + threadIdx.x / CPR + p * RPP;
-        slots[p] = j < end ? table[j / block_size] * (unsigned)block_size + j % block_size : NO_SLOT;
-    }
-}
-
-// Issues the copies of one K or V tile (this thread's rows, one 16-byte chunk each).
-template <int D>
-__device__ __forceinline__ void load_tile(bf16* s, const bf16* __restrict__ cache,
-                                          const unsigned* slots, size_t slot_stride,
-                                          size_t head_off) {
-    constexpr int CPR = D / 8, RPP = THREADS / CPR, LPT = BN / RPP;
-    const int c = threadIdx.x % CPR;
-#pragma unroll
-    for (int p = 0; p < LPT; p++) {
-        const int r = threadIdx.x / CPR + p * RPP;
-        const bool valid = slots[p] != NO_SLOT;
-        const bf16* src = valid ? cache + (size_t)slots[p] * slot_stride + head_off + c * 8 : cache;
-        cp_async16(s + swz<D>(r, c), src, valid);
-    }
-}
 
 template <int D>
 __device__ void prefill_attention_impl(
@@ -178,8 +96,8 @@ __device__ void prefill_attention_impl(
         }
     }
     unsigned slots[LPT];
-    tile_slots<D>(slots, table, kv_start, kv_end, block_size);
-    if (n_tiles > 0) load_tile<D>(k_s, k_cache, slots, slot_stride, head_off);
+    tile_slots<D, THREADS, BN>(slots, table, kv_start, kv_end, block_size);
+    if (n_tiles > 0) load_tile<D, THREADS, BN>(k_s, k_cache, slots, slot_stride, head_off);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
@@ -197,7 +115,7 @@ __device__ void prefill_attention_impl(
 
     for (int it = 0; it < n_tiles; it++) {
         const int kb = kv_start + it * BN;
-        load_tile<D>(v_s, v_cache, slots, slot_stride, head_off);
+        load_tile<D, THREADS, BN>(v_s, v_cache, slots, slot_stride, head_off);
         cp_async_commit();
         cp_async_wait<1>();  // K of this tile has landed; V may still be in flight
         __syncthreads();
@@ -218,8 +136,8 @@ __device__ void prefill_attention_impl(
         }
         __syncthreads();  // every warp has read this K tile: prefetch the next one over it
         if (it + 1 < n_tiles) {
-            tile_slots<D>(slots, table, kb + BN, kv_end, block_size);
-            load_tile<D>(k_s, k_cache, slots, slot_stride, head_off);
+            tile_slots<D, THREADS, BN>(slots, table, kb + BN, kv_end, block_size);
+            load_tile<D, THREADS, BN>(k_s, k_cache, slots, slot_stride, head_off);
         }
         cp_async_commit();  // possibly empty: keeps the group count uniform for the waits
 

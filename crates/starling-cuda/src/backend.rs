@@ -1,5 +1,6 @@
 //! [`CudaBackend`]: the `Backend` ops on one GPU, on one stream.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::sys::{
@@ -12,15 +13,18 @@ use cudarc::driver::{
 };
 use half::bf16;
 use rayon::prelude::*;
+use starling_backend::sampling::{RowOutcome, RowSamplingParams};
 use starling_backend::{
-    AttentionDims, Backend, BackendError, BatchMeta, HostTensor, KeyScoreKind, KvCacheSpec,
-    RopeSpec, RopeStyle,
+    AttentionDims, Backend, BackendError, BatchMeta, DecodeGraphConfig, DecodeGraphs, HostTensor,
+    KeyScoreKind, KvCacheSpec, RopeSpec, RopeStyle,
 };
 use starling_kv::CacheDtype;
 
-use crate::kernels::Kernels;
+use crate::kernels::{Kernels, DECODE_MMA_THREADS};
 use crate::{cuda_available, CudaError, CudaTensor, DeviceBuf, KernelCache};
-use attention_plan::{plan_splits, AttentionRows, MAX_GROUP, PREFILL_THREADS};
+use attention_plan::{
+    plan_splits, DecodeKernel, GridBlocks, SplitPlan, MAX_GROUP, PREFILL_THREADS,
+};
 
 /// Threads per block of the elementwise kernels (grid-stride loops).
 const ELEMENTWISE_THREADS: u32 = 256;
@@ -29,7 +33,9 @@ const ELEMENTWISE_THREADS: u32 = 256;
 macro_rules! launch {
     ($self:expr, $f:expr, $cfg:expr, $($arg:expr),* $(,)?) => {{
         let mut builder = $self.stream.launch_builder($f);
-        $( builder.arg($arg); )*
+        // One binding per argument: `let x = &temporary;` keeps a temporary (e.g. a batch view)
+        // alive until the launch.
+        $( let arg = $arg; builder.arg(arg); )*
         // SAFETY: each call site passes the arguments its kernel declares, in order, with
         // buffers sized for the launch geometry it computes.
         unsafe { builder.launch($cfg) }.map(|_| ()).map_err(CudaError::from)
@@ -37,9 +43,19 @@ macro_rules! launch {
 }
 
 mod attention_plan;
+mod batch;
 // After `launch!`, which they use.
+mod graphs;
 mod key_scores;
 mod kv_ops;
+mod sampling;
+
+pub use batch::CudaBatch;
+pub use graphs::CudaDecodeGraphs;
+
+/// cuBLAS workspace bytes (NVIDIA's recommendation for Hopper). Set explicitly so that eager
+/// and graph-captured GEMMs use the same workspace, hence the same algorithms.
+const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
 
 /// A RoPE frequency table on the host and its device copy.
 type RopeTable = (Vec<f32>, Arc<CudaSlice<f32>>);
@@ -49,6 +65,11 @@ pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     blas: CudaBlas,
+    /// cuBLAS's workspace; declared after `blas` so the handle goes first.
+    _blas_workspace: CudaSlice<u8>,
+    /// Set while a decode step is being recorded into a CUDA graph: a host upload then would be
+    /// recorded with a pointer to host memory that is gone by the replay, so uploads fail instead.
+    recording: AtomicBool,
     kernels: Kernels,
     num_sms: usize,
     name: String,
@@ -68,25 +89,6 @@ impl CudaKvCache {
     pub fn spec(&self) -> &KvCacheSpec {
         &self.spec
     }
-}
-
-/// A step's metadata on the device (uploaded once, read by every layer).
-pub struct CudaBatch {
-    meta: BatchMeta,
-    positions: CudaSlice<u32>,
-    slots: CudaSlice<u32>,
-    tok_seq: CudaSlice<u32>,
-    tok_visible: CudaSlice<u32>,
-    block_tables: CudaSlice<u32>,
-    max_blocks: usize,
-    max_visible: usize,
-    /// Which rows each attention kernel serves, and the prefill tiles (host copy: counts and
-    /// offsets for the launches).
-    rows: AttentionRows,
-    /// `rows.row_order` on the device.
-    row_order: CudaSlice<u32>,
-    /// `rows.tiles` on the device.
-    prefill_tiles: CudaSlice<u32>,
 }
 
 fn err(e: impl Into<CudaError>) -> BackendError {
@@ -135,8 +137,28 @@ impl CudaBackend {
             )));
         }
         let ctx = CudaContext::new(ordinal)?;
-        let stream = ctx.default_stream();
+        // One stream of our own: stream capture (CUDA graphs) is impossible on the legacy default
+        // stream. Everything runs on it, so cudarc's cross-stream event tracking is only cost
+        // (and waits on events recorded before a capture would break it): off, before any
+        // allocation.
+        // SAFETY: the backend uses this single stream for every buffer and op.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream()?;
         let blas = CudaBlas::new(stream.clone())?;
+        // SAFETY: only allocates; cuBLAS writes the workspace before reading it.
+        let blas_workspace = unsafe { stream.alloc::<u8>(BLAS_WORKSPACE_BYTES) }?;
+        {
+            let (ptr, _guard) = blas_workspace.device_ptr(&stream);
+            // SAFETY: a live device buffer of the given size, kept for the handle's lifetime.
+            unsafe {
+                cudarc::cublas::sys::cublasSetWorkspace_v2(
+                    *blas.handle(),
+                    ptr as *mut _,
+                    BLAS_WORKSPACE_BYTES,
+                )
+            }
+            .result()?;
+        }
         let (major, minor) = ctx.compute_capability()?;
         // NVRTC wants a &'static str; one small leak per backend created.
         let arch: &'static str = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
@@ -148,6 +170,8 @@ impl CudaBackend {
             ctx,
             stream,
             blas,
+            _blas_workspace: blas_workspace,
+            recording: AtomicBool::new(false),
             kernels,
             num_sms,
             name,
@@ -168,6 +192,20 @@ impl CudaBackend {
     /// Waits for all queued work (and surfaces asynchronous kernel errors).
     pub fn synchronize(&self) -> Result<(), CudaError> {
         Ok(self.stream.synchronize()?)
+    }
+
+    /// Copies a host tensor to the device in f32, the dtype [`Backend::logits`] returns (logits
+    /// for the sampling op in tests and tools; [`Backend::upload`] converts to bf16).
+    pub fn upload_f32(&self, host: &HostTensor) -> Result<CudaTensor, CudaError> {
+        let buf = if host.numel() == 0 {
+            self.stream.alloc_zeros::<f32>(1)?
+        } else {
+            self.stream.clone_htod(host.data())?
+        };
+        Ok(CudaTensor {
+            buf: DeviceBuf::F32(buf),
+            shape: host.shape().to_vec(),
+        })
     }
 
     /// A device tensor of N(mean, std) bf16 values made on the GPU (synthetic weights: no host
@@ -223,7 +261,18 @@ impl CudaBackend {
         Ok(unsafe { self.stream.alloc::<bf16>(n.max(1)) }?)
     }
 
+    /// Refuses host uploads while a decode graph is being recorded (see `recording`).
+    fn check_not_recording(&self, what: &str) -> Result<(), CudaError> {
+        if self.recording.load(Ordering::Relaxed) {
+            return Err(CudaError::Shape(format!(
+                "{what} would upload host data while a CUDA graph is being recorded"
+            )));
+        }
+        Ok(())
+    }
+
     fn upload_u32(&self, v: &[u32]) -> Result<CudaSlice<u32>, CudaError> {
+        self.check_not_recording("an index upload")?;
         if v.is_empty() {
             return Ok(self.stream.clone_htod(&[0u32][..])?);
         }
@@ -240,6 +289,7 @@ impl CudaBackend {
                 return Ok(dev.clone());
             }
         }
+        self.check_not_recording("the RoPE table")?;
         let dev = Arc::new(self.stream.clone_htod(inv_freqs)?);
         *guard = Some((inv_freqs.to_vec(), dev.clone()));
         Ok(dev)
@@ -320,6 +370,36 @@ impl CudaBackend {
         })
     }
 
+    /// The context split of one attention call: `decode_blocks` (decode rows × KV heads) go to
+    /// the decode kernel this head width and group get ([`DecodeKernel::choose`]), `prefill_blocks`
+    /// (tiles × KV heads) to the tiled kernel. Eager launches and recorded decode graphs plan
+    /// through here, so a replayed step splits exactly as the eager one.
+    pub(crate) fn attention_split_plan(
+        &self,
+        head_dim: usize,
+        group: usize,
+        decode_blocks: usize,
+        prefill_blocks: usize,
+        max_visible_tokens: usize,
+    ) -> SplitPlan {
+        let mma = self.kernels.decode_attention_mma(head_dim);
+        let choice = DecodeKernel::choose(group, mma.is_some());
+        let (per_token, mma_blocks) = match choice {
+            DecodeKernel::PerToken => (decode_blocks, 0),
+            DecodeKernel::Mma => (0, decode_blocks),
+        };
+        plan_splits(
+            GridBlocks {
+                per_token,
+                mma: mma_blocks,
+                mma_resident_per_sm: mma.map_or(1, |k| k.resident_per_sm),
+                prefill: prefill_blocks,
+            },
+            max_visible_tokens,
+            self.num_sms,
+        )
+    }
+
     fn paged_attention_impl(
         &self,
         qkv: &CudaTensor,
@@ -354,18 +434,28 @@ impl CudaBackend {
                 "attention: {group} query heads per KV head unsupported (1..={MAX_GROUP})"
             )));
         }
-        let decode_kernel = self
-            .kernels
-            .attention(dims.head_dim, group)
-            .ok_or_else(|| {
-                CudaError::Shape(format!(
-                    "attention: head_dim {} with {group} query heads per KV head unsupported \
-                 (head_dim 64/128/256, up to 8 per KV head)",
-                    dims.head_dim
-                ))
-            })?;
+        let mma = self.kernels.decode_attention_mma(dims.head_dim);
+        let decode_choice = DecodeKernel::choose(group, mma.is_some());
+        // (function, block threads, dynamic shared bytes) of the decode launch.
+        let decode_kernel = match (decode_choice, mma) {
+            (DecodeKernel::Mma, Some(k)) => (&k.function, DECODE_MMA_THREADS, k.shared_bytes),
+            _ => {
+                let f = self
+                    .kernels
+                    .attention(dims.head_dim, group)
+                    .ok_or_else(|| {
+                        CudaError::Shape(format!(
+                            "attention: head_dim {} with {group} query heads per KV head \
+                             unsupported (head_dim 64/128/256, up to 8 per KV head)",
+                            dims.head_dim
+                        ))
+                    })?;
+                (f, 128, 0)
+            }
+        };
         // Prefill runs go to the tiled kernel where it is instantiated for this head width;
-        // otherwise the per-token kernel serves every row (`row_order` lists them all).
+        // otherwise the decode kernel serves every row (`row_order` lists them all; both decode
+        // kernels attend any single row correctly, prefill rows included).
         let rows = &batch.rows;
         let prefill = match self.kernels.prefill_attention(dims.head_dim) {
             Some(kernel) if rows.num_prefill() > 0 => Some((kernel, rows.tile_ranges[group - 1])),
@@ -377,13 +467,35 @@ impl CudaBackend {
             n
         };
         let tiles = prefill.map_or(0, |(_, (_, count))| count);
-        let plan = plan_splits(
-            decode_rows * dims.num_kv_heads,
-            tiles * dims.num_kv_heads,
-            batch.max_visible,
-            self.num_sms,
-        );
-        let (splits, split_len) = (plan.splits, plan.split_len);
+        // An eager launch passes its plan by value. A replay batch's launches are recorded once,
+        // so they are sized for the bucket's most splits and the kernels read each step's plan
+        // from the batch (`plan_ptr`), the same plan an eager run of the step computes.
+        let (splits, split_len, plan_ptr) = match &batch.replay {
+            None => {
+                let plan = self.attention_split_plan(
+                    dims.head_dim,
+                    group,
+                    decode_rows * dims.num_kv_heads,
+                    tiles * dims.num_kv_heads,
+                    batch.max_visible,
+                );
+                (plan.splits, plan.split_len, 0u64)
+            }
+            Some(shape) => {
+                if shape.num_kv_heads != dims.num_kv_heads || prefill.is_some() {
+                    return Err(CudaError::Shape(format!(
+                        "attention: a replay batch for {} KV heads and decode rows only, got {} \
+                         and {} prefill rows",
+                        shape.num_kv_heads,
+                        dims.num_kv_heads,
+                        rows.num_prefill()
+                    )));
+                }
+                let view = batch.plan();
+                let ptr = view.device_ptr(&self.stream).0;
+                (shape.max_splits, 1, ptr)
+            }
+        };
         let mut out = self.alloc_bf16(n * dims.q_size())?;
         let part_len = if splits > 1 {
             n * dims.num_heads * splits
@@ -406,15 +518,17 @@ impl CudaBackend {
             split_len as i32,
         );
         if decode_rows > 0 {
+            let (function, threads, shared_bytes) = decode_kernel;
             let cfg = LaunchConfig {
                 grid_dim: (decode_rows as u32, dims.num_kv_heads as u32, splits as u32),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: shared_bytes,
             };
-            let order = batch.row_order.slice(..decode_rows);
+            let order = batch.row_order(decode_rows);
+            // Both decode kernels take the same arguments.
             launch!(
                 self,
-                decode_kernel,
+                function,
                 cfg,
                 &mut out,
                 &mut part_acc,
@@ -424,16 +538,17 @@ impl CudaBackend {
                 &cache.keys,
                 &cache.values,
                 &order,
-                &batch.tok_seq,
-                &batch.tok_visible,
-                &batch.block_tables,
+                &batch.tok_seq(),
+                &batch.tok_visible(),
+                &batch.block_tables(),
                 &max_blocks,
                 &block_size,
                 &num_kv,
                 &group_i,
                 &dims.scale,
                 &splits_i,
-                &split_len_i
+                &split_len_i,
+                &plan_ptr
             )?;
         }
         if let Some((kernel, (first, count))) = prefill {
@@ -442,7 +557,7 @@ impl CudaBackend {
                 block_dim: (PREFILL_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let tile_list = batch.prefill_tiles.slice(2 * first..2 * (first + count));
+            let tile_list = batch.prefill_tiles(first, count);
             launch!(
                 self,
                 kernel,
@@ -455,9 +570,9 @@ impl CudaBackend {
                 &cache.keys,
                 &cache.values,
                 &tile_list,
-                &batch.tok_seq,
-                &batch.tok_visible,
-                &batch.block_tables,
+                &batch.tok_seq(),
+                &batch.tok_visible(),
+                &batch.block_tables(),
                 &max_blocks,
                 &block_size,
                 &num_kv,
@@ -483,7 +598,8 @@ impl CudaBackend {
                 &part_ml,
                 &heads,
                 &splits_i,
-                &hd
+                &hd,
+                &plan_ptr
             )?;
         }
         Ok(CudaTensor {
@@ -552,6 +668,22 @@ impl Backend for CudaBackend {
         HostTensor::new(t.shape.clone(), data)
     }
 
+    fn sample_rows(
+        &self,
+        logits: &CudaTensor,
+        rows: &[RowSamplingParams],
+    ) -> Result<Vec<RowOutcome>, BackendError> {
+        self.sample_rows_impl(logits, rows).map_err(err)
+    }
+
+    fn logits_rows_to_host(
+        &self,
+        logits: &CudaTensor,
+        rows: &[u32],
+    ) -> Result<HostTensor, BackendError> {
+        self.logits_rows_to_host_impl(logits, rows).map_err(err)
+    }
+
     fn alloc_kv_cache(&self, spec: &KvCacheSpec) -> Result<CudaKvCache, BackendError> {
         let len = spec.num_slots() * spec.num_kv_heads * spec.head_dim;
         Ok(CudaKvCache {
@@ -567,40 +699,7 @@ impl Backend for CudaBackend {
         num_cache_blocks: usize,
     ) -> Result<CudaBatch, BackendError> {
         meta.validate(num_cache_blocks)?;
-        let n = meta.num_tokens();
-        let max_blocks = meta
-            .seqs
-            .iter()
-            .map(|s| s.block_table.len())
-            .max()
-            .unwrap_or(1)
-            .max(1);
-        let mut tables = vec![0u32; meta.seqs.len().max(1) * max_blocks];
-        let mut tok_seq = Vec::with_capacity(n);
-        let mut tok_visible = Vec::with_capacity(n);
-        for (s, seq) in meta.seqs.iter().enumerate() {
-            tables[s * max_blocks..s * max_blocks + seq.block_table.len()]
-                .copy_from_slice(&seq.block_table);
-            for i in 0..seq.query_len {
-                tok_seq.push(s as u32);
-                tok_visible.push((seq.context_len_tokens - seq.query_len + i + 1) as u32);
-            }
-        }
-        let max_visible = tok_visible.iter().copied().max().unwrap_or(0) as usize;
-        let rows = AttentionRows::new(meta);
-        Ok(CudaBatch {
-            row_order: self.upload_u32(&rows.row_order).map_err(err)?,
-            prefill_tiles: self.upload_u32(&rows.tiles).map_err(err)?,
-            rows,
-            positions: self.upload_u32(&meta.positions).map_err(err)?,
-            slots: self.upload_u32(&meta.slot_mapping).map_err(err)?,
-            tok_seq: self.upload_u32(&tok_seq).map_err(err)?,
-            tok_visible: self.upload_u32(&tok_visible).map_err(err)?,
-            block_tables: self.upload_u32(&tables).map_err(err)?,
-            max_blocks,
-            max_visible,
-            meta: meta.clone(),
-        })
+        CudaBatch::upload(&self.stream, meta).map_err(err)
     }
 
     fn embedding(&self, table: &CudaTensor, ids: &[u32]) -> Result<CudaTensor, BackendError> {
@@ -614,6 +713,49 @@ impl Backend for CudaBackend {
             t.shape = vec![ids.len(), d];
             t
         })
+    }
+
+    fn embedding_for_batch(
+        &self,
+        table: &CudaTensor,
+        ids: &[u32],
+        batch: &CudaBatch,
+    ) -> Result<CudaTensor, BackendError> {
+        if batch.replay.is_none() {
+            return self.embedding(table, ids);
+        }
+        // A replay batch holds the step's ids (checked against the vocabulary by the runner).
+        let (vocab, d) = table.matrix_dims().map_err(err)?;
+        let rows = batch.meta.num_tokens();
+        if ids.len() != rows || vocab == 0 {
+            return Err(BackendError::Shape(format!(
+                "embedding: {} ids for a replay batch of {rows} rows",
+                ids.len()
+            )));
+        }
+        let mut out = self.alloc_bf16(rows * d).map_err(err)?;
+        let d_i = d as i32;
+        launch!(
+            self,
+            &self.kernels.gather_rows,
+            rows_config(rows, 256),
+            table.bf16().map_err(err)?,
+            &batch.token_ids(),
+            &mut out,
+            &d_i
+        )
+        .map_err(err)?;
+        Ok(CudaTensor {
+            buf: DeviceBuf::Bf16(out),
+            shape: vec![rows, d],
+        })
+    }
+
+    fn decode_graphs(
+        &self,
+        config: &DecodeGraphConfig,
+    ) -> Result<Option<Box<dyn DecodeGraphs<Self>>>, BackendError> {
+        Ok(Some(Box::new(CudaDecodeGraphs::new(config).map_err(err)?)))
     }
 
     fn linear(
@@ -778,6 +920,18 @@ impl Backend for CudaBackend {
         if let Some(bad) = rows.iter().find(|&&r| r as usize >= n) {
             return Err(BackendError::Shape(format!("row {bad} outside {n} rows")));
         }
+        if rows.len() == n && rows.iter().enumerate().all(|(i, &r)| r as usize == i) {
+            // Every row in order (decode steps' logits rows): a device copy, no index upload,
+            // so a recorded decode step can contain it.
+            let copy = self
+                .stream
+                .clone_dtod(x.bf16().map_err(err)?)
+                .map_err(err)?;
+            return Ok(CudaTensor {
+                buf: DeviceBuf::Bf16(copy),
+                shape: vec![n, d],
+            });
+        }
         let ids = self.upload_u32(rows).map_err(err)?;
         let mut out = self.alloc_bf16(rows.len() * d).map_err(err)?;
         if !rows.is_empty() {
@@ -832,7 +986,7 @@ impl Backend for CudaBackend {
             &self.kernels.rope_qk,
             rows_config(n, 128),
             q,
-            &batch.positions,
+            &batch.positions(),
             freqs.as_ref(),
             &width_i,
             &rot_heads,
@@ -870,7 +1024,7 @@ impl Backend for CudaBackend {
             &self.kernels.write_kv,
             rows_config(n, 256),
             qkv.bf16().map_err(err)?,
-            &batch.slots,
+            &batch.slots(),
             keys,
             values,
             &width_i,

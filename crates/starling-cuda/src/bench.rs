@@ -102,7 +102,8 @@ pub fn attention_meta(batch: usize, seq: usize, query: usize, block_size: usize)
 
 /// Times paged attention for one shape (K/V caches filled with random values). A `query` above 1
 /// makes each sequence one prefill run, which the backend sends to the tiled tensor-core kernel
-/// (head widths 64 and 128); `query == 1` is decode (the per-token kernel).
+/// (head widths 64 and 128); `query == 1` is decode (the tensor-core decode kernel for grouped-query
+/// shapes at head widths 64 and 128, the per-token kernel otherwise).
 pub fn bench_attention(
     backend: &CudaBackend,
     dims: AttentionDims,

@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaContext, CudaFunction};
 
 use crate::{CudaError, KernelCache};
@@ -16,7 +17,19 @@ const OPS_SRC: &str = include_str!("../kernels/ops.cu");
 const ATTENTION_SRC: &str = include_str!("../kernels/attention.cu");
 const KV_CACHE_SRC: &str = include_str!("../kernels/kv_cache.cu");
 const KEY_SCORES_SRC: &str = include_str!("../kernels/key_scores.cu");
-const PREFILL_ATTENTION_SRC: &str = include_str!("../kernels/prefill_attention.cu");
+/// The tensor-core helpers both tiled attention kernels use: prepended to each source, since NVRTC
+/// compiles one source string per module.
+macro_rules! with_mma_common {
+    ($path:literal) => {
+        concat!(
+            include_str!("../kernels/mma_common.cuh"),
+            include_str!($path)
+        )
+    };
+}
+const PREFILL_ATTENTION_SRC: &str = with_mma_common!("../kernels/prefill_attention.cu");
+const DECODE_ATTENTION_SRC: &str = with_mma_common!("../kernels/decode_attention.cu");
+const SAMPLING_SRC: &str = include_str!("../kernels/sampling.cu");
 
 /// Group bounds the attention kernel is instantiated for (query heads per KV head).
 const ATTENTION_GROUP_BOUNDS: [usize; 4] = [1, 2, 4, 8];
@@ -25,6 +38,20 @@ const ATTENTION_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// Head widths the tiled prefill kernel is instantiated for (its K and V tiles of 64 keys fit the
 /// 48 KiB of static shared memory up to 128; wider heads take the per-token kernel).
 const PREFILL_HEAD_DIMS: [usize; 2] = [64, 128];
+/// Head widths the tensor-core decode kernel (`decode_attention.cu`) is instantiated for.
+const DECODE_MMA_HEAD_DIMS: [usize; 2] = [64, 128];
+/// Threads per block of the tensor-core decode kernel (`DM_THREADS`).
+pub(crate) const DECODE_MMA_THREADS: u32 = 128;
+/// Keys per K/V tile of the tensor-core decode kernel (`DM_BN`).
+const DECODE_MMA_TILE_KEYS: usize = 64;
+/// K/V tiles in the decode kernel's shared-memory ring (`DM_STAGES`): all but one are in flight
+/// while one is computed.
+const DECODE_MMA_STAGES: usize = 3;
+
+/// Dynamic shared memory of one tensor-core decode block: the ring of K and V tiles (bf16).
+pub(crate) const fn decode_mma_shared_bytes(head_dim: usize) -> usize {
+    DECODE_MMA_STAGES * 2 * DECODE_MMA_TILE_KEYS * head_dim * 2
+}
 
 /// Function names, each used once in [`kernel_modules`] and once in [`Kernels::load`].
 mod names {
@@ -45,6 +72,7 @@ mod names {
     pub(super) const KEY_DIRECTION_PARTIALS: &str = "key_direction_partials_bf16";
     pub(super) const KEY_DIRECTION_MEAN: &str = "key_direction_mean";
     pub(super) const KEY_SCORES: &str = "key_scores_bf16";
+    pub(super) const SAMPLE_ROWS: &str = "sample_rows_f32";
 
     /// The attention instantiation for head width `d` and group bound `g`.
     pub(super) fn attention(d: usize, g: usize) -> String {
@@ -54,6 +82,11 @@ mod names {
     /// The tiled prefill attention instantiation for head width `d`.
     pub(super) fn prefill_attention(d: usize) -> String {
         format!("prefill_attention_d{d}_bf16")
+    }
+
+    /// The tensor-core decode attention instantiation for head width `d`.
+    pub(super) fn decode_attention_mma(d: usize) -> String {
+        format!("decode_attention_mma_d{d}_bf16")
     }
 }
 
@@ -110,6 +143,14 @@ pub fn kernel_modules() -> Vec<KernelModule> {
                 .collect(),
         },
         KernelModule {
+            name: "decode_attention",
+            source: DECODE_ATTENTION_SRC,
+            functions: DECODE_MMA_HEAD_DIMS
+                .iter()
+                .map(|&d| names::decode_attention_mma(d))
+                .collect(),
+        },
+        KernelModule {
             name: "kv_cache",
             source: KV_CACHE_SRC,
             functions: owned(&[
@@ -127,6 +168,11 @@ pub fn kernel_modules() -> Vec<KernelModule> {
                 names::KEY_DIRECTION_MEAN,
                 names::KEY_SCORES,
             ]),
+        },
+        KernelModule {
+            name: "sampling",
+            source: SAMPLING_SRC,
+            functions: owned(&[names::SAMPLE_ROWS]),
         },
     ]
 }
@@ -147,6 +193,9 @@ pub(crate) struct Kernels {
     pub(crate) attention_combine: CudaFunction,
     /// Tiled prefill attention, indexed by head width: see [`Kernels::prefill_attention`].
     prefill_attention: Vec<(usize, CudaFunction)>,
+    /// Tensor-core decode attention, indexed by head width, where the device can run it: see
+    /// [`Kernels::decode_attention_mma`].
+    decode_attention_mma: Vec<(usize, DecodeMmaKernel)>,
     pub(crate) copy_kv_blocks: CudaFunction,
     pub(crate) gather_paged_rows: CudaFunction,
     pub(crate) scatter_paged_rows: CudaFunction,
@@ -154,6 +203,7 @@ pub(crate) struct Kernels {
     pub(crate) key_direction_partials: CudaFunction,
     pub(crate) key_direction_mean: CudaFunction,
     pub(crate) key_scores: CudaFunction,
+    pub(crate) sample_rows: CudaFunction,
 }
 
 impl Kernels {
@@ -184,6 +234,13 @@ impl Kernels {
             .iter()
             .map(|&d| take(&names::prefill_attention(d)).map(|f| (d, f)))
             .collect::<Result<_, _>>()?;
+        let mut decode_attention_mma = Vec::new();
+        for d in DECODE_MMA_HEAD_DIMS {
+            let function = take(&names::decode_attention_mma(d))?;
+            if let Some(kernel) = DecodeMmaKernel::prepare(function, d) {
+                decode_attention_mma.push((d, kernel));
+            }
+        }
         Ok(Self {
             gather_rows: take(names::GATHER_ROWS)?,
             rms_norm: take(names::RMS_NORM)?,
@@ -197,6 +254,7 @@ impl Kernels {
             attention,
             attention_combine: take(names::ATTENTION_COMBINE)?,
             prefill_attention,
+            decode_attention_mma,
             copy_kv_blocks: take(names::COPY_KV_BLOCKS)?,
             gather_paged_rows: take(names::GATHER_PAGED_ROWS)?,
             scatter_paged_rows: take(names::SCATTER_PAGED_ROWS)?,
@@ -204,6 +262,7 @@ impl Kernels {
             key_direction_partials: take(names::KEY_DIRECTION_PARTIALS)?,
             key_direction_mean: take(names::KEY_DIRECTION_MEAN)?,
             key_scores: take(names::KEY_SCORES)?,
+            sample_rows: take(names::SAMPLE_ROWS)?,
         })
     }
 
@@ -226,5 +285,108 @@ impl Kernels {
             .iter()
             .find(|(d, _)| *d == head_dim)
             .map(|(_, f)| f)
+    }
+
+    /// The tensor-core decode kernel for `head_dim` (any group of 1..=8 query heads per KV head),
+    /// if instantiated and runnable on this device.
+    pub(crate) fn decode_attention_mma(&self, head_dim: usize) -> Option<&DecodeMmaKernel> {
+        self.decode_attention_mma
+            .iter()
+            .find(|(d, _)| *d == head_dim)
+            .map(|(_, k)| k)
+    }
+}
+
+/// The tensor-core decode kernel for one head width, with its launch needs on this device.
+pub(crate) struct DecodeMmaKernel {
+    pub(crate) function: CudaFunction,
+    /// Dynamic shared memory per block ([`decode_mma_shared_bytes`]).
+    pub(crate) shared_bytes: u32,
+    /// Blocks resident per SM (the driver's occupancy figure: shared memory and registers), which
+    /// the split plan fills.
+    pub(crate) resident_per_sm: usize,
+}
+
+impl DecodeMmaKernel {
+    /// Raises the function's dynamic shared-memory limit to what it needs and asks the driver how
+    /// many blocks fit an SM. `None` where the device cannot run it (a GPU with less shared
+    /// memory per block than the ring needs): decode rows then keep the per-token kernel, which
+    /// computes the same attention.
+    fn prepare(function: CudaFunction, head_dim: usize) -> Option<Self> {
+        let bytes = decode_mma_shared_bytes(head_dim);
+        let shared_bytes = u32::try_from(bytes).ok()?;
+        let outcome = function
+            .set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                i32::try_from(bytes).ok()?,
+            )
+            .and_then(|()| {
+                function.occupancy_max_active_blocks_per_multiprocessor(
+                    DECODE_MMA_THREADS,
+                    bytes,
+                    None,
+                )
+            });
+        match outcome {
+            Ok(resident) if resident > 0 => Some(Self {
+                function,
+                shared_bytes,
+                resident_per_sm: resident as usize,
+            }),
+            Ok(_) => {
+                tracing::info!(
+                    "decode attention d{head_dim}: no block of {bytes} B shared memory fits an SM; \
+                     the per-token kernel serves decode"
+                );
+                None
+            }
+            Err(e) => {
+                tracing::info!(
+                    "decode attention d{head_dim}: {e}; the per-token kernel serves decode"
+                );
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of `#define NAME value` in a kernel source.
+    fn define(source: &str, name: &str) -> usize {
+        source
+            .lines()
+            .find_map(|line| {
+                let mut words = line.split_whitespace();
+                (words.next() == Some("#define") && words.next() == Some(name))
+                    .then(|| words.next())
+                    .flatten()
+            })
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no numeric #define {name}"))
+    }
+
+    #[test]
+    fn decode_kernel_geometry_matches_the_host() {
+        let src = DECODE_ATTENTION_SRC;
+        assert_eq!(define(src, "DM_THREADS"), DECODE_MMA_THREADS as usize);
+        assert_eq!(define(src, "DM_BN"), DECODE_MMA_TILE_KEYS);
+        assert_eq!(define(src, "DM_STAGES"), DECODE_MMA_STAGES);
+        // The ring at head_dim 128 needs the opt-in shared memory of sm_80+ (96 KiB per block).
+        assert_eq!(decode_mma_shared_bytes(128), 96 * 1024);
+        assert_eq!(decode_mma_shared_bytes(64), 48 * 1024);
+    }
+
+    #[test]
+    fn tiled_kernels_carry_the_shared_helpers() {
+        for module in kernel_modules() {
+            let has = module
+                .source
+                .contains("__device__ __forceinline__ void mma_bf16(");
+            let tiled = matches!(module.name, "prefill_attention" | "decode_attention");
+            assert_eq!(has, tiled, "{}", module.name);
+        }
     }
 }

@@ -14,7 +14,7 @@ mod error;
 mod kernels;
 mod tensor;
 
-pub use backend::{CudaBackend, CudaBatch, CudaKvCache};
+pub use backend::{CudaBackend, CudaBatch, CudaDecodeGraphs, CudaKvCache};
 pub use compile::KernelCache;
 pub use error::CudaError;
 pub use kernels::{kernel_modules, KernelModule};

@@ -48,6 +48,13 @@ impl CudaTensor {
         }
     }
 
+    pub(crate) fn f32(&self) -> Result<&CudaSlice<f32>, crate::CudaError> {
+        match &self.buf {
+            DeviceBuf::F32(b) => Ok(b),
+            DeviceBuf::Bf16(_) => Err(crate::CudaError::Shape("expected an f32 tensor".into())),
+        }
+    }
+
     pub(crate) fn bf16_mut(&mut self) -> Result<&mut CudaSlice<bf16>, crate::CudaError> {
         match &mut self.buf {
             DeviceBuf::Bf16(b) => Ok(b),

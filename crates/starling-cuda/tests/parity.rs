@@ -15,6 +15,10 @@ use starling_backend::{
 };
 use starling_cuda::CudaBackend;
 
+/// The device-side sampling op (one file, one job).
+#[path = "parity/sampling.rs"]
+mod sampling;
+
 /// bf16 operand tolerance on ‖out − ref‖ / ‖ref‖.
 const BF16_REL_TOL: f64 = 1e-2;
 
@@ -938,5 +942,68 @@ fn prefill_attention_matches_cpu() {
             let label = format!("prefill {name} h{heads}/{kv_heads} d{hd}");
             check_prefill_batch(&gpu, &cpu, &dims, seqs, &mut rng, &label);
         }
+    }
+}
+
+// ---- Tensor-core decode attention (decode_attention.cu): the decode rows of grouped-query
+// models (2..=8 query heads per KV head, head_dim 64/128); MHA decode keeps attention.cu.
+
+#[test]
+#[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
+fn gqa_decode_attention_matches_cpu() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = ChaCha8Rng::seed_from_u64(31);
+    // (query heads, KV heads, head_dim): groups 2, 3, 4, 6 and 8, each at head widths 64 and 128.
+    let shapes = [
+        (4usize, 2usize, 64usize),
+        (8, 4, 128),
+        (9, 3, 64), // SmolLM2
+        (6, 2, 128),
+        (8, 2, 64),
+        (32, 8, 128), // Llama-3-8B
+        (12, 2, 64),
+        (12, 2, 128), // Qwen2.5-1.5B
+        (8, 1, 64),
+        (16, 2, 128),
+    ];
+    // Decode rows see 1, 17, 300 and 5000 context positions (the new token included): alone,
+    // the 5000-token row is cut into many splits (partials + combine) and 17 and 300 end inside
+    // a key tile. Eviction kept 1000 of 3000 earlier tokens of the compacted sequence, so it
+    // attends over a physical length below its position.
+    let contexts = [1usize, 17, 300, 5000];
+    let compacted = PrefillSeq {
+        earlier: 3000,
+        kept: Some(1000),
+        new: 1,
+    };
+    for (heads, kv_heads, hd) in shapes {
+        let dims = AttentionDims {
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        let shape = format!("h{heads}/{kv_heads} d{hd}");
+        for &c in &contexts {
+            let label = format!("gqa decode batch 1 ctx {c} {shape}");
+            check_prefill_batch(&gpu, &cpu, &dims, &[seq(c - 1, 1)], &mut rng, &label);
+        }
+        let label = format!("gqa decode batch 1 compacted {shape}");
+        check_prefill_batch(&gpu, &cpu, &dims, &[compacted], &mut rng, &label);
+        // Batch 64: every context, the compacted sequence and random short ones (with few KV
+        // heads the grid is small enough to be split too).
+        let batch: Vec<PrefillSeq> = (0..64)
+            .map(|i| match i {
+                0..=3 => seq(contexts[i] - 1, 1),
+                4 => compacted,
+                _ => seq(rng.gen_range(0..400), 1),
+            })
+            .collect();
+        let label = format!("gqa decode batch 64 {shape}");
+        check_prefill_batch(&gpu, &cpu, &dims, &batch, &mut rng, &label);
+        // Decode rows beside prefill chunks: one split plan for both kernels.
+        let mixed = [seq(4999, 1), seq(100, 64), seq(16, 1), compacted, seq(0, 5)];
+        let label = format!("gqa decode + prefill {shape}");
+        check_prefill_batch(&gpu, &cpu, &dims, &mixed, &mut rng, &label);
     }
 }

@@ -428,6 +428,45 @@ impl<B: Backend> LlamaModel<B> {
         caches: &mut [B::KvCache],
         hooks: ForwardHooks<'_>,
     ) -> Result<HostTensor, ModelError> {
+        match self.forward_device_logits(backend, token_ids, meta, batch, caches, hooks)? {
+            Some(logits) => Ok(backend.to_host(&logits)?),
+            // A non-final prefill chunk samples nothing: the head was skipped.
+            None => Ok(HostTensor::new(
+                vec![0, self.config.vocab_size],
+                Vec::new(),
+            )?),
+        }
+    }
+
+    /// [`LlamaModel::forward`] without the copy to the host and without hooks: the f32 logits
+    /// `[meta.logits_rows.len(), vocab]` stay in backend memory. Issues backend ops only (no host
+    /// copy, token ids read through [`Backend::embedding_for_batch`]), which is what a recorded
+    /// decode step (`starling_backend::DecodeGraphs`) needs. `meta.logits_rows` must not be empty.
+    pub fn forward_device(
+        &self,
+        backend: &B,
+        token_ids: &[u32],
+        meta: &BatchMeta,
+        batch: &B::Batch,
+        caches: &mut [B::KvCache],
+    ) -> Result<B::Tensor, ModelError> {
+        let hooks = ForwardHooks::default();
+        self.forward_device_logits(backend, token_ids, meta, batch, caches, hooks)?
+            .ok_or_else(|| ModelError::InvalidConfig("forward_device: no logits rows".into()))
+    }
+
+    /// [`LlamaModel::forward_with_hooks`], leaving the f32 logits `[meta.logits_rows.len(), vocab]`
+    /// in backend memory (for [`Backend::sample_rows`], so a device backend copies only sampled
+    /// tokens to the host); `None` when the batch requests no logits rows (the head is skipped).
+    pub fn forward_device_logits(
+        &self,
+        backend: &B,
+        token_ids: &[u32],
+        meta: &BatchMeta,
+        batch: &B::Batch,
+        caches: &mut [B::KvCache],
+        hooks: ForwardHooks<'_>,
+    ) -> Result<Option<B::Tensor>, ModelError> {
         let ForwardHooks {
             queries: mut capture,
             mut activations,
@@ -451,7 +490,7 @@ impl<B: Backend> LlamaModel<B> {
             )));
         }
         let eps = self.config.rms_norm_eps;
-        let mut residual = backend.embedding(&self.embed_tokens, token_ids)?;
+        let mut residual = backend.embedding_for_batch(&self.embed_tokens, token_ids, batch)?;
         let mut pending_delta: Option<B::Tensor> = None;
         for (index, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
             let x = match pending_delta.take() {
@@ -480,10 +519,7 @@ impl<B: Backend> LlamaModel<B> {
         }
         if meta.logits_rows.is_empty() {
             // A non-final prefill chunk samples nothing: skip the head entirely.
-            return Ok(HostTensor::new(
-                vec![0, self.config.vocab_size],
-                Vec::new(),
-            )?);
+            return Ok(None);
         }
         if let Some(delta) = pending_delta {
             backend.add_inplace(&mut residual, &delta)?;
@@ -491,7 +527,6 @@ impl<B: Backend> LlamaModel<B> {
         let last = backend.gather_rows(&residual, &meta.logits_rows)?;
         let normed = backend.rms_norm(&last, &self.final_norm, eps)?;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
-        let logits = backend.logits(&normed, head)?;
-        Ok(backend.to_host(&logits)?)
+        Ok(Some(backend.logits(&normed, head)?))
     }
 }

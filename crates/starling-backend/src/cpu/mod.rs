@@ -11,6 +11,7 @@ mod kv_checks;
 mod kv_transfer;
 mod linear;
 
+use crate::sampling::{sample_host_rows, select_host_rows, RowOutcome, RowSamplingParams};
 use crate::{
     AttentionDims, Backend, BackendError, BatchMeta, HostTensor, KeyScoreKind, KvCacheSpec,
     RopeSpec, RopeStyle,
@@ -70,6 +71,22 @@ impl Backend for CpuBackend {
 
     fn to_host(&self, t: &HostTensor) -> Result<HostTensor, BackendError> {
         Ok(t.clone())
+    }
+
+    fn sample_rows(
+        &self,
+        logits: &HostTensor,
+        rows: &[RowSamplingParams],
+    ) -> Result<Vec<RowOutcome>, BackendError> {
+        sample_host_rows(logits, rows)
+    }
+
+    fn logits_rows_to_host(
+        &self,
+        logits: &HostTensor,
+        rows: &[u32],
+    ) -> Result<HostTensor, BackendError> {
+        select_host_rows(logits, rows)
     }
 
     fn alloc_kv_cache(&self, spec: &KvCacheSpec) -> Result<CpuKvCache, BackendError> {

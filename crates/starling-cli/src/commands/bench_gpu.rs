@@ -7,11 +7,14 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use starling_backend::{AttentionDims, Backend};
+use starling_backend::sampling::{RowSamplingParams, TokenFilter};
+use starling_backend::{
+    AttentionDims, Backend, BackendError, BatchMeta, DecodeGraphConfig, DecodeStep,
+};
 use starling_cuda::bench::{
     attention_meta, bench_attention, bench_kv_write, copy_bandwidth_tb_s, fill_cache,
 };
-use starling_cuda::CudaBackend;
+use starling_cuda::{CudaBackend, CudaBatch, CudaKvCache};
 use starling_models::llama::LlamaModel;
 use starling_models::preset;
 
@@ -167,8 +170,10 @@ pub fn decode(args: DecodeArgs) -> Result<()> {
         "device {}; copy bandwidth {copy_tb_s:.2} TB/s (read + write)",
         gpu.name()
     );
-    println!("| model | batch | context | step ms | tokens/s | roofline ms | % of roofline |");
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| model | batch | context | eager ms | graph ms | graph tokens/s | roofline ms | eager % of roofline | graph % of roofline |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut rows = Vec::new();
     for name in &args.models {
         let config = preset(name)?;
@@ -191,7 +196,7 @@ pub fn decode(args: DecodeArgs) -> Result<()> {
                 let kv_total = kv_bytes_per_token * (batch * (ctx + 1)) as u64;
                 if kv_total > args.kv_budget {
                     println!(
-                        "| {name} | {batch} | {ctx} | skipped: KV {:.0} GB > budget | | | |",
+                        "| {name} | {batch} | {ctx} | skipped: KV {:.0} GB > budget | | | | | |",
                         kv_total as f64 / 1e9
                     );
                     continue;
@@ -210,30 +215,87 @@ pub fn decode(args: DecodeArgs) -> Result<()> {
                 let ids: Vec<u32> = (0..batch as u32)
                     .map(|i| (i * 7919) % config.vocab_size as u32)
                     .collect();
+                // Greedy rows sampled where the logits are, as the engine's decode steps do.
+                let greedy: Vec<RowSamplingParams> = (0..batch as u32)
+                    .map(|row| RowSamplingParams {
+                        row,
+                        filter: TokenFilter {
+                            temperature: 0.0,
+                            top_k: None,
+                            top_p: 1.0,
+                            min_p: 0.0,
+                        },
+                        uniform: 0.0,
+                    })
+                    .collect();
                 let mut times = Vec::with_capacity(args.steps);
                 for i in 0..args.steps + 3 {
                     let t = Instant::now();
                     let prepared = gpu.prepare_batch(&meta, num_blocks)?;
-                    let logits = model.forward(&gpu, &ids, &meta, &prepared, &mut caches)?;
-                    std::hint::black_box(&logits);
+                    let logits = model
+                        .forward_device(&gpu, &ids, &meta, &prepared, &mut caches)
+                        .map_err(|e| anyhow::anyhow!("eager step: {e}"))?;
+                    let tokens = gpu.sample_rows(&logits, &greedy)?;
+                    std::hint::black_box(&tokens);
                     if i >= 3 {
                         times.push(t.elapsed().as_secs_f64() * 1e3);
                     }
                 }
-                times.sort_by(f64::total_cmp);
-                let step_ms = times[times.len() / 2];
+                let step_ms = median(&mut times);
+                // The same step replayed from a CUDA graph (recorded during the warm-up steps).
+                let graph_config = DecodeGraphConfig {
+                    max_num_seqs: batch,
+                    max_model_len_tokens: ctx + 1,
+                    block_size_tokens: block_size,
+                    num_cache_blocks: num_blocks,
+                    query_heads_per_kv_head: config.num_attention_heads / config.num_kv_heads,
+                };
+                let mut graphs = gpu
+                    .decode_graphs(&graph_config)?
+                    .context("the CUDA backend offers no decode graphs")?;
+                let mut forward = |b: &CudaBackend,
+                                   ids: &[u32],
+                                   m: &BatchMeta,
+                                   prepared: &CudaBatch,
+                                   caches: &mut [CudaKvCache]|
+                 -> Result<_, BackendError> {
+                    model
+                        .forward_device(b, ids, m, prepared, caches)
+                        .map_err(|e| BackendError::Device(e.to_string()))
+                };
+                let mut graph_times = Vec::with_capacity(args.steps);
+                for i in 0..args.steps + 3 {
+                    let t = Instant::now();
+                    let step = DecodeStep {
+                        token_ids: &ids,
+                        meta: &meta,
+                    };
+                    let logits = graphs
+                        .run(&gpu, step, &mut caches, &mut forward)?
+                        .context("the decode step was not replayed")?;
+                    let tokens = gpu.sample_rows(&logits, &greedy)?;
+                    std::hint::black_box(&tokens);
+                    if i >= 3 {
+                        graph_times.push(t.elapsed().as_secs_f64() * 1e3);
+                    }
+                }
+                let graph_ms = median(&mut graph_times);
                 let kv_read = kv_bytes_per_token * (batch * (ctx + 1)) as u64;
                 let roofline_ms = (weight_bytes + kv_read) as f64 / (copy_tb_s * 1e12) * 1e3;
                 println!(
-                    "| {name} | {batch} | {ctx} | {step_ms:.3} | {:.0} | {roofline_ms:.3} | {:.0}% |",
-                    batch as f64 / (step_ms * 1e-3),
-                    100.0 * roofline_ms / step_ms
+                    "| {name} | {batch} | {ctx} | {step_ms:.3} | {graph_ms:.3} | {:.0} | {roofline_ms:.3} | {:.0}% | {:.0}% |",
+                    batch as f64 / (graph_ms * 1e-3),
+                    100.0 * roofline_ms / step_ms,
+                    100.0 * roofline_ms / graph_ms
                 );
                 rows.push(serde_json::json!({
                     "model": name, "batch": batch, "context_tokens": ctx,
                     "step_ms": step_ms, "tokens_per_s": batch as f64 / (step_ms * 1e-3),
+                    "graph_step_ms": graph_ms,
+                    "graph_tokens_per_s": batch as f64 / (graph_ms * 1e-3),
                     "weight_bytes": weight_bytes, "kv_bytes_read": kv_read,
                     "roofline_ms": roofline_ms, "fraction_of_roofline": roofline_ms / step_ms,
+                    "graph_fraction_of_roofline": roofline_ms / graph_ms,
                     "model_build_ms": build_ms,
                 }));
             }
@@ -245,8 +307,14 @@ pub fn decode(args: DecodeArgs) -> Result<()> {
             "bench": "decode",
             "device": gpu.name(),
             "copy_tb_s": copy_tb_s,
-            "note": "step = prepare_batch + forward + f32 logits to host; no CUDA graphs; synthetic bf16 weights",
+            "note": "eager step = prepare_batch + forward + f32 logits to host; graph step = one input copy + CUDA graph replay + the same logits copy; synthetic bf16 weights",
             "rows": rows,
         }),
     )
+}
+
+/// The median of timings (sorted in place).
+fn median(times: &mut [f64]) -> f64 {
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
 }

@@ -1,9 +1,11 @@
 //! Which attention kernel serves which query rows, and how the context is split.
 //!
-//! A step's rows come in runs, one per sequence. A run of one token (decode) goes to the per-token
-//! kernel (`attention.cu`); a run of two or more (a prefill chunk) is cut into query tiles of
-//! consecutive tokens for the tiled tensor-core kernel (`prefill_attention.cu`), which loads each
-//! K/V tile once for all of a tile's rows. The tiles are built on the host when the batch is
+//! A step's rows come in runs, one per sequence. A run of one token (decode) goes to a decode
+//! kernel: the tensor-core one (`decode_attention.cu`) for grouped-query models, the per-token one
+//! (`attention.cu`) for MHA and other head widths (the backend picks, [`DecodeKernel`]); a run of
+//! two or more (a prefill chunk) is cut into query tiles of consecutive tokens for the tiled
+//! tensor-core kernel (`prefill_attention.cu`), which loads each K/V tile once for all of a tile's
+//! rows. The tiles are built on the host when the batch is
 //! prepared, once per possible group size (the batch does not know the model's), and uploaded with
 //! the rest of the step's metadata.
 
@@ -27,14 +29,39 @@ const DECODE_TARGET_BLOCKS_PER_SM: usize = 8;
 /// and hold more registers and shared memory (about two to three are resident per SM).
 const PREFILL_TARGET_BLOCKS_PER_SM: usize = 4;
 /// Shortest split with decode rows only (the per-token kernel's partials are small).
-const DECODE_MIN_SPLIT_TOKENS: usize = 256;
+pub(crate) const DECODE_MIN_SPLIT_TOKENS: usize = 256;
 /// Shortest split once prefill tiles take part: each split of a tile writes a partial of every
 /// row (64 rows × (head_dim + 2) f32), so splits must be long enough to amortise it.
 const PREFILL_MIN_SPLIT_TOKENS: usize = 512;
 /// Most splits of one (row, KV head).
 const MAX_SPLITS: usize = 64;
+/// Least fill of the last wave (numerator, denominator) the tensor-core decode plan accepts
+/// before it tries more splits.
+const MMA_WAVE_FILL: (usize, usize) = (9, 10);
 
-/// The step's query rows, ordered for the two kernels, and the prefill tiles per group size.
+/// Which kernel serves a layer's decode rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DecodeKernel {
+    /// `attention.cu`: one lane-parallel dot product per K row and query head. Wins for MHA (it
+    /// already beats FlashAttention-2 there) and serves head widths the tensor-core kernel lacks.
+    PerToken,
+    /// `decode_attention.cu`: the group's query heads as the M rows of `mma.sync`.
+    Mma,
+}
+
+impl DecodeKernel {
+    /// The tensor-core kernel for groups of two or more query heads per KV head where it exists
+    /// for the head width on this device; the per-token kernel otherwise.
+    pub(crate) fn choose(group: usize, mma_available: bool) -> Self {
+        if group >= 2 && mma_available {
+            Self::Mma
+        } else {
+            Self::PerToken
+        }
+    }
+}
+
+/// The step's query rows, ordered for the kernels, and the prefill tiles per group size.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct AttentionRows {
     /// Every row once: the decode rows (runs of one token) first, then the prefill rows. The
@@ -108,21 +135,41 @@ pub(crate) struct SplitPlan {
     pub(crate) split_len: usize,
 }
 
-/// Flash-decoding split of long contexts until the grid fills the GPU. `decode_blocks` and
-/// `prefill_blocks` are the unsplit blocks of each kernel (rows or tiles × KV heads); each kind
-/// counts by its own resident-blocks target, so a decode-only batch splits exactly as before the
-/// tiled kernel existed.
+/// The unsplit blocks of one attention call's launches (rows or tiles × KV heads). Decode rows go
+/// to one of the two decode kernels, never both: `per_token` or `mma` is zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct GridBlocks {
+    /// Blocks of the per-token kernel (`attention.cu`).
+    pub(crate) per_token: usize,
+    /// Blocks of the tensor-core decode kernel (`decode_attention.cu`).
+    pub(crate) mma: usize,
+    /// Resident tensor-core decode blocks per SM (the driver's occupancy figure); any value when
+    /// `mma` is zero.
+    pub(crate) mma_resident_per_sm: usize,
+    /// Blocks of the tiled prefill kernel (`prefill_attention.cu`).
+    pub(crate) prefill: usize,
+}
+
+/// Flash-decoding split of long contexts until the grid fills the GPU. Each kernel's blocks count
+/// by its own resident-blocks target, so a batch without tensor-core decode blocks splits exactly
+/// as before that kernel existed. A batch of tensor-core decode blocks only is planned by waves
+/// ([`plan_mma_decode_splits`]).
 pub(crate) fn plan_splits(
-    decode_blocks: usize,
-    prefill_blocks: usize,
+    blocks: GridBlocks,
     max_visible_tokens: usize,
     num_sms: usize,
 ) -> SplitPlan {
-    // Load and capacity in units of 1 / (DECODE × PREFILL) of an SM's resident blocks.
-    let load =
-        decode_blocks * PREFILL_TARGET_BLOCKS_PER_SM + prefill_blocks * DECODE_TARGET_BLOCKS_PER_SM;
-    let capacity = DECODE_TARGET_BLOCKS_PER_SM * PREFILL_TARGET_BLOCKS_PER_SM * num_sms.max(1);
-    let min_split = if prefill_blocks > 0 {
+    let num_sms = num_sms.max(1);
+    let resident = blocks.mma_resident_per_sm.max(1);
+    if blocks.per_token == 0 && blocks.prefill == 0 && blocks.mma > 0 {
+        return plan_mma_decode_splits(blocks.mma, max_visible_tokens, num_sms * resident);
+    }
+    // Load and capacity in units of 1 / (DECODE × PREFILL × resident) of an SM's blocks.
+    let load = blocks.per_token * PREFILL_TARGET_BLOCKS_PER_SM * resident
+        + blocks.prefill * DECODE_TARGET_BLOCKS_PER_SM * resident
+        + blocks.mma * DECODE_TARGET_BLOCKS_PER_SM * PREFILL_TARGET_BLOCKS_PER_SM;
+    let capacity = DECODE_TARGET_BLOCKS_PER_SM * PREFILL_TARGET_BLOCKS_PER_SM * resident * num_sms;
+    let min_split = if blocks.prefill > 0 {
         PREFILL_MIN_SPLIT_TOKENS
     } else {
         DECODE_MIN_SPLIT_TOKENS
@@ -136,7 +183,7 @@ pub(crate) fn plan_splits(
         1
     };
     let split_len = max_visible_tokens.div_ceil(splits).max(1);
-    if prefill_blocks == 0 || splits == 1 {
+    if blocks.prefill == 0 || splits == 1 {
         return SplitPlan { splits, split_len };
     }
     // Whole key tiles per split; rounding up can leave the last splits empty, so recount.
@@ -147,10 +194,69 @@ pub(crate) fn plan_splits(
     }
 }
 
+/// Splits for tensor-core decode blocks alone. Such a block is large (a ring of K/V tiles, about
+/// two resident per SM at head_dim 128), so the number of waves matters: 128 blocks on 264 slots
+/// run at half the bandwidth, 384 take two waves for 1.45 waves of work. The plan takes the
+/// fewest splits whose waves are at least [`MMA_WAVE_FILL`] full (splits cost partial writes and
+/// a combine), else the best-filled count; no split is shorter than [`DECODE_MIN_SPLIT_TOKENS`]. The model assumes equal contexts; shorter ones end early.
+fn plan_mma_decode_splits(blocks: usize, max_visible_tokens: usize, slots: usize) -> SplitPlan {
+    let most = (max_visible_tokens / DECODE_MIN_SPLIT_TOKENS).clamp(1, MAX_SPLITS);
+    // Fill of the waves as a fraction (used / offered slots), compared without division.
+    let fill = |splits: usize| {
+        let used = blocks * splits;
+        (used, used.div_ceil(slots) * slots)
+    };
+    let good = |splits: usize| {
+        let (used, offered) = fill(splits);
+        used * MMA_WAVE_FILL.1 >= offered * MMA_WAVE_FILL.0
+    };
+    let splits = (1..=most).find(|&s| good(s)).unwrap_or_else(|| {
+        // Best fill; on ties the fewest splits (`max_by` keeps the last maximum, so run down).
+        (1..=most)
+            .rev()
+            .max_by(|&a, &b| {
+                let ((ua, oa), (ub, ob)) = (fill(a), fill(b));
+                (ua * ob).cmp(&(ub * oa))
+            })
+            .unwrap_or(1)
+    });
+    SplitPlan {
+        splits,
+        split_len: max_visible_tokens.div_ceil(splits).max(1),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use starling_backend::SeqBatchMeta;
+
+    /// `plan_splits` without tensor-core decode blocks: per-token decode and prefill blocks.
+    fn plan(per_token: usize, prefill: usize, visible: usize, sms: usize) -> SplitPlan {
+        plan_splits(
+            GridBlocks {
+                per_token,
+                prefill,
+                ..Default::default()
+            },
+            visible,
+            sms,
+        )
+    }
+
+    /// `plan_splits` with tensor-core decode blocks, `resident` of them per SM.
+    fn plan_mma(mma: usize, prefill: usize, resident: usize, visible: usize) -> SplitPlan {
+        plan_splits(
+            GridBlocks {
+                mma,
+                mma_resident_per_sm: resident,
+                prefill,
+                ..Default::default()
+            },
+            visible,
+            132,
+        )
+    }
 
     /// A batch of sequences with the given new-token counts (context = 100 + new).
     fn meta(query_lens: &[usize]) -> BatchMeta {
@@ -228,7 +334,7 @@ mod tests {
     fn decode_only_splits_follow_the_decode_rule() {
         // 1 token × 8 KV heads on 132 SMs at 32k: ceil(1056 / 8) = 132, capped by 64.
         assert_eq!(
-            plan_splits(8, 0, 32_768, 132),
+            plan(8, 0, 32_768, 132),
             SplitPlan {
                 splits: 64,
                 split_len: 512
@@ -236,15 +342,15 @@ mod tests {
         );
         // 64 tokens × 8 heads = 512 blocks: ceil(1056 / 512) = 3 splits of ceil(4096 / 3).
         assert_eq!(
-            plan_splits(512, 0, 4096, 132),
+            plan(512, 0, 4096, 132),
             SplitPlan {
                 splits: 3,
                 split_len: 1366
             }
         );
         // Short contexts and full grids are not split.
-        assert_eq!(plan_splits(8, 0, 256, 132).splits, 1);
-        assert_eq!(plan_splits(2000, 0, 32_768, 132).splits, 1);
+        assert_eq!(plan(8, 0, 256, 132).splits, 1);
+        assert_eq!(plan(2000, 0, 32_768, 132).splits, 1);
     }
 
     #[test]
@@ -256,7 +362,7 @@ mod tests {
             (0, 1, 100_000),
             (0, 3, 1000),
         ] {
-            let p = plan_splits(decode, prefill, visible, 132);
+            let p = plan(decode, prefill, visible, 132);
             assert!(p.splits >= 1 && p.splits <= MAX_SPLITS, "{p:?}");
             if p.splits > 1 {
                 assert_eq!(p.split_len % PREFILL_TILE_KEYS, 0, "{p:?}");
@@ -268,8 +374,103 @@ mod tests {
             );
         }
         // 64 tiles (chunk 128 of GQA 32/8 at batch 1) at 32k: ceil(528 / 64) = 9 splits.
-        assert_eq!(plan_splits(0, 64, 32_768, 132).splits, 9);
+        assert_eq!(plan(0, 64, 32_768, 132).splits, 9);
         // A grid that already fills the GPU is not split.
-        assert_eq!(plan_splits(0, 1024, 32_768, 132).splits, 1);
+        assert_eq!(plan(0, 1024, 32_768, 132).splits, 1);
+    }
+
+    #[test]
+    fn per_token_plans_ignore_the_mma_residency() {
+        for (decode, prefill, visible) in [(8, 0, 32_768), (512, 0, 4096), (16, 8, 3000)] {
+            let base = plan(decode, prefill, visible, 132);
+            for resident in [1, 2, 3, 5] {
+                let with = plan_splits(
+                    GridBlocks {
+                        per_token: decode,
+                        mma_resident_per_sm: resident,
+                        prefill,
+                        ..Default::default()
+                    },
+                    visible,
+                    132,
+                );
+                assert_eq!(with, base, "resident {resident}");
+            }
+        }
+    }
+
+    #[test]
+    fn mma_decode_fills_whole_waves() {
+        // GQA 32/8, batch 16: 128 blocks on 132 SMs × 2 = 264 slots. One split fills 48%;
+        // two fill 256 of 264 slots in one wave.
+        assert_eq!(
+            plan_mma(128, 0, 2, 4096),
+            SplitPlan {
+                splits: 2,
+                split_len: 2048
+            }
+        );
+        // Batch 64: 512 blocks are 97% of two waves already.
+        assert_eq!(plan_mma(512, 0, 2, 8192).splits, 1);
+        // Batch 20 at 32k: 160 blocks. 1 or 2 splits fill 61%; 3 fill 480 of 528 (91%).
+        assert_eq!(plan_mma(160, 0, 2, 32_768).splits, 3);
+        // Batch 1 (8 blocks) at 8k: 30 splits fill 240 of 264 slots (91%); 29 would not.
+        assert_eq!(
+            plan_mma(8, 0, 2, 8192),
+            SplitPlan {
+                splits: 30,
+                split_len: 274
+            }
+        );
+        // At 4k no count up to 4096 / 256 = 16 fills 90% of a wave: the best fill is the most.
+        assert_eq!(
+            plan_mma(8, 0, 2, 4096),
+            SplitPlan {
+                splits: 16,
+                split_len: 256
+            }
+        );
+        // A context too short to split is never split, whatever the fill.
+        assert_eq!(plan_mma(8, 0, 2, 200).splits, 1);
+        // Four resident blocks per SM (head_dim 64) double the slots.
+        assert_eq!(plan_mma(128, 0, 4, 4096).splits, 4);
+    }
+
+    #[test]
+    fn mma_decode_plans_cover_the_context_within_bounds() {
+        for blocks in [1, 2, 7, 8, 64, 100, 128, 160, 264, 512, 1000, 5000] {
+            for resident in [1, 2, 3, 4] {
+                for visible in [1, 17, 255, 256, 257, 300, 4096, 5000, 32_768, 100_000] {
+                    let p = plan_mma(blocks, 0, resident, visible);
+                    assert!(p.splits >= 1 && p.splits <= MAX_SPLITS, "{p:?}");
+                    assert!(p.splits * p.split_len >= visible, "uncovered: {p:?}");
+                    assert!((p.splits - 1) * p.split_len < visible, "empty split: {p:?}");
+                    if p.splits > 1 {
+                        assert!(p.split_len >= DECODE_MIN_SPLIT_TOKENS, "{p:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn mma_decode_blocks_weigh_in_mixed_batches_by_residency() {
+        // With prefill tiles the weighted rule holds: an mma block counts as 1 / resident of an
+        // SM, a tile as 1 / 4. 66 mma blocks at 2 per SM = 33 SMs; 8 tiles = 2 SMs: ceil(132 /
+        // 35) = 4 splits, whole key tiles.
+        let p = plan_mma(66, 8, 2, 32_768);
+        assert_eq!(p.splits, 4);
+        assert_eq!(p.split_len % PREFILL_TILE_KEYS, 0);
+        // More residency: the same blocks fill less of the GPU, so more splits.
+        assert!(plan_mma(66, 8, 4, 32_768).splits > p.splits);
+    }
+
+    #[test]
+    fn grouped_query_models_take_the_tensor_core_decode_kernel() {
+        assert_eq!(DecodeKernel::choose(1, true), DecodeKernel::PerToken);
+        for group in 2..=MAX_GROUP {
+            assert_eq!(DecodeKernel::choose(group, true), DecodeKernel::Mma);
+            assert_eq!(DecodeKernel::choose(group, false), DecodeKernel::PerToken);
+        }
     }
 }

@@ -8,6 +8,7 @@
 mod batch_builder;
 mod compression;
 mod config;
+mod device_sampling;
 mod error;
 mod output;
 mod row_sampling;
@@ -17,7 +18,9 @@ mod text;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use starling_backend::Backend;
+use starling_backend::{
+    Backend, BackendError, BatchMeta, DecodeGraphConfig, DecodeGraphs, DecodeStep,
+};
 use starling_kv::{preflight, CacheLayout, KvCacheManager, LayerLayout, Preflight, SeqId};
 use starling_models::llama::{LlamaModel, QueryCapture};
 
@@ -89,6 +92,8 @@ pub struct Engine<B: Backend> {
     compression: starling_evict::CompressionConfig,
     counters: EngineCounters,
     last_step: Option<StepStats>,
+    /// Recorded decode steps (CUDA graphs), when enabled and the backend has them.
+    graphs: Option<Box<dyn DecodeGraphs<B>>>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -131,8 +136,33 @@ impl<B: Backend> Engine<B> {
             compression: config.compression,
             counters: EngineCounters::default(),
             last_step: None,
+            graphs: None,
             model,
         })
+    }
+
+    /// Turns on recorded decode steps (CUDA graphs: one per batch-size bucket, replayed on later
+    /// decode-only steps; prefill and mixed steps stay eager) where the backend has them. Returns
+    /// whether it does; `false` leaves every step eager.
+    pub fn enable_decode_graphs(&mut self) -> Result<bool, EngineError> {
+        let sched = self.scheduler.config();
+        let config = DecodeGraphConfig {
+            max_num_seqs: sched.max_num_seqs,
+            max_model_len_tokens: sched.max_model_len_tokens,
+            block_size_tokens: sched.block_size_tokens,
+            num_cache_blocks: self.scheduler.kv().num_total_blocks(),
+            query_heads_per_kv_head: {
+                let cfg = self.model.config();
+                cfg.num_attention_heads / cfg.num_kv_heads.max(1)
+            },
+        };
+        self.graphs = self.backend.decode_graphs(&config)?;
+        Ok(self.graphs.is_some())
+    }
+
+    /// Whether decode steps are replayed from recorded graphs.
+    pub fn decode_graphs_enabled(&self) -> bool {
+        self.graphs.is_some()
     }
 
     /// The uncompressed cache layout of `model` on `backend` (one full K/V layer per model layer).
@@ -355,8 +385,7 @@ impl<B: Backend> Engine<B> {
             }
         };
         self.counters.prefill_tokens += plan.stats.num_prefill_tokens as u64;
-        let vocab = self.model.config().vocab_size;
-        let samples = self.sample_rows(&built.sampling_seqs, logits.data(), vocab)?;
+        let samples = self.sample_rows(&built.sampling_seqs, logits.as_ref())?;
         let mut outputs = Vec::with_capacity(built.sampling_seqs.len());
         for (&seq_id, sample) in built.sampling_seqs.iter().zip(samples) {
             outputs.push(self.advance(seq_id, sample?)?);
@@ -491,33 +520,85 @@ impl<B: Backend> Engine<B> {
         &mut self,
         built: &batch_builder::BuiltBatch,
         capture: Option<&mut QueryCapture>,
-    ) -> Result<starling_backend::HostTensor, EngineError> {
+    ) -> Result<Option<B::Tensor>, EngineError> {
+        if capture.is_none() {
+            if let Some(logits) = self.replay_decode(built) {
+                return Ok(Some(logits));
+            }
+        }
         let num_blocks = self.scheduler.kv().num_total_blocks();
         let batch = self.backend.prepare_batch(&built.meta, num_blocks)?;
-        Ok(self.model.forward_capturing(
+        let hooks = starling_models::llama::ForwardHooks {
+            queries: capture,
+            activations: None,
+        };
+        Ok(self.model.forward_device_logits(
             &self.backend,
             &built.token_ids,
             &built.meta,
             &batch,
             &mut self.caches,
-            capture,
+            hooks,
         )?)
     }
 
-    /// Samples every sampling row of the step (in parallel across requests when there are
-    /// many), returning the results in `seq_ids`' order. `logits` holds one row per id.
+    /// The step's logits (in backend memory) from a recorded decode graph, or `None` to run it eagerly (graphs off,
+    /// not a decode-only step). A replay error turns graphs off for good (logged) and the step
+    /// runs eagerly: it rewrites the same cache slots with the same values.
+    fn replay_decode(&mut self, built: &batch_builder::BuiltBatch) -> Option<B::Tensor> {
+        let graphs = self.graphs.as_mut()?;
+        let model = &self.model;
+        let mut forward = |backend: &B,
+                           ids: &[u32],
+                           meta: &BatchMeta,
+                           batch: &B::Batch,
+                           caches: &mut [B::KvCache]|
+         -> Result<B::Tensor, BackendError> {
+            model
+                .forward_device(backend, ids, meta, batch, caches)
+                .map_err(|e| match e {
+                    starling_models::ModelError::Backend(b) => b,
+                    other => BackendError::Device(other.to_string()),
+                })
+        };
+        let step = DecodeStep {
+            token_ids: &built.token_ids,
+            meta: &built.meta,
+        };
+        match graphs.run(&self.backend, step, &mut self.caches, &mut forward) {
+            Ok(logits) => logits,
+            Err(e) => {
+                tracing::error!("decode graph replay failed, running eagerly from now on: {e}");
+                self.graphs = None;
+                None
+            }
+        }
+    }
+
+    /// Samples every sampling row of the step, returning the results in `seq_ids`' order.
+    /// `logits` (in backend memory) holds one row per id; rows that qualify are sampled there
+    /// (see `device_sampling`), the rest on the host, in parallel across requests when there are
+    /// many.
     fn sample_rows(
         &mut self,
         seq_ids: &[SeqId],
-        logits: &[f32],
-        vocab: usize,
+        logits: Option<&B::Tensor>,
     ) -> Result<Vec<Result<RowSample, EngineError>>, EngineError> {
-        let row_of: HashMap<SeqId, usize> = seq_ids
+        if seq_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let logits = logits.ok_or_else(|| {
+            EngineError::InvalidRequest(format!(
+                "no logits computed for {} sampling rows",
+                seq_ids.len()
+            ))
+        })?;
+        let row_of: HashMap<SeqId, u32> = seq_ids
             .iter()
-            .enumerate()
-            .map(|(row, &id)| (id, row))
+            .zip(0u32..)
+            .map(|(&id, row)| (id, row))
             .collect();
-        let mut rows: Vec<(usize, &mut Sequence)> = self
+        let mut rows: Vec<(u32, &mut Sequence)> = self
             .seqs
             .iter_mut()
             .filter_map(|(id, seq)| row_of.get(id).map(|&row| (row, seq)))
@@ -531,17 +612,7 @@ impl<B: Backend> Engine<B> {
             return Err(EngineError::UnknownRequest(missing));
         }
         rows.sort_unstable_by_key(|(row, _)| *row);
-        let mut jobs: Vec<(&mut Sequence, &[f32])> = Vec::with_capacity(rows.len());
-        for (row, seq) in rows {
-            let row_logits = logits.get(row * vocab..(row + 1) * vocab).ok_or_else(|| {
-                EngineError::InvalidRequest(format!(
-                    "logits hold {} values, fewer than row {row} of {vocab}",
-                    logits.len()
-                ))
-            })?;
-            jobs.push((seq, row_logits));
-        }
-        Ok(self.samplers.sample_rows(&mut jobs))
+        device_sampling::sample_step(&self.backend, &mut self.samplers, logits, &mut rows)
     }
 
     /// Appends a sampled token to its request: text, stop conditions, the scheduler, and the

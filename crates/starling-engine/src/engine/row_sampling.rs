@@ -1,4 +1,6 @@
-//! Sampling a step's rows, in parallel across requests when the batch is large.
+//! Sampling a step's rows on the host, in parallel across requests when the batch is large: the
+//! rows `device_sampling` leaves to the host (penalties, min_tokens, top-n or full log-probabilities,
+//! teacher forcing).
 //!
 //! Sampling a row costs a few passes over the vocabulary (the log-normaliser for the reported
 //! log-probability, the processed copy, argmax or the filtered draw). Measured on the 2-core dev

@@ -67,3 +67,16 @@ impl SamplingError {
         }
     }
 }
+
+impl From<starling_backend::sampling::LogitsError> for SamplingError {
+    fn from(e: starling_backend::sampling::LogitsError) -> Self {
+        use starling_backend::sampling::LogitsError;
+        match e {
+            LogitsError::Empty => SamplingError::EmptyLogits,
+            LogitsError::NonFinite { token_id, value } => {
+                SamplingError::NonFiniteLogit { token_id, value }
+            }
+            LogitsError::NoCandidate => SamplingError::NoCandidate,
+        }
+    }
+}

@@ -2,25 +2,22 @@
 //!
 //! - [`SamplingParams`]: a request's knobs (OpenAI/vLLM semantics and defaults) and their validation.
 //! - [`Sampler`]: logits → [`SampledToken`] (penalties, min_tokens, temperature, min-p, top-k,
-//!   top-p, draw), with raw log-probabilities.
+//!   top-p, draw), with raw log-probabilities. The math after penalties and masking is
+//!   `starling_backend::sampling`, shared with the backends' device-side sampling op.
 //! - [`SequenceRng`]: the random stream each sequence owns, so seeded requests are reproducible
 //!   whatever else is batched with them.
 //! - [`StopChecker`]: per-sequence EOS / stop token / stop string / length detection and the
 //!   hold-back of text that may turn into a stop string.
 
 mod deserialize;
-mod draw;
 mod error;
-mod filters;
 mod logprobs;
 mod params;
 mod penalties;
-mod ranking;
 mod rng;
 mod sampler;
 mod stop;
 mod stop_strings;
-mod vector_math;
 
 #[cfg(test)]
 mod sampler_tests;

@@ -5,9 +5,8 @@ use serde::{Deserialize, Serialize};
 use super::deserialize::{non_positive_as_none, one_or_many_strings};
 use super::error::SamplingError;
 
-/// Temperatures below this are treated as greedy decoding (vLLM's `_SAMPLING_EPS`), because dividing
-/// logits by a near-zero temperature only amplifies float noise.
-pub const GREEDY_TEMPERATURE_EPS: f32 = 1e-5;
+use starling_backend::sampling::TokenFilter;
+pub use starling_backend::sampling::GREEDY_TEMPERATURE_EPS;
 
 /// Most top log-probabilities a request may ask for per token (the OpenAI limit).
 pub const MAX_TOP_LOGPROBS: usize = 20;
@@ -90,8 +89,17 @@ impl Default for SamplingParams {
 impl SamplingParams {
     /// Whether tokens are chosen by argmax rather than drawn at random.
     pub fn is_greedy(&self) -> bool {
-        // An unvalidated NaN temperature decodes greedily rather than producing NaN weights.
-        self.temperature.is_nan() || self.temperature < GREEDY_TEMPERATURE_EPS
+        self.token_filter().is_greedy()
+    }
+
+    /// The knobs applied after penalties and masking (temperature, top-k, top-p, min-p).
+    pub fn token_filter(&self) -> TokenFilter {
+        TokenFilter {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+        }
     }
 
     /// The number of tokens the request may generate, given `room_tokens` left in the context

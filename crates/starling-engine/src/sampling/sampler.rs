@@ -1,16 +1,12 @@
 //! Turns one sequence's logits into one token.
 
-use super::draw::{draw_candidates, draw_dense};
+use starling_backend::sampling::{choose_token, FilterScratch};
+
 use super::error::SamplingError;
-use super::filters::{
-    collect_at_least, collect_top_k, keep_top_p, min_p_floor, nucleus_bound, scale_by_temperature,
-};
 use super::logprobs::{log_normalizer, top_logprobs};
 use super::params::{SamplingParams, MAX_TOP_LOGPROBS};
 use super::penalties::PenaltyScratch;
-use super::ranking::{argmax, Candidate};
 use super::rng::SequenceRng;
-use super::vector_math::{max_value, sum_exp_candidates};
 
 /// The token history penalties and min_tokens look at.
 #[derive(Debug, Clone, Copy)]
@@ -43,7 +39,9 @@ pub struct SampledToken {
 /// clients score with, and they do not depend on the request's sampling knobs.
 ///
 /// Top-k keeps exactly k tokens, breaking ties at the k-th logit by lower id (vLLM keeps every
-/// token tied with the k-th), so results never depend on memory order.
+/// token tied with the k-th), so results never depend on memory order. Filtered draws walk the
+/// kept tokens in id order, the order the backends' device-side sampling reproduces
+/// (`starling_backend::sampling` holds this math for both).
 ///
 /// Cost is a few vectorised passes over the vocabulary per token (about 0.2 ms greedy and 0.3 ms
 /// to 0.9 ms sampled for 152k tokens on one shared 2-core SSE2 build); no pass sorts the vocabulary.
@@ -56,8 +54,7 @@ pub struct SampledToken {
 pub struct Sampler {
     eos_token_ids: Vec<u32>,
     processed_logits: Vec<f32>,
-    candidates: Vec<Candidate>,
-    block_weights: Vec<f64>,
+    filter_scratch: FilterScratch,
     penalties: PenaltyScratch,
 }
 
@@ -97,11 +94,12 @@ impl Sampler {
             }
         }
 
-        let token_id = if params.is_greedy() {
-            argmax(processed)
-        } else {
-            self.draw_filtered(params, uniform)
-        }
+        let token_id = choose_token(
+            processed,
+            &params.token_filter(),
+            uniform,
+            &mut self.filter_scratch,
+        )
         .ok_or(SamplingError::NoCandidate)?;
 
         let top_n = params.logprobs.unwrap_or(0).min(MAX_TOP_LOGPROBS);
@@ -140,50 +138,6 @@ impl Sampler {
 pub fn log_softmax(logits: &[f32]) -> Result<Vec<f32>, SamplingError> {
     let log_normalizer = log_normalizer(logits)?;
     Ok(logits.iter().map(|&l| l - log_normalizer).collect())
-}
-
-impl Sampler {
-    /// Temperature, min-p, top-k, top-p and the draw over the processed logits. Unfiltered
-    /// requests draw straight from the dense buffer; filtered ones narrow it to a candidate list
-    /// first (top-k by its own pass, top-p by a bound on the nucleus).
-    fn draw_filtered(&mut self, params: &SamplingParams, uniform: f64) -> Option<u32> {
-        let processed = &mut self.processed_logits;
-        scale_by_temperature(processed, params.temperature);
-        let max_logit = max_value(processed);
-        if max_logit == f32::NEG_INFINITY {
-            return None;
-        }
-        let floor = min_p_floor(max_logit, params.min_p);
-        let top_k = params
-            .top_k
-            .filter(|&top_k| top_k > 0 && top_k < processed.len());
-        let uses_top_p = params.top_p < 1.0;
-        let candidates = &mut self.candidates;
-        match top_k {
-            None if !uses_top_p => {
-                return draw_dense(
-                    processed,
-                    max_logit,
-                    floor,
-                    uniform,
-                    &mut self.block_weights,
-                )
-            }
-            None => {
-                let bound = nucleus_bound(processed, max_logit, floor, params.top_p);
-                collect_at_least(processed, bound.floor, candidates);
-                keep_top_p(candidates, max_logit, bound.total_weight, params.top_p);
-            }
-            Some(top_k) => {
-                collect_top_k(processed, floor, top_k, candidates);
-                if uses_top_p {
-                    let total_weight = sum_exp_candidates(candidates, max_logit);
-                    keep_top_p(candidates, max_logit, total_weight, params.top_p);
-                }
-            }
-        }
-        draw_candidates(candidates, max_logit, uniform)
-    }
 }
 
 /// Makes `token_ids` impossible to sample; ids outside the logits are ignored.

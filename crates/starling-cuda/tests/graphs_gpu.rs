@@ -1,0 +1,215 @@
+//! CUDA-graph decode replay against eager steps: logits must be bit-identical, step after step,
+//! with contexts growing across block boundaries, for batches that fill a bucket and batches
+//! that need padding rows. `#[ignore]`d in CPU CI; run through scripts/device/gpu_tests.sh.
+//!
+//! Each run keeps two cache sets filled by the same eager prefill: eager steps run on one,
+//! replayed steps on the other, both fed the eager run's greedy tokens. Equal logits at every
+//! step also show that the replayed KV writes matched the eager ones (later steps read them).
+
+use starling_backend::{
+    Backend, BackendError, BatchMeta, DecodeGraphConfig, DecodeStep, SeqBatchMeta,
+};
+use starling_cuda::{CudaBackend, CudaBatch, CudaKvCache};
+use starling_kv::{KvCacheManager, SeqId};
+use starling_models::llama::LlamaModel;
+use starling_models::ModelConfig;
+
+const BLOCK_TOKENS: usize = 16;
+
+/// One step's metadata for `seqs` (each with `new` tokens from `start`), from the manager.
+fn step_meta(kv: &KvCacheManager, seqs: &[(SeqId, usize, usize)]) -> BatchMeta {
+    let mut meta = BatchMeta {
+        block_size_tokens: BLOCK_TOKENS,
+        ..Default::default()
+    };
+    for &(id, start, new) in seqs {
+        let query_start = meta.positions.len();
+        meta.positions
+            .extend((start..start + new).map(|p| p as u32));
+        meta.slot_mapping
+            .extend(kv.slot_mapping(id, start..start + new).expect("slots"));
+        meta.seqs.push(SeqBatchMeta {
+            query_start,
+            query_len: new,
+            context_len_tokens: start + new,
+            block_table: kv
+                .table(id)
+                .expect("table")
+                .block_ids()
+                .iter()
+                .map(|b| b.0)
+                .collect(),
+        });
+        meta.logits_rows.push((query_start + new - 1) as u32);
+    }
+    meta
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    (0..row.len())
+        .max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a)))
+        .expect("non-empty row") as u32
+}
+
+/// Prefills `batch` sequences with prompts of `prompt_lens[i % len]` tokens, then decodes
+/// `steps` tokens eagerly and by replay, asserting bit-equal logits at every step.
+fn replay_matches_eager(cfg: &ModelConfig, batch: usize, prompt_lens: &[usize], steps: usize) {
+    let gpu = CudaBackend::new(0).expect("these tests need a CUDA GPU");
+    let model = LlamaModel::synthetic(&gpu, cfg, 11).expect("model");
+    let max_model_len = prompt_lens.iter().max().expect("prompts") + steps + 1;
+    let blocks = batch * max_model_len.div_ceil(BLOCK_TOKENS) + 1;
+    let mut kv = KvCacheManager::new(blocks, BLOCK_TOKENS).expect("manager");
+    let spec = model.kv_cache_spec(blocks, BLOCK_TOKENS);
+    let alloc = || -> Vec<CudaKvCache> {
+        (0..cfg.num_layers)
+            .map(|_| gpu.alloc_kv_cache(&spec).expect("cache"))
+            .collect()
+    };
+    let (mut eager_caches, mut graph_caches) = (alloc(), alloc());
+    let ids: Vec<SeqId> = (0..batch as u64).map(SeqId).collect();
+    // Prefill, eagerly, into both cache sets.
+    let mut next = Vec::new();
+    let mut lens = Vec::new();
+    for (i, &id) in ids.iter().enumerate() {
+        let len = prompt_lens[i % prompt_lens.len()];
+        let prompt: Vec<u32> = (0..len)
+            .map(|t| ((t * 31 + i * 7 + 3) % cfg.vocab_size) as u32)
+            .collect();
+        kv.allocate_slots(id, len).expect("prompt slots");
+        let meta = step_meta(&kv, &[(id, 0, len)]);
+        let prepared = gpu.prepare_batch(&meta, blocks).expect("batch");
+        let a = model
+            .forward(&gpu, &prompt, &meta, &prepared, &mut eager_caches)
+            .expect("prefill");
+        let b = model
+            .forward(&gpu, &prompt, &meta, &prepared, &mut graph_caches)
+            .expect("prefill");
+        assert_eq!(a.data(), b.data(), "the two prefills differ");
+        next.push(argmax(a.data()));
+        lens.push(len);
+    }
+    let config = DecodeGraphConfig {
+        max_num_seqs: 8,
+        max_model_len_tokens: max_model_len,
+        block_size_tokens: BLOCK_TOKENS,
+        num_cache_blocks: blocks,
+        query_heads_per_kv_head: cfg.num_attention_heads / cfg.num_kv_heads.max(1),
+    };
+    let mut graphs = gpu
+        .decode_graphs(&config)
+        .expect("graphs")
+        .expect("the CUDA backend has graphs");
+    let mut forward = |b: &CudaBackend,
+                       ids: &[u32],
+                       m: &BatchMeta,
+                       prepared: &CudaBatch,
+                       caches: &mut [CudaKvCache]|
+     -> Result<_, BackendError> {
+        model
+            .forward_device(b, ids, m, prepared, caches)
+            .map_err(|e| BackendError::Device(e.to_string()))
+    };
+    let vocab = cfg.vocab_size;
+    for step in 0..steps {
+        let rows: Vec<(SeqId, usize, usize)> = ids
+            .iter()
+            .zip(&lens)
+            .map(|(&id, &len)| (id, len, 1))
+            .collect();
+        for &(id, _, _) in &rows {
+            kv.allocate_slots(id, 1).expect("decode slot");
+        }
+        let meta = step_meta(&kv, &rows);
+        let prepared = gpu.prepare_batch(&meta, blocks).expect("batch");
+        let eager = model
+            .forward(&gpu, &next, &meta, &prepared, &mut eager_caches)
+            .expect("eager step");
+        let replayed = graphs
+            .run(
+                &gpu,
+                DecodeStep {
+                    token_ids: &next,
+                    meta: &meta,
+                },
+                &mut graph_caches,
+                &mut forward,
+            )
+            .expect("replay")
+            .expect("a decode step within the buckets is replayed");
+        let replayed = gpu.to_host(&replayed).expect("logits to the host");
+        assert_eq!(replayed.shape(), eager.shape());
+        let differing = eager
+            .data()
+            .iter()
+            .zip(replayed.data())
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        let max_diff = eager
+            .data()
+            .iter()
+            .zip(replayed.data())
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert_eq!(
+            differing, 0,
+            "batch {batch}, step {step} (contexts {lens:?}): {differing} logits differ, max |diff| \
+             {max_diff}"
+        );
+        next = eager.data().chunks(vocab).map(argmax).collect();
+        lens.iter_mut().for_each(|l| *l += 1);
+    }
+}
+
+/// The tiny test model with heads the GPU kernels take.
+fn tiny() -> ModelConfig {
+    ModelConfig {
+        head_dim: 64,
+        max_position_embeddings: 4096,
+        ..ModelConfig::tiny_llama_for_tests()
+    }
+}
+
+/// Qwen2.5-Coder-1.5B's attention shape (Q/K/V bias, 12 query / 2 KV heads × 128, tied
+/// embeddings, its vocabulary), two layers.
+fn qwen2_shaped() -> ModelConfig {
+    ModelConfig {
+        num_layers: 2,
+        ..ModelConfig::qwen2_5_coder_1_5b()
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
+fn tiny_model_replay_equals_eager_on_full_buckets() {
+    // Buckets of max_num_seqs 8: 1, 2, 4, 8. Prompts of 14 and 30 tokens cross a block
+    // boundary within the 20 steps.
+    for batch in [1, 2, 4, 8] {
+        replay_matches_eager(&tiny(), batch, &[14, 30, 5], 20);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
+fn tiny_model_replay_equals_eager_with_padding_rows() {
+    for batch in [3, 5, 7] {
+        replay_matches_eager(&tiny(), batch, &[14, 30, 5], 20);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
+fn replay_equals_eager_with_split_contexts() {
+    // Contexts past 256 tokens split the attention (flash-decoding) at small batch: the replay
+    // reads the step's split plan from the device.
+    for batch in [1, 3] {
+        replay_matches_eager(&tiny(), batch, &[700, 1500], 18);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
+fn qwen2_shaped_replay_equals_eager() {
+    for batch in [1, 2, 3, 6] {
+        replay_matches_eager(&qwen2_shaped(), batch, &[14, 300], 18);
+    }
+}
