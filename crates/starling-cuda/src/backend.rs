@@ -20,7 +20,7 @@ use starling_backend::{
 };
 use starling_kv::CacheDtype;
 
-use crate::kernels::{Kernels, DECODE_MMA_THREADS};
+use crate::kernels::{Kernels, DECODE_MMA_THREADS, GEMV_THREADS};
 use crate::{cuda_available, CudaError, CudaTensor, DeviceBuf, KernelCache};
 use attention_plan::{
     plan_splits, DecodeKernel, GridBlocks, SplitPlan, MAX_GROUP, PREFILL_THREADS,
@@ -295,12 +295,99 @@ impl CudaBackend {
         Ok(dev)
     }
 
+    /// `y = x · wᵀ (+ bias)` through the matrix-vector kernels (`gemv.cu`) when the batch is small
+    /// enough for them and the rows are 16-byte aligned (`k % 8 == 0`); `None` otherwise, for
+    /// cuBLAS. At decode batch sizes a linear layer is a stream over its weights, which cuBLAS's
+    /// one-row GEMMs read well below copy bandwidth.
+    fn try_gemv(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        f32_out: bool,
+    ) -> Result<Option<CudaTensor>, CudaError> {
+        let (n, k) = x.matrix_dims()?;
+        let (m, wk) = w.matrix_dims()?;
+        let Some(function) = self.kernels.gemv(n, f32_out) else {
+            return Ok(None);
+        };
+        if k != wk || k % 8 != 0 || m == 0 || k > i32::MAX as usize || m > i32::MAX as usize {
+            return Ok(None);
+        }
+        let bias_ptr = match bias {
+            Some(b) if b.numel() != m => {
+                return Err(CudaError::Shape(format!(
+                    "linear: bias of {} for {m} outputs",
+                    b.numel()
+                )))
+            }
+            Some(b) => Some(b.bf16()?),
+            None => None,
+        };
+        let blocks = m
+            .div_ceil(GEMV_THREADS as usize / 32)
+            .min(self.num_sms * 16) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (GEMV_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (k_i, m_i) = (k as i32, m as i32);
+        // A null bias pointer when there is none (the kernel checks it).
+        let null = 0u64;
+        macro_rules! run {
+            ($out:expr) => {
+                match bias_ptr {
+                    Some(b) => launch!(
+                        self,
+                        function,
+                        cfg,
+                        x.bf16()?,
+                        w.bf16()?,
+                        b,
+                        $out,
+                        &k_i,
+                        &m_i
+                    )?,
+                    None => launch!(
+                        self,
+                        function,
+                        cfg,
+                        x.bf16()?,
+                        w.bf16()?,
+                        &null,
+                        $out,
+                        &k_i,
+                        &m_i
+                    )?,
+                }
+            };
+        }
+        let buf = if f32_out {
+            // SAFETY: the kernel writes all n·m outputs (every row j of w by one warp).
+            let mut out = unsafe { self.stream.alloc::<f32>(n * m) }?;
+            run!(&mut out);
+            DeviceBuf::F32(out)
+        } else {
+            let mut out = self.alloc_bf16(n * m)?;
+            run!(&mut out);
+            DeviceBuf::Bf16(out)
+        };
+        Ok(Some(CudaTensor {
+            buf,
+            shape: vec![n, m],
+        }))
+    }
+
     fn gemm_bf16(
         &self,
         x: &CudaTensor,
         w: &CudaTensor,
         f32_out: bool,
     ) -> Result<CudaTensor, CudaError> {
+        if let Some(y) = self.try_gemv(x, w, None, f32_out)? {
+            return Ok(y);
+        }
         let (n, k) = x.matrix_dims()?;
         let (m, wk) = w.matrix_dims()?;
         if k != wk {
@@ -764,6 +851,10 @@ impl Backend for CudaBackend {
         w: &CudaTensor,
         bias: Option<&CudaTensor>,
     ) -> Result<CudaTensor, BackendError> {
+        // Small batches: one kernel with the bias fused.
+        if let Some(y) = self.try_gemv(x, w, bias, false).map_err(err)? {
+            return Ok(y);
+        }
         let mut y = self.gemm_bf16(x, w, false).map_err(err)?;
         if let Some(b) = bias {
             let (rows, cols) = (y.shape[0], y.shape[1]);

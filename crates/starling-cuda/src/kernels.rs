@@ -30,6 +30,12 @@ macro_rules! with_mma_common {
 const PREFILL_ATTENTION_SRC: &str = with_mma_common!("../kernels/prefill_attention.cu");
 const DECODE_ATTENTION_SRC: &str = with_mma_common!("../kernels/decode_attention.cu");
 const SAMPLING_SRC: &str = include_str!("../kernels/sampling.cu");
+const GEMV_SRC: &str = include_str!("../kernels/gemv.cu");
+
+/// Most input rows the matrix-vector kernels (`gemv.cu`) take; larger batches go to cuBLAS.
+pub(crate) const GEMV_MAX_ROWS: usize = 4;
+/// Threads per block of the matrix-vector kernels (`GEMV_WARPS` × 32).
+pub(crate) const GEMV_THREADS: u32 = 256;
 
 /// Group bounds the attention kernel is instantiated for (query heads per KV head).
 const ATTENTION_GROUP_BOUNDS: [usize; 4] = [1, 2, 4, 8];
@@ -82,6 +88,11 @@ mod names {
     /// The tiled prefill attention instantiation for head width `d`.
     pub(super) fn prefill_attention(d: usize) -> String {
         format!("prefill_attention_d{d}_bf16")
+    }
+
+    /// The matrix-vector instantiation for `n` input rows, f32 or bf16 output.
+    pub(super) fn gemv(n: usize, f32_out: bool) -> String {
+        format!("gemv_n{n}_{}", if f32_out { "f32" } else { "bf16" })
     }
 
     /// The tensor-core decode attention instantiation for head width `d`.
@@ -170,6 +181,13 @@ pub fn kernel_modules() -> Vec<KernelModule> {
             ]),
         },
         KernelModule {
+            name: "gemv",
+            source: GEMV_SRC,
+            functions: (1..=GEMV_MAX_ROWS)
+                .flat_map(|n| [names::gemv(n, false), names::gemv(n, true)])
+                .collect(),
+        },
+        KernelModule {
             name: "sampling",
             source: SAMPLING_SRC,
             functions: owned(&[names::SAMPLE_ROWS]),
@@ -204,6 +222,8 @@ pub(crate) struct Kernels {
     pub(crate) key_direction_mean: CudaFunction,
     pub(crate) key_scores: CudaFunction,
     pub(crate) sample_rows: CudaFunction,
+    /// `gemv[2 (n − 1) + f32_out]`, see [`Kernels::gemv`].
+    gemv: Vec<CudaFunction>,
 }
 
 impl Kernels {
@@ -234,6 +254,10 @@ impl Kernels {
             .iter()
             .map(|&d| take(&names::prefill_attention(d)).map(|f| (d, f)))
             .collect::<Result<_, _>>()?;
+        let gemv = (1..=GEMV_MAX_ROWS)
+            .flat_map(|n| [names::gemv(n, false), names::gemv(n, true)])
+            .map(|name| take(&name))
+            .collect::<Result<_, _>>()?;
         let mut decode_attention_mma = Vec::new();
         for d in DECODE_MMA_HEAD_DIMS {
             let function = take(&names::decode_attention_mma(d))?;
@@ -263,6 +287,7 @@ impl Kernels {
             key_direction_mean: take(names::KEY_DIRECTION_MEAN)?,
             key_scores: take(names::KEY_SCORES)?,
             sample_rows: take(names::SAMPLE_ROWS)?,
+            gemv,
         })
     }
 
@@ -285,6 +310,14 @@ impl Kernels {
             .iter()
             .find(|(d, _)| *d == head_dim)
             .map(|(_, f)| f)
+    }
+
+    /// The matrix-vector kernel for `rows` input rows (`1..=GEMV_MAX_ROWS`).
+    pub(crate) fn gemv(&self, rows: usize, f32_out: bool) -> Option<&CudaFunction> {
+        if rows == 0 || rows > GEMV_MAX_ROWS {
+            return None;
+        }
+        self.gemv.get(2 * (rows - 1) + usize::from(f32_out))
     }
 
     /// The tensor-core decode kernel for `head_dim` (any group of 1..=8 query heads per KV head),

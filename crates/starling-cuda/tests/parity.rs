@@ -114,8 +114,14 @@ fn elementwise_ops_match_cpu() {
 fn linear_and_logits_match_cpu() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     let mut rng = ChaCha8Rng::seed_from_u64(2);
+    // One to four rows with k % 8 == 0 take the matrix-vector kernels (gemv.cu), k = 100 and
+    // more rows take cuBLAS.
     for &(n, k, m) in &[
         (1usize, 576usize, 1728usize),
+        (2, 1536, 256),
+        (3, 4096, 1000),
+        (4, 8960, 1536),
+        (3, 100, 64),
         (17, 896, 1152),
         (256, 1536, 8960),
     ] {
@@ -128,10 +134,15 @@ fn linear_and_logits_match_cpu() {
             gpu.upload(&b).unwrap(),
         );
         check(
-            "linear+bias",
+            &format!("linear+bias {n}x{k}x{m}"),
             &gpu.to_host(&gpu.linear(&gx, &gw, Some(&gb)).unwrap())
                 .unwrap(),
             &cpu.linear(&x, &w, Some(&b)).unwrap(),
+        );
+        check(
+            "linear, no bias",
+            &gpu.to_host(&gpu.linear(&gx, &gw, None).unwrap()).unwrap(),
+            &cpu.linear(&x, &w, None).unwrap(),
         );
         check(
             "logits (f32 out)",
