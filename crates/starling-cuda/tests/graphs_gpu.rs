@@ -6,10 +6,8 @@
 //! replayed steps on the other, both fed the eager run's greedy tokens. Equal logits at every
 //! step also show that the replayed KV writes matched the eager ones (later steps read them).
 
-use starling_backend::{
-    Backend, BackendError, BatchMeta, DecodeGraphConfig, DecodeStep, SeqBatchMeta,
-};
-use starling_cuda::{CudaBackend, CudaBatch, CudaKvCache};
+use starling_backend::{Backend, BatchMeta, DecodeGraphConfig, DecodeStep, SeqBatchMeta};
+use starling_cuda::{CudaBackend, CudaKvCache};
 use starling_kv::{KvCacheManager, SeqId};
 use starling_models::llama::LlamaModel;
 use starling_models::ModelConfig;
@@ -99,16 +97,7 @@ fn replay_matches_eager(cfg: &ModelConfig, batch: usize, prompt_lens: &[usize], 
         .decode_graphs(&config)
         .expect("graphs")
         .expect("the CUDA backend has graphs");
-    let mut forward = |b: &CudaBackend,
-                       ids: &[u32],
-                       m: &BatchMeta,
-                       prepared: &CudaBatch,
-                       caches: &mut [CudaKvCache]|
-     -> Result<_, BackendError> {
-        model
-            .forward_device(b, ids, m, prepared, caches)
-            .map_err(|e| BackendError::Device(e.to_string()))
-    };
+    let mut forward = model.device_forward();
     let vocab = cfg.vocab_size;
     for step in 0..steps {
         let rows: Vec<(SeqId, usize, usize)> = ids
@@ -132,7 +121,7 @@ fn replay_matches_eager(cfg: &ModelConfig, batch: usize, prompt_lens: &[usize], 
                     meta: &meta,
                 },
                 &mut graph_caches,
-                &mut forward,
+                forward.as_mut(),
             )
             .expect("replay")
             .expect("a decode step within the buckets is replayed");

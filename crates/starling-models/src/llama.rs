@@ -396,25 +396,14 @@ impl<B: Backend> LlamaModel<B> {
         batch: &B::Batch,
         caches: &mut [B::KvCache],
     ) -> Result<HostTensor, ModelError> {
-        self.forward_capturing(backend, token_ids, meta, batch, caches, None)
-    }
-
-    /// [`LlamaModel::forward`], also copying the post-RoPE query rows named by `capture` to the
-    /// host in every layer (SnapKV scores keys with the last prompt queries).
-    pub fn forward_capturing(
-        &self,
-        backend: &B,
-        token_ids: &[u32],
-        meta: &BatchMeta,
-        batch: &B::Batch,
-        caches: &mut [B::KvCache],
-        capture: Option<&mut QueryCapture>,
-    ) -> Result<HostTensor, ModelError> {
-        let hooks = ForwardHooks {
-            queries: capture,
-            activations: None,
-        };
-        self.forward_with_hooks(backend, token_ids, meta, batch, caches, hooks)
+        self.forward_with_hooks(
+            backend,
+            token_ids,
+            meta,
+            batch,
+            caches,
+            ForwardHooks::default(),
+        )
     }
 
     /// [`LlamaModel::forward`] with the host copies `hooks` asks for: query rows
@@ -453,6 +442,18 @@ impl<B: Backend> LlamaModel<B> {
         let hooks = ForwardHooks::default();
         self.forward_device_logits(backend, token_ids, meta, batch, caches, hooks)?
             .ok_or_else(|| ModelError::InvalidConfig("forward_device: no logits rows".into()))
+    }
+
+    /// [`LlamaModel::forward_device`] as the closure a backend records decode graphs from
+    /// ([`starling_backend::DeviceForward`]); a backend error passes through as itself.
+    pub fn device_forward(&self) -> Box<starling_backend::DeviceForward<'_, B>> {
+        Box::new(move |backend, ids, meta, batch, caches| {
+            self.forward_device(backend, ids, meta, batch, caches)
+                .map_err(|e| match e {
+                    ModelError::Backend(b) => b,
+                    other => starling_backend::BackendError::Device(other.to_string()),
+                })
+        })
     }
 
     /// [`LlamaModel::forward_with_hooks`], leaving the f32 logits `[meta.logits_rows.len(), vocab]`

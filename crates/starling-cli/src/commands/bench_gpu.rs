@@ -8,13 +8,11 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use starling_backend::sampling::{RowSamplingParams, TokenFilter};
-use starling_backend::{
-    AttentionDims, Backend, BackendError, BatchMeta, DecodeGraphConfig, DecodeStep,
-};
+use starling_backend::{AttentionDims, Backend, DecodeGraphConfig, DecodeStep};
 use starling_cuda::bench::{
     attention_meta, bench_attention, bench_kv_write, copy_bandwidth_tb_s, fill_cache,
 };
-use starling_cuda::{CudaBackend, CudaBatch, CudaKvCache};
+use starling_cuda::CudaBackend;
 use starling_models::llama::LlamaModel;
 use starling_models::preset;
 
@@ -253,16 +251,7 @@ pub fn decode(args: DecodeArgs) -> Result<()> {
                 let mut graphs = gpu
                     .decode_graphs(&graph_config)?
                     .context("the CUDA backend offers no decode graphs")?;
-                let mut forward = |b: &CudaBackend,
-                                   ids: &[u32],
-                                   m: &BatchMeta,
-                                   prepared: &CudaBatch,
-                                   caches: &mut [CudaKvCache]|
-                 -> Result<_, BackendError> {
-                    model
-                        .forward_device(b, ids, m, prepared, caches)
-                        .map_err(|e| BackendError::Device(e.to_string()))
-                };
+                let mut forward = model.device_forward();
                 let mut graph_times = Vec::with_capacity(args.steps);
                 for i in 0..args.steps + 3 {
                     let t = Instant::now();
@@ -271,7 +260,7 @@ pub fn decode(args: DecodeArgs) -> Result<()> {
                         meta: &meta,
                     };
                     let logits = graphs
-                        .run(&gpu, step, &mut caches, &mut forward)?
+                        .run(&gpu, step, &mut caches, forward.as_mut())?
                         .context("the decode step was not replayed")?;
                     let tokens = gpu.sample_rows(&logits, &greedy)?;
                     std::hint::black_box(&tokens);

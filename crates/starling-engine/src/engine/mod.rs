@@ -18,9 +18,7 @@ mod text;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use starling_backend::{
-    Backend, BackendError, BatchMeta, DecodeGraphConfig, DecodeGraphs, DecodeStep,
-};
+use starling_backend::{Backend, DecodeGraphConfig, DecodeGraphs, DecodeStep};
 use starling_kv::{preflight, CacheLayout, KvCacheManager, LayerLayout, Preflight, SeqId};
 use starling_models::llama::{LlamaModel, QueryCapture};
 
@@ -547,25 +545,12 @@ impl<B: Backend> Engine<B> {
     /// runs eagerly: it rewrites the same cache slots with the same values.
     fn replay_decode(&mut self, built: &batch_builder::BuiltBatch) -> Option<B::Tensor> {
         let graphs = self.graphs.as_mut()?;
-        let model = &self.model;
-        let mut forward = |backend: &B,
-                           ids: &[u32],
-                           meta: &BatchMeta,
-                           batch: &B::Batch,
-                           caches: &mut [B::KvCache]|
-         -> Result<B::Tensor, BackendError> {
-            model
-                .forward_device(backend, ids, meta, batch, caches)
-                .map_err(|e| match e {
-                    starling_models::ModelError::Backend(b) => b,
-                    other => BackendError::Device(other.to_string()),
-                })
-        };
+        let mut forward = self.model.device_forward();
         let step = DecodeStep {
             token_ids: &built.token_ids,
             meta: &built.meta,
         };
-        match graphs.run(&self.backend, step, &mut self.caches, &mut forward) {
+        match graphs.run(&self.backend, step, &mut self.caches, forward.as_mut()) {
             Ok(logits) => logits,
             Err(e) => {
                 tracing::error!("decode graph replay failed, running eagerly from now on: {e}");
