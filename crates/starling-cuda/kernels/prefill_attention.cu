@@ -2,14 +2,21 @@
 // cpu::attention::paged_attention; decode tokens use decode_attention.cu or attention.cu).
 //
 // FlashAttention-2 style. One block per (query tile, KV head, context split). A tile is up to
-// 64 / group consecutive tokens of ONE sequence; its BM = 64 rows are (token, query head of the
+// BM / group consecutive tokens of ONE sequence; its BM = 128 rows are (token, query head of the
 // group) pairs, row r = token * group + head, so each K/V tile staged in shared memory serves
-// every query head that shares the KV head (GQA: K/V read once per tile). Four warps own 16 rows
-// each; S = Q·Kᵀ and O += P·V run on the tensor cores (mma.sync m16n8k16, bf16 in, f32
-// accumulate) with an online softmax in f32 (log2 domain, exp2f). K/V tiles of BN = 64 keys come
-// from the paged cache through the block table with 16-byte cp.async copies: V of tile i loads
-// while S of tile i is computed, K of tile i+1 while P·V of tile i is. Shared rows are swizzled
-// (16-byte chunk c of row r stored at c ^ (r & 7)) so ldmatrix reads are free of bank conflicts.
+// every query head that shares the KV head (GQA: K/V read once per tile, for twice the rows of
+// the former 64-row tiles: half the global and cp.async traffic per flop). WARPS warps own
+// WARP_MT 16-row m-tiles each (below); S = Q·Kᵀ and O += P·V run on the tensor cores (mma.sync
+// m16n8k16, bf16 in, f32 accumulate) with an online softmax in f32 (log2 domain, exp2f). A warp
+// with two m-tiles reuses each K/V fragment it loads for both (half the ldmatrix traffic per
+// flop, at twice the accumulator registers): the geometry is a compile-time choice.
+//
+// K/V tiles of BN = 64 keys come from the paged cache through the block table with 16-byte
+// cp.async copies into a ring of STAGES (K, V) tile pairs in dynamic shared memory, so the next
+// STAGES - 1 tiles load while one is computed (one barrier per tile). Q stays in shared memory
+// (ldmatrix per k-step) rather than registers, which keeps the accumulators within the register
+// budget of two resident blocks. Shared rows are swizzled (16-byte chunk c of row r stored at
+// c ^ (r & 7)) so ldmatrix reads are free of bank conflicts.
 //
 // Causality is the decode kernel's: row r sees the context positions below tok_visible of its
 // token (physical lengths, so compacted caches work unchanged). With several splits each block
@@ -19,11 +26,22 @@
 // The helpers (cp.async, ldmatrix, mma.sync, swizzle, tile copies) are in mma_common.cuh, which
 // the host prepends to this source.
 
-#define BM 64        // query rows per block
-#define BN 64        // keys per shared-memory tile
-#define THREADS 128  // 4 warps x 16 rows
+#define BM 128          // query rows per block (host: PREFILL_TILE_ROWS)
+#define BN 64           // keys per shared-memory tile (host: PREFILL_TILE_KEYS)
+// Block geometry: BM = WARPS * 16 * WARP_MT, THREADS = WARPS * 32. Four warps of two m-tiles
+// (FlashAttention-2's layout) need about 255 registers and do not spill (ptxas, sm_90), so two
+// blocks (8 warps) are resident per SM; eight warps of one m-tile were capped at 128 registers for
+// the same residency and spilled at head_dim 128 while loading every K/V fragment twice as often.
+#define WARPS 4         // warps per block
+#define WARP_MT 2       // 16-row m-tiles per warp
+#define THREADS 128     // host: PREFILL_THREADS
+#define MIN_BLOCKS 2    // resident blocks per SM the register allocation must allow
+#define STAGES_D64 3    // (K, V) tile pairs in the ring at head_dim 64 (host: prefill_stages)
+#define STAGES_D128 2   // ... at head_dim 128: 96 KiB with Q, two blocks per SM
 
-template <int D>
+static_assert(BM == WARPS * 16 * WARP_MT && THREADS == WARPS * 32, "tile geometry");
+
+template <int D, int STAGES>
 __device__ void prefill_attention_impl(
     bf16* __restrict__ out,             // [T, Hq*D] (splits == 1)
     float* __restrict__ part_acc,       // [T, Hq, splits, D] (splits > 1)
@@ -35,15 +53,21 @@ __device__ void prefill_attention_impl(
     const unsigned* __restrict__ tok_visible,  // context positions each query token sees
     const unsigned* __restrict__ block_tables, int max_blocks, int block_size,
     int num_kv_heads, int group, float scale, int splits, int split_len) {
-    constexpr int KS = D / 16;  // k-steps of S over the head dim
-    constexpr int NT = BN / 8;  // 8-key column tiles of S
-    constexpr int DT = D / 8;   // 8-wide column tiles of O
-    constexpr int CPR = D / 8, RPP = THREADS / CPR, LPT = BN / RPP;
-    static_assert(BM == BN, "Q is staged in the V buffer");
+    constexpr int KS = D / 16;       // k-steps of S over the head dim
+    constexpr int NT = BN / 8;       // 8-key column tiles of S
+    constexpr int DT = D / 8;        // 8-wide column tiles of O
+    constexpr int MT = WARP_MT;      // 16-row m-tiles of this warp
+    constexpr int TILE = BN * D;     // bf16 elements of one K or V tile
+    typedef TileCopy<D, THREADS, BN> Copy;
+    typedef TileCopy<D, THREADS, BM> QCopy;
+    static_assert(STAGES >= 2, "the ring needs a stage in flight");
 
-    __shared__ __align__(128) bf16 k_s[BN * D];
-    __shared__ __align__(128) bf16 v_s[BN * D];
-    __shared__ int warp_visible[THREADS / 32];
+    // Q [BM][D], then stage s of the ring: K at (2s)·TILE, V at (2s + 1)·TILE (host:
+    // prefill_shared_bytes).
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    bf16* q_s = reinterpret_cast<bf16*>(smem_raw);
+    bf16* ring = q_s + BM * D;
+    __shared__ int warp_visible[WARPS];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int kvh = blockIdx.y, split = blockIdx.z;
@@ -62,185 +86,233 @@ __device__ void prefill_attention_impl(
     __syncthreads();
     int tile_visible = 0;
 #pragma unroll
-    for (int w = 0; w < THREADS / 32; w++) tile_visible = max(tile_visible, warp_visible[w]);
+    for (int w = 0; w < WARPS; w++) tile_visible = max(tile_visible, warp_visible[w]);
     const int kv_start = split * split_len;
     const int kv_end = min(kv_start + split_len, tile_visible);
     const int n_tiles = kv_end > kv_start ? (kv_end - kv_start + BN - 1) / BN : 0;
 
-    // This thread's two fragment rows: qr and qr + 8 of the warp's 16.
+    // This thread's fragment rows: qr and qr + 8 of each of the warp's m-tiles.
     const int qr = lane >> 2, qc = lane & 3;
-    int row_end[2], row_t[2], row_h[2];
-    bool row_ok[2];
+    int row_end[MT][2];  // the row's token and head are recomputed at the end (registers)
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int r = warp * 16 + qr + 8 * i;
-        row_ok[i] = r < rows;
-        row_t[i] = first + r / group;
-        row_h[i] = kvh * group + r % group;
-        // A padding row sees nothing: every score is masked.
-        row_end[i] = row_ok[i] ? min((int)tok_visible[row_t[i]], kv_end) : kv_start;
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int r = (warp * MT + mt) * 16 + qr + 8 * i;
+            // A padding row sees nothing: every score is masked.
+            row_end[mt][i] = r < rows ? min((int)tok_visible[first + r / group], kv_end) : kv_start;
+        }
     }
 
-    // Stage Q (in the V buffer) and the first K tile.
+    // Prologue: Q (padding rows zero-filled) and the first STAGES - 1 K/V tiles go in flight,
+    // one commit group per tile (Q joins tile 0's; groups may be empty, so the count stays
+    // uniform for the waits).
     const size_t slot_stride = (size_t)num_kv_heads * D, head_off = (size_t)kvh * D;
     {
-        const int c = tid % CPR;
+        const int c = tid % QCopy::CPR;
 #pragma unroll
-        for (int p = 0; p < BM / RPP; p++) {
-            const int r = tid / CPR + p * RPP;
+        for (int p = 0; p < QCopy::LPT; p++) {
+            const int r = tid / QCopy::CPR + p * QCopy::RPP;
             const bool valid = r < rows;
             const bf16* src = valid ? qkv + (size_t)(first + r / group) * qkv_width +
                                           (size_t)(kvh * group + r % group) * D + c * 8
                                     : qkv;
-            cp_async16(v_s + swz<D>(r, c), src, valid);
+            cp_async16(q_s + swz<D>(r, c), src, valid);
         }
     }
-    unsigned slots[LPT];
-    tile_slots<D, THREADS, BN>(slots, table, kv_start, kv_end, block_size);
-    if (n_tiles > 0) load_tile<D, THREADS, BN>(k_s, k_cache, slots, slot_stride, head_off);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-    unsigned qf[KS][4];
 #pragma unroll
-    for (int ks = 0; ks < KS; ks++)
-        ldmatrix_x4(qf[ks], v_s + swz<D>(warp * 16 + (lane & 15), 2 * ks + (lane >> 4)));
-    __syncthreads();  // Q is in registers before the first V tile overwrites it
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < n_tiles) {
+            unsigned slots[Copy::LPT];
+            tile_slots<D, THREADS, BN>(slots, table, kv_start + s * BN, kv_end, block_size);
+            load_tile<D, THREADS, BN>(ring + 2 * s * TILE, k_cache, slots, slot_stride, head_off);
+            load_tile<D, THREADS, BN>(ring + (2 * s + 1) * TILE, v_cache, slots, slot_stride,
+                                      head_off);
+        }
+        cp_async_commit();
+    }
 
-    float o[DT][4];
+    float o[MT][DT][4];
 #pragma unroll
-    for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
-    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+            o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
+    float m[MT][2], l[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) m[mt][0] = m[mt][1] = NEG_INF, l[mt][0] = l[mt][1] = 0.f;
     const float scale_log2 = scale * LOG2E;
 
     for (int it = 0; it < n_tiles; it++) {
+        cp_async_wait<STAGES - 2>();  // tile `it` (and Q) has landed (this thread's copies)
+        __syncthreads();  // ... everyone's; and every warp is done with tile it - 1's stage
+        {
+            // Refill the stage tile it - 1 used with tile it + STAGES - 1.
+            const int next = it + STAGES - 1;
+            if (next < n_tiles) {
+                const int s = next % STAGES;
+                unsigned slots[Copy::LPT];
+                tile_slots<D, THREADS, BN>(slots, table, kv_start + next * BN, kv_end, block_size);
+                load_tile<D, THREADS, BN>(ring + 2 * s * TILE, k_cache, slots, slot_stride,
+                                          head_off);
+                load_tile<D, THREADS, BN>(ring + (2 * s + 1) * TILE, v_cache, slots, slot_stride,
+                                          head_off);
+            }
+            cp_async_commit();
+        }
+        const bf16* k_s = ring + 2 * (it % STAGES) * TILE;
+        const bf16* v_s = k_s + TILE;
         const int kb = kv_start + it * BN;
-        load_tile<D, THREADS, BN>(v_s, v_cache, slots, slot_stride, head_off);
-        cp_async_commit();
-        cp_async_wait<1>();  // K of this tile has landed; V may still be in flight
-        __syncthreads();
 
-        float s[NT][4];
+        float s[MT][NT][4];
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+                s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
+            unsigned qa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                ldmatrix_x4(qa[mt], q_s + swz<D>((warp * MT + mt) * 16 + (lane & 15),
+                                                 2 * ks + (lane >> 4)));
 #pragma unroll
             for (int np = 0; np < NT / 2; np++) {
                 unsigned b[4];
                 ldmatrix_x4(b, k_s + swz<D>(np * 16 + (lane & 7) + ((lane >> 4) << 3),
                                             2 * ks + ((lane >> 3) & 1)));
-                mma_bf16(s[2 * np], qf[ks], b[0], b[1]);
-                mma_bf16(s[2 * np + 1], qf[ks], b[2], b[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_bf16(s[mt][2 * np], qa[mt], b[0], b[1]);
+                    mma_bf16(s[mt][2 * np + 1], qa[mt], b[2], b[3]);
+                }
             }
         }
-        __syncthreads();  // every warp has read this K tile: prefetch the next one over it
-        if (it + 1 < n_tiles) {
-            tile_slots<D, THREADS, BN>(slots, table, kb + BN, kv_end, block_size);
-            load_tile<D, THREADS, BN>(k_s, k_cache, slots, slot_stride, head_off);
-        }
-        cp_async_commit();  // possibly empty: keeps the group count uniform for the waits
 
         // Online softmax per row (each row's 64 scores are spread over a quad of lanes).
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            float mx = NEG_INF;
+        for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
+            for (int i = 0; i < 2; i++) {
+                float mx = NEG_INF;
 #pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int key = kb + nt * 8 + 2 * qc + e;
-                    const float v = key < row_end[i] ? s[nt][2 * i + e] * scale_log2 : NEG_INF;
-                    s[nt][2 * i + e] = v;
-                    mx = fmaxf(mx, v);
+                for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int key = kb + nt * 8 + 2 * qc + e;
+                        const float v =
+                            key < row_end[mt][i] ? s[mt][nt][2 * i + e] * scale_log2 : NEG_INF;
+                        s[mt][nt][2 * i + e] = v;
+                        mx = fmaxf(mx, v);
+                    }
                 }
-            }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m[i], mx);
-            // Nothing seen yet: any finite base keeps exp2f(-inf - base) = 0 (no NaN).
-            const float base = m_new == NEG_INF ? 0.f : m_new;
-            const float corr = exp2f(m[i] - base);
-            m[i] = m_new;
-            float sum = 0.f;
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float m_new = fmaxf(m[mt][i], mx);
+                // Nothing seen yet: any finite base keeps exp2f(-inf - base) = 0 (no NaN).
+                const float base = m_new == NEG_INF ? 0.f : m_new;
+                const float corr = exp2f(m[mt][i] - base);
+                m[mt][i] = m_new;
+                float sum = 0.f;
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
+                for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const float p = exp2f(s[nt][2 * i + e] - base);
-                    s[nt][2 * i + e] = p;
-                    sum += p;
+                    for (int e = 0; e < 2; e++) {
+                        const float p = exp2f(s[mt][nt][2 * i + e] - base);
+                        s[mt][nt][2 * i + e] = p;
+                        sum += p;
+                    }
                 }
-            }
-            l[i] = l[i] * corr + sum;  // this lane's share; the quad is summed at the end
+                l[mt][i] = l[mt][i] * corr + sum;  // this lane's share; the quad sums at the end
 #pragma unroll
-            for (int dt = 0; dt < DT; dt++) {
-                o[dt][2 * i] *= corr;
-                o[dt][2 * i + 1] *= corr;
+                for (int dt = 0; dt < DT; dt++) {
+                    o[mt][dt][2 * i] *= corr;
+                    o[mt][dt][2 * i + 1] *= corr;
+                }
             }
         }
 
-        cp_async_wait<1>();  // V of this tile has landed (the K prefetch may be in flight)
-        __syncthreads();
         // O += P·V: S's accumulator fragments of two 8-key tiles are P's A fragment.
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
-            const unsigned a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
-                                   pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                                   pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                   pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            unsigned a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                a[mt][0] = pack_bf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                a[mt][1] = pack_bf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                a[mt][2] = pack_bf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                a[mt][3] = pack_bf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
 #pragma unroll
             for (int dp = 0; dp < DT / 2; dp++) {
                 unsigned b[4];
                 ldmatrix_x4_trans(b, v_s + swz<D>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
                                                   2 * dp + (lane >> 4)));
-                mma_bf16(o[2 * dp], a, b[0], b[1]);
-                mma_bf16(o[2 * dp + 1], a, b[2], b[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_bf16(o[mt][2 * dp], a[mt], b[0], b[1]);
+                    mma_bf16(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+                }
             }
         }
-        __syncthreads();  // every warp has read this V tile before the next one is copied over it
+        // The next iteration's barrier orders these reads before the stage is refilled.
     }
+    // No copy may land in shared memory after the block exits (a block with no key tile never
+    // waited for its Q copies).
+    cp_async_wait<0>();
 
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            l[mt][i] += __shfl_xor_sync(0xffffffffu, l[mt][i], 1);
+            l[mt][i] += __shfl_xor_sync(0xffffffffu, l[mt][i], 2);
+        }
     }
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        if (!row_ok[i]) continue;  // padding rows belong to no token: write nothing
-        const size_t t = (size_t)row_t[i], h = (size_t)row_h[i];
-        if (splits == 1) {
-            const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
-            bf16* dst = out + t * num_q_heads * D + h * D + 2 * qc;
+    for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
-            for (int dt = 0; dt < DT; dt++)
-                *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
-                    __floats2bfloat162_rn(o[dt][2 * i] * inv, o[dt][2 * i + 1] * inv);
-        } else {
-            const size_t base = (t * num_q_heads + h) * splits + split;
-            float* dst = part_acc + base * D + 2 * qc;
+        for (int i = 0; i < 2; i++) {
+            const int r = (warp * MT + mt) * 16 + qr + 8 * i;
+            if (r >= rows) continue;  // padding rows belong to no token: write nothing
+            const size_t t = (size_t)(first + r / group), h = (size_t)(kvh * group + r % group);
+            if (splits == 1) {
+                const float inv = l[mt][i] > 0.f ? 1.f / l[mt][i] : 0.f;
+                bf16* dst = out + t * num_q_heads * D + h * D + 2 * qc;
 #pragma unroll
-            for (int dt = 0; dt < DT; dt++)
-                *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[dt][2 * i], o[dt][2 * i + 1]);
-            if (qc == 0) {
-                // The combine works in natural-log units, as the decode kernel's partials.
-                part_ml[base * 2] = m[i] * LN2;
-                part_ml[base * 2 + 1] = l[i];
+                for (int dt = 0; dt < DT; dt++)
+                    *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
+                        __floats2bfloat162_rn(o[mt][dt][2 * i] * inv, o[mt][dt][2 * i + 1] * inv);
+            } else {
+                const size_t base = (t * num_q_heads + h) * splits + split;
+                float* dst = part_acc + base * D + 2 * qc;
+#pragma unroll
+                for (int dt = 0; dt < DT; dt++)
+                    *reinterpret_cast<float2*>(dst + dt * 8) =
+                        make_float2(o[mt][dt][2 * i], o[mt][dt][2 * i + 1]);
+                if (qc == 0) {
+                    // The combine works in natural-log units, as the decode kernel's partials.
+                    part_ml[base * 2] = m[mt][i] * LN2;
+                    part_ml[base * 2 + 1] = l[mt][i];
+                }
             }
         }
     }
 }
 
 #define INSTANTIATE(D)                                                                          \
-    extern "C" __global__ void __launch_bounds__(THREADS, 2) prefill_attention_d##D##_bf16(     \
-        bf16* out, float* part_acc, float* part_ml, const bf16* qkv, int qkv_width,             \
-        const bf16* k_cache, const bf16* v_cache, const unsigned* tiles, const unsigned* tok_seq, \
-        const unsigned* tok_visible, const unsigned* block_tables, int max_blocks,              \
-        int block_size, int num_kv_heads, int group, float scale, int splits, int split_len) {  \
-        prefill_attention_impl<D>(out, part_acc, part_ml, qkv, qkv_width, k_cache, v_cache,   \
-                                  tiles, tok_seq, tok_visible, block_tables, max_blocks,        \
-                                  block_size, num_kv_heads, group, scale, splits, split_len);   \
+    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)                          \
+        prefill_attention_d##D##_bf16(                                                          \
+            bf16* out, float* part_acc, float* part_ml, const bf16* qkv, int qkv_width,         \
+            const bf16* k_cache, const bf16* v_cache, const unsigned* tiles,                    \
+            const unsigned* tok_seq, const unsigned* tok_visible, const unsigned* block_tables, \
+            int max_blocks, int block_size, int num_kv_heads, int group, float scale,           \
+            int splits, int split_len) {                                                        \
+        prefill_attention_impl<D, STAGES_D##D>(out, part_acc, part_ml, qkv, qkv_width, k_cache, \
+                                               v_cache, tiles, tok_seq, tok_visible,            \
+                                               block_tables, max_blocks, block_size,            \
+                                               num_kv_heads, group, scale, splits, split_len);  \
     }
 INSTANTIATE(64)
 INSTANTIATE(128)

@@ -42,7 +42,7 @@ macro_rules! launch {
     }};
 }
 
-mod attention_plan;
+pub(crate) mod attention_plan;
 mod batch;
 // After `launch!`, which they use.
 mod graphs;
@@ -642,12 +642,12 @@ impl CudaBackend {
             let cfg = LaunchConfig {
                 grid_dim: (count as u32, dims.num_kv_heads as u32, splits as u32),
                 block_dim: (PREFILL_THREADS, 1, 1),
-                shared_mem_bytes: 0,
+                shared_mem_bytes: kernel.shared_bytes,
             };
             let tile_list = batch.prefill_tiles(first, count);
             launch!(
                 self,
-                kernel,
+                &kernel.function,
                 cfg,
                 &mut out,
                 &mut part_acc,

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaContext, CudaFunction};
 
+use crate::backend::attention_plan::{PREFILL_THREADS, PREFILL_TILE_KEYS, PREFILL_TILE_ROWS};
 use crate::{CudaError, KernelCache};
 
 const OPS_SRC: &str = include_str!("../kernels/ops.cu");
@@ -44,9 +45,27 @@ pub(crate) const GEMV_THREADS: u32 = 256;
 const ATTENTION_GROUP_BOUNDS: [usize; 4] = [1, 2, 4, 8];
 /// Head widths the attention kernel is instantiated for.
 const ATTENTION_HEAD_DIMS: [usize; 3] = [64, 128, 256];
-/// Head widths the tiled prefill kernel is instantiated for (its K and V tiles of 64 keys fit the
-/// 48 KiB of static shared memory up to 128; wider heads take the per-token kernel).
+/// Head widths the tiled prefill kernel is instantiated for (its Q tile and K/V ring take 96 KiB
+/// of shared memory at 128, so two blocks fit an SM; wider heads take the per-token kernel).
 const PREFILL_HEAD_DIMS: [usize; 2] = [64, 128];
+
+/// (K, V) tile pairs in the tiled prefill kernel's shared-memory ring (`STAGES_D64`,
+/// `STAGES_D128`): all but one load while one is computed. Head width 64 affords a third stage
+/// within the shared memory of two resident blocks.
+pub(crate) const fn prefill_stages(head_dim: usize) -> usize {
+    if head_dim <= 64 {
+        3
+    } else {
+        2
+    }
+}
+
+/// Dynamic shared memory of one tiled prefill block: the Q tile and the ring of K and V tiles
+/// (bf16).
+pub(crate) const fn prefill_shared_bytes(head_dim: usize) -> usize {
+    (PREFILL_TILE_ROWS + prefill_stages(head_dim) * 2 * PREFILL_TILE_KEYS) * head_dim * 2
+}
+
 /// Head widths the tensor-core decode kernel (`decode_attention.cu`) is instantiated for.
 const DECODE_MMA_HEAD_DIMS: [usize; 2] = [64, 128];
 /// Threads per block of the tensor-core decode kernel (`DM_THREADS`).
@@ -212,8 +231,9 @@ pub(crate) struct Kernels {
     /// Paged attention, indexed by (head width, group bound): see [`Kernels::attention`].
     attention: Vec<((usize, usize), CudaFunction)>,
     pub(crate) attention_combine: CudaFunction,
-    /// Tiled prefill attention, indexed by head width: see [`Kernels::prefill_attention`].
-    prefill_attention: Vec<(usize, CudaFunction)>,
+    /// Tiled prefill attention, indexed by head width, where the device can run it: see
+    /// [`Kernels::prefill_attention`].
+    prefill_attention: Vec<(usize, PrefillKernel)>,
     /// Tensor-core decode attention, indexed by head width, where the device can run it: see
     /// [`Kernels::decode_attention_mma`].
     decode_attention_mma: Vec<(usize, DecodeMmaKernel)>,
@@ -253,10 +273,13 @@ impl Kernels {
             .flat_map(|&d| ATTENTION_GROUP_BOUNDS.iter().map(move |&g| (d, g)))
             .map(|(d, g)| take(&names::attention(d, g)).map(|f| ((d, g), f)))
             .collect::<Result<_, _>>()?;
-        let prefill_attention = PREFILL_HEAD_DIMS
-            .iter()
-            .map(|&d| take(&names::prefill_attention(d)).map(|f| (d, f)))
-            .collect::<Result<_, _>>()?;
+        let mut prefill_attention = Vec::new();
+        for d in PREFILL_HEAD_DIMS {
+            let function = take(&names::prefill_attention(d))?;
+            if let Some(kernel) = PrefillKernel::prepare(function, d) {
+                prefill_attention.push((d, kernel));
+            }
+        }
         let gemv = (1..=GEMV_MAX_ROWS)
             .flat_map(|n| [names::gemv(n, false), names::gemv(n, true)])
             .map(|name| take(&name))
@@ -306,13 +329,13 @@ impl Kernels {
             .map(|(_, f)| f)
     }
 
-    /// The tiled prefill attention kernel for `head_dim`, if instantiated (any group of 1..=8
-    /// query heads per KV head: the group is a launch argument).
-    pub(crate) fn prefill_attention(&self, head_dim: usize) -> Option<&CudaFunction> {
+    /// The tiled prefill attention kernel for `head_dim` (any group of 1..=8 query heads per KV
+    /// head: the group is a launch argument), if instantiated and runnable on this device.
+    pub(crate) fn prefill_attention(&self, head_dim: usize) -> Option<&PrefillKernel> {
         self.prefill_attention
             .iter()
             .find(|(d, _)| *d == head_dim)
-            .map(|(_, f)| f)
+            .map(|(_, k)| k)
     }
 
     /// The matrix-vector kernel for `rows` input rows (`1..=GEMV_MAX_ROWS`).
@@ -386,6 +409,57 @@ impl DecodeMmaKernel {
     }
 }
 
+/// The tiled prefill kernel for one head width, with the dynamic shared memory it launches with.
+pub(crate) struct PrefillKernel {
+    pub(crate) function: CudaFunction,
+    /// Dynamic shared memory per block ([`prefill_shared_bytes`]).
+    pub(crate) shared_bytes: u32,
+}
+
+impl PrefillKernel {
+    /// Raises the function's dynamic shared-memory limit to what it needs (above the 48 KiB
+    /// default: the opt-in shared memory of sm_80+). `None` where the device cannot run it:
+    /// prefill rows then go to the decode kernel, which attends any single row correctly.
+    fn prepare(function: CudaFunction, head_dim: usize) -> Option<Self> {
+        let bytes = prefill_shared_bytes(head_dim);
+        let shared_bytes = u32::try_from(bytes).ok()?;
+        let outcome = function
+            .set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                i32::try_from(bytes).ok()?,
+            )
+            .and_then(|()| {
+                function.occupancy_max_active_blocks_per_multiprocessor(
+                    PREFILL_THREADS,
+                    bytes,
+                    None,
+                )
+            });
+        match outcome {
+            Ok(resident) if resident > 0 => {
+                tracing::debug!("prefill attention d{head_dim}: {resident} blocks per SM");
+                Some(Self {
+                    function,
+                    shared_bytes,
+                })
+            }
+            Ok(_) => {
+                tracing::info!(
+                    "prefill attention d{head_dim}: no block of {bytes} B shared memory fits an \
+                     SM; the decode kernel serves prefill rows"
+                );
+                None
+            }
+            Err(e) => {
+                tracing::info!(
+                    "prefill attention d{head_dim}: {e}; the decode kernel serves prefill rows"
+                );
+                None
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -413,6 +487,34 @@ mod tests {
         // The ring at head_dim 128 needs the opt-in shared memory of sm_80+ (96 KiB per block).
         assert_eq!(decode_mma_shared_bytes(128), 96 * 1024);
         assert_eq!(decode_mma_shared_bytes(64), 48 * 1024);
+    }
+
+    #[test]
+    fn prefill_kernel_geometry_matches_the_host() {
+        let src = PREFILL_ATTENTION_SRC;
+        assert_eq!(define(src, "BM"), PREFILL_TILE_ROWS);
+        assert_eq!(define(src, "BN"), PREFILL_TILE_KEYS);
+        assert_eq!(define(src, "THREADS"), PREFILL_THREADS as usize);
+        assert_eq!(
+            define(src, "WARPS") * 16 * define(src, "WARP_MT"),
+            PREFILL_TILE_ROWS
+        );
+        assert_eq!(define(src, "WARPS") * 32, PREFILL_THREADS as usize);
+        for d in PREFILL_HEAD_DIMS {
+            assert_eq!(
+                define(src, &format!("STAGES_D{d}")),
+                prefill_stages(d),
+                "d{d}"
+            );
+        }
+        // Q (32 KiB) and two stages of K and V (64 KiB) at head_dim 128; Q (16 KiB) and three
+        // stages (48 KiB) at 64. Two blocks of either fit the 228 KiB of an sm_90 SM, each
+        // within the 227 KiB one block may opt in to.
+        assert_eq!(prefill_shared_bytes(128), 96 * 1024);
+        assert_eq!(prefill_shared_bytes(64), 64 * 1024);
+        for d in PREFILL_HEAD_DIMS {
+            assert!(2 * (prefill_shared_bytes(d) + 1024) <= 228 * 1024, "d{d}");
+        }
     }
 
     #[test]

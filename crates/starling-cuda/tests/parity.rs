@@ -914,8 +914,10 @@ fn prefill_attention_matches_cpu() {
     ];
     // Mixed decode + prefill with contexts up to 1130 tokens: on an H200 the split planner cuts
     // these into several context splits (partials + combine), and chunks of 5, 64 and 130 tokens
-    // leave partial tiles for every group. Two compacted sequences (eviction kept 200 of 600 and
-    // 100 of 300 tokens) attend over physical lengths below their positions.
+    // leave partial tiles (128 rows: 128 / group tokens) for every group; 130 tokens also fill
+    // whole tiles (group 1: 128 tokens, groups 4 and 8: 32 and 16). Two compacted sequences
+    // (eviction kept 200 of 600 and 100 of 300 tokens) attend over physical lengths below their
+    // positions.
     let mixed = [
         seq(0, 5),
         seq(1000, 1),
@@ -940,8 +942,16 @@ fn prefill_attention_matches_cpu() {
         seq(1, 2),
     ];
     // Prefill only, contexts ≤ 512 tokens: one split, so the kernel normalises and writes the
-    // output itself.
-    let short = [seq(0, 130), seq(17, 64), seq(1, 5), seq(300, 2)];
+    // output itself. The 300-token chunk spans several full 128-row tiles for every group (two
+    // and a partial one at group 1), each of whose rows sees a different causal prefix of up to
+    // 400 keys (seven key tiles, so the shared-memory ring wraps).
+    let short = [
+        seq(0, 130),
+        seq(17, 64),
+        seq(1, 5),
+        seq(100, 300),
+        seq(300, 2),
+    ];
     for (heads, kv_heads, hd) in shapes {
         let dims = AttentionDims {
             num_heads: heads,

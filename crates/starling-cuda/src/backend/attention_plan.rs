@@ -13,11 +13,11 @@ use starling_backend::BatchMeta;
 
 /// Query rows per block of the tiled kernel (`BM` in `prefill_attention.cu`): a tile holds
 /// `PREFILL_TILE_ROWS / group` tokens × `group` query heads.
-pub(crate) const PREFILL_TILE_ROWS: usize = 64;
+pub(crate) const PREFILL_TILE_ROWS: usize = 128;
 /// Keys per shared-memory tile of the tiled kernel (`BN`): prefill splits are multiples of it,
 /// so no tile straddles two splits.
-const PREFILL_TILE_KEYS: usize = 64;
-/// Threads per block of the tiled kernel (`THREADS`: 4 warps × 16 rows).
+pub(crate) const PREFILL_TILE_KEYS: usize = 64;
+/// Threads per block of the tiled kernel (`THREADS`: 4 warps × 32 rows).
 pub(crate) const PREFILL_THREADS: u32 = 128;
 /// Largest group (query heads per KV head) either kernel takes.
 pub(crate) const MAX_GROUP: usize = 8;
@@ -25,13 +25,13 @@ pub(crate) const MAX_GROUP: usize = 8;
 /// Resident blocks per SM the split aims for with per-token (decode) blocks only: decode is bound
 /// by bytes in flight, and small blocks need many of them.
 const DECODE_TARGET_BLOCKS_PER_SM: usize = 8;
-/// The same for tiled prefill blocks, which are four times the work of a decode block per key
-/// and hold more registers and shared memory (about two to three are resident per SM).
+/// The same for tiled prefill blocks, which are many times the work of a decode block per key
+/// and hold more registers and shared memory (two are resident per SM).
 const PREFILL_TARGET_BLOCKS_PER_SM: usize = 4;
 /// Shortest split with decode rows only (the per-token kernel's partials are small).
 pub(crate) const DECODE_MIN_SPLIT_TOKENS: usize = 256;
 /// Shortest split once prefill tiles take part: each split of a tile writes a partial of every
-/// row (64 rows × (head_dim + 2) f32), so splits must be long enough to amortise it.
+/// row (128 rows × (head_dim + 2) f32), so splits must be long enough to amortise it.
 const PREFILL_MIN_SPLIT_TOKENS: usize = 512;
 /// Most splits of one (row, KV head).
 const MAX_SPLITS: usize = 64;
@@ -315,10 +315,19 @@ mod tests {
             let expected: Vec<usize> = (1..6).chain(6..70).chain(70..200).chain(201..203).collect();
             assert_eq!(covered, expected, "group {g}");
         }
-        // 64 / 3 = 21 tokens per tile: 5 → 1 tile, 64 → 4, 130 → 7, 2 → 1.
-        assert_eq!(rows.tile_ranges[2].1, 13);
-        // Group 1: 64-token tiles: 1 + 1 + 3 + 1.
-        assert_eq!(rows.tile_ranges[0].1, 6);
+        // 128 / 3 = 42 tokens per tile: 5 → 1 tile, 64 → 2, 130 → 4, 2 → 1.
+        assert_eq!(rows.tile_ranges[2].1, 8);
+        // Group 1: 128-token tiles: 1 + 1 + 2 + 1.
+        assert_eq!(rows.tile_ranges[0].1, 5);
+        // Group 8: 16-token tiles: 1 + 4 + 9 + 1.
+        assert_eq!(rows.tile_ranges[7].1, 15);
+        // Only the last tile of a run is partial: every other one holds the most tokens.
+        let (first, count) = rows.tile_ranges[0];
+        let lens: Vec<u32> = rows.tiles[2 * first..2 * (first + count)]
+            .chunks_exact(2)
+            .map(|p| p[1])
+            .collect();
+        assert_eq!(lens, [5, 64, 128, 2, 2]);
     }
 
     #[test]
@@ -373,8 +382,18 @@ mod tests {
                 "uncovered context: {p:?}"
             );
         }
-        // 64 tiles (chunk 128 of GQA 32/8 at batch 1) at 32k: ceil(528 / 64) = 9 splits.
+        // 64 blocks (a chunk of 256 tokens of GQA 32/8 at batch 1: 8 tiles × 8 KV heads) at
+        // 32k: ceil(528 / 64) = 9 splits.
         assert_eq!(plan(0, 64, 32_768, 132).splits, 9);
+        // A chunk of 128 tokens: 4 tiles × 8 KV heads; ceil(528 / 32) = 17 splits of
+        // ceil(32768 / 17) = 1928 → 1984 keys (31 tiles), still 17 splits.
+        assert_eq!(
+            plan(0, 32, 32_768, 132),
+            SplitPlan {
+                splits: 17,
+                split_len: 1984
+            }
+        );
         // A grid that already fills the GPU is not split.
         assert_eq!(plan(0, 1024, 32_768, 132).splits, 1);
     }
