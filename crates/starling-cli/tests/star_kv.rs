@@ -194,25 +194,37 @@ fn calibrate_generate_and_info_with_smollm2_checkpoints() {
     assert_clean_failure(&out, "conservative");
 }
 
-/// Distillation from the CLI: two KD steps on 32-token windows (enough to run every part —
-/// teacher, student forward and backward, the budget projection — in CI time).
+/// Distillation from the CLI: two KD steps on 32-token windows, then two steps refining the
+/// projections at the distilled ranks (enough to run every part — teacher, student forward
+/// and backward, the budget projection, the refined factors — in CI time).
 #[test]
 fn calibrate_with_distillation_records_the_steps_and_meets_the_budget() {
     let dir = tempfile::tempdir().unwrap();
     let out = calibrate(
         dir.path(),
         "aggressive",
-        &["--distill-steps", "2", "--distill-window-tokens", "32"],
+        &[
+            "--distill-steps",
+            "2",
+            "--distill-window-tokens",
+            "32",
+            "--refine-steps",
+            "2",
+        ],
     );
     assert!(out.status.success(), "stderr: {}", stderr(&out));
-    assert!(
-        stdout(&out).contains("distilled 2 steps"),
-        "{}",
-        stdout(&out)
-    );
+    let text = stdout(&out);
+    assert!(text.contains("distilled 2 steps"), "{text}");
+    assert!(text.contains("refined 2 steps, last-step KL"), "{text}");
     let manifest = read_json(&dir.path().join("aggressive/manifest.json"));
     assert_eq!(manifest["rank_strategy"], "distilled_thresholds");
     assert_eq!(manifest["calibration"]["distillation_steps"], 2);
+    assert_eq!(manifest["calibration"]["refinement_steps"], 2);
+    assert_eq!(manifest["calibration"]["steps"], 4);
+    let refinement = &manifest["refinement"];
+    assert_eq!(refinement["window_tokens"], 32);
+    let last_kl = refinement["last_step_kl"].as_f64().unwrap();
+    assert!(last_kl.is_finite() && last_kl > 0.0, "{refinement}");
     assert_eq!(manifest["calibration"]["whitened"], true);
     // SmolLM2: 11 520 K/V elements per token; aggressive keeps ⌊0.2 · 11 520⌋ = 2304 (bf16).
     assert_eq!(
@@ -232,6 +244,18 @@ fn calibrate_with_distillation_records_the_steps_and_meets_the_budget() {
         &dir.path().to_string_lossy(),
     ]);
     assert_clean_failure(&refused, "--distill-steps");
+    // A negative refinement step size is refused before the model is loaded.
+    let refused = starling(&[
+        "calibrate",
+        "--model",
+        "smollm2-135m",
+        "--refine-steps",
+        "1",
+        "--refine-lr=-0.1",
+        "--output",
+        &dir.path().to_string_lossy(),
+    ]);
+    assert_clean_failure(&refused, "--refine-lr");
 }
 
 #[test]

@@ -6,6 +6,9 @@
 //! rank thresholds are then trained by knowledge distillation, KL(original ‖ compressed) on
 //! calibration windows (`starling_starkv::distill`), starting from `--strategy`'s ranks, and
 //! projected onto each profile's budget exactly; the manifest records the steps and tokens.
+//! With `--refine-steps N` the kept factors themselves are then trained on the same loss, at
+//! the ranks already fixed (`starling_starkv::distill::refine_with`): the KV bytes per token
+//! stay the profile's, and the manifest records the refinement and its last-step KL.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -16,7 +19,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use starling_backend::Backend;
 use starling_models::llama::LlamaModel;
 use starling_starkv::checkpoint::{weights_identity, CalibrationInfo};
-use starling_starkv::distill::{distill_with, distilled_checkpoint, DistillConfig, Distiller};
+use starling_starkv::distill::{
+    distill_with, distilled_checkpoint, refine_with, refined_checkpoint, DistillConfig, Distiller,
+    RefineConfig,
+};
 use starling_starkv::threshold::ThresholdInit;
 use starling_starkv::{
     calibration_windows, svd_checkpoint, AttentionInputMoments, CalibrationPlan, ModelFactors,
@@ -90,9 +96,18 @@ pub struct CalibrateArgs {
     /// backward on the CPU); 0 keeps the SVD allocation of `--strategy`.
     #[arg(long, default_value_t = 0)]
     distill_steps: usize,
-    /// Tokens per distillation window.
+    /// Tokens per distillation (and refinement) window.
     #[arg(long, default_value_t = 128)]
     distill_window_tokens: usize,
+    /// Projection-refinement steps per profile, after its ranks are fixed (by `--strategy`
+    /// or by `--distill-steps`): the kept factors are trained by knowledge distillation, one
+    /// calibration window per step, forward and backward on the CPU. 0 keeps the SVD factors.
+    #[arg(long, default_value_t = 0)]
+    refine_steps: usize,
+    /// Adam's step size for `--refine-steps`, relative to each projection matrix's RMS entry
+    /// (the default moves an entry by about 0.5% of its matrix's typical entry per step).
+    #[arg(long, default_value_t = RefineConfig::DEFAULT_LEARNING_RATE)]
+    refine_lr: f64,
     /// Where the calibration forward passes run.
     #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
     device: DeviceArg,
@@ -104,6 +119,7 @@ pub struct CalibrateArgs {
 pub fn run(args: CalibrateArgs) -> Result<()> {
     // Flags are checked before anything is loaded or fetched.
     parse_profiles(&args.profiles)?;
+    refine_config(&args)?;
     with_backend(args.device, args)
 }
 
@@ -116,6 +132,7 @@ impl BackendJob for CalibrateArgs {
 fn calibrate<B: Backend>(backend: &B, args: CalibrateArgs) -> Result<()> {
     let profiles = parse_profiles(&args.profiles)?;
     let distill = distill_config(&args)?;
+    let refine = refine_config(&args)?;
     let started = Instant::now();
     let bar = stage_bar(profiles.len() as u64 + 4);
     bar.set_message(format!("loading {}", args.model));
@@ -127,7 +144,7 @@ fn calibrate<B: Backend>(backend: &B, args: CalibrateArgs) -> Result<()> {
     let identity = weights_identity(&opened.loaded.weights);
     bar.inc(1);
 
-    let text = if args.no_whiten && args.distill_steps == 0 {
+    let text = if args.no_whiten && distill.is_none() && refine.is_none() {
         None
     } else {
         bar.set_message("tokenising the calibration essays");
@@ -160,8 +177,8 @@ fn calibrate<B: Backend>(backend: &B, args: CalibrateArgs) -> Result<()> {
     bar.inc(1);
 
     let strategy = args.strategy.strategy();
-    let mut distiller = match (&distill, &text) {
-        (Some(d), Some(text)) => {
+    let mut distiller = match (distill.is_some() || refine.is_some(), &text) {
+        (true, Some(text)) => {
             bar.set_message("distillation: cutting the calibration text into windows");
             Some(
                 Distiller::new(
@@ -169,7 +186,7 @@ fn calibrate<B: Backend>(backend: &B, args: CalibrateArgs) -> Result<()> {
                     &opened.loaded.weights,
                     &factors,
                     &text.ids,
-                    d.window_tokens,
+                    args.distill_window_tokens,
                 )
                 .context("preparing distillation")?,
             )
@@ -180,16 +197,18 @@ fn calibrate<B: Backend>(backend: &B, args: CalibrateArgs) -> Result<()> {
     for profile in profiles {
         let mut plan = CalibrationPlan::for_profile(profile, strategy.clone(), args.seed);
         plan.calibration = calibration.clone();
-        let checkpoint = match (&distill, distiller.as_mut(), &text) {
-            (Some(d), Some(distiller), Some(text)) => {
+        if let (Some(text), Some(_)) = (&text, &distiller) {
+            if plan.calibration.data.is_empty() {
+                plan.calibration.data = text.essay_names.clone();
+                plan.calibration.dataset_sha256 = Some(text.dataset_sha256.clone());
+            }
+        }
+        let mut checkpoint = match (&distill, distiller.as_mut()) {
+            (Some(d), Some(distiller)) => {
                 bar.set_message(format!(
                     "{profile}: distilling thresholds ({} steps of {} tokens)",
                     d.steps, d.window_tokens
                 ));
-                if plan.calibration.data.is_empty() {
-                    plan.calibration.data = text.essay_names.clone();
-                    plan.calibration.dataset_sha256 = Some(text.dataset_sha256.clone());
-                }
                 let (outcome, report) = distill_with(distiller, &factors, &plan, d)
                     .with_context(|| format!("distilling profile {profile}"))?;
                 let last_kl = report.steps.last().map_or(f64::NAN, |s| s.kl);
@@ -207,6 +226,35 @@ fn calibrate<B: Backend>(backend: &B, args: CalibrateArgs) -> Result<()> {
                     .with_context(|| format!("profile {profile}"))?
             }
         };
+        if let (Some(r), Some(distiller)) = (&refine, distiller.as_mut()) {
+            let what = format!(
+                "{profile}: refining projections ({} steps of {} tokens)",
+                r.steps,
+                distiller.window_tokens()
+            );
+            bar.set_message(what.clone());
+            let (refined, report) =
+                refine_with(distiller, &checkpoint.projections, r, &mut |step| {
+                    bar.set_message(format!(
+                        "{what}: step {}/{} KL {:.4}",
+                        step.step + 1,
+                        r.steps,
+                        step.kl
+                    ));
+                })
+                .with_context(|| format!("refining profile {profile}"))?;
+            let (first, last) = (
+                report.steps.first().map_or(f64::NAN, |s| s.kl),
+                report.steps.last().map_or(f64::NAN, |s| s.kl),
+            );
+            lines.push(format!(
+                "{:<13} refined {} steps, last-step KL {last:.4} nats/token (first step {first:.4})",
+                profile.name(),
+                report.steps.len()
+            ));
+            checkpoint = refined_checkpoint(checkpoint, refined, &report)
+                .with_context(|| format!("profile {profile}"))?;
+        }
         let dir = args.output.join(profile.name());
         checkpoint
             .save(&dir)
@@ -244,8 +292,15 @@ fn calibrate<B: Backend>(backend: &B, args: CalibrateArgs) -> Result<()> {
         ),
         None => format!("ranks by {}, no distillation", strategy.name()),
     };
+    let refined = match &refine {
+        Some(r) => format!(
+            ", projections refined {} steps × {} tokens",
+            r.steps, args.distill_window_tokens
+        ),
+        None => String::new(),
+    };
     println!(
-        "{} ({}): {} of {} layers low-rank, {distilled}, {how}, {:.1} s",
+        "{} ({}): {} of {} layers low-rank, {distilled}{refined}, {how}, {:.1} s",
         args.model,
         opened.path.display(),
         config.num_layers - keep.len(),
@@ -343,6 +398,19 @@ fn distill_config(args: &CalibrateArgs) -> Result<Option<DistillConfig>> {
         init,
         ..DistillConfig::default()
     }))
+}
+
+/// The refinement settings the flags ask for (`None` without `--refine-steps`).
+fn refine_config(args: &CalibrateArgs) -> Result<Option<RefineConfig>> {
+    if args.refine_steps == 0 {
+        return Ok(None);
+    }
+    let refine = RefineConfig {
+        steps: args.refine_steps,
+        learning_rate: args.refine_lr,
+    };
+    refine.validate().context("--refine-lr")?;
+    Ok(Some(refine))
 }
 
 /// The profiles named on the command line, in order, each once.

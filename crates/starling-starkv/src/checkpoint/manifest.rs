@@ -79,10 +79,15 @@ pub struct CalibrationInfo {
     pub tokens: u64,
     /// Optimisation steps (threshold learning, distillation).
     pub steps: u64,
-    /// Knowledge-distillation steps among `steps`: 0 for SVD-only checkpoints (the projections
-    /// are the truncated SVD factors, unrefined). Absent in older manifests, which had none.
+    /// Threshold-distillation steps among `steps`: 0 when the ranks were not distilled.
+    /// Absent in older manifests, which had none.
     #[serde(default)]
     pub distillation_steps: u64,
+    /// Projection-refinement steps among `steps`: 0 when the projections are the truncated
+    /// SVD factors, unrefined ([`Manifest::refinement`] says more when not). Absent in older
+    /// manifests, which had none.
+    #[serde(default)]
+    pub refinement_steps: u64,
     /// Whether the factors were whitened by activation statistics.
     pub whitened: bool,
     /// Digest of the dataset the calibration text came from (for the Paul Graham essays, the
@@ -117,6 +122,23 @@ pub struct ThresholdRecord {
     pub layers: Vec<LayerThresholds>,
 }
 
+/// How the projections were refined by knowledge distillation (the step count is
+/// [`CalibrationInfo::refinement_steps`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RefinementRecord {
+    /// Adam's step size, relative to each matrix's RMS entry.
+    pub learning_rate: f64,
+    /// Tokens per refinement window.
+    pub window_tokens: u64,
+    /// Windows the calibration text was cut into (step `i` used window `i mod windows`).
+    pub windows: u64,
+    /// Mean KL(original ‖ compressed) per position, nats, at the first step (the unrefined
+    /// projections, on window 0).
+    pub first_step_kl: f64,
+    /// The same at the last step (before its update).
+    pub last_step_kl: f64,
+}
+
 /// Everything `manifest.json` holds.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -144,6 +166,9 @@ pub struct Manifest {
     pub calibration: CalibrationInfo,
     /// Learned thresholds, when ranks were learned.
     pub thresholds: Option<ThresholdRecord>,
+    /// How the projections were refined, when they were (absent in older manifests).
+    #[serde(default)]
+    pub refinement: Option<RefinementRecord>,
     /// The seed of every random choice made while calibrating.
     pub seed: u64,
 }

@@ -17,7 +17,7 @@ use starling_models::ModelConfig;
 pub use identity::{weights_identity, IDENTITY_SCHEME};
 pub use manifest::{
     CalibrationInfo, LayerManifest, LayerThresholds, Manifest, ModelIdentity, ProjectionDtype,
-    ThresholdRecord, FORMAT_VERSION, METHOD,
+    RefinementRecord, ThresholdRecord, FORMAT_VERSION, METHOD,
 };
 
 use crate::spectra::canonical_ids;
@@ -113,6 +113,7 @@ impl StarKvCheckpoint {
             compression: CompressionReport::of(&allocation, settings.cache_dtype),
             calibration: settings.calibration,
             thresholds,
+            refinement: None,
             seed: settings.seed,
         };
         Ok(Self {

@@ -7,12 +7,15 @@ use std::ops::Range;
 use candle_core::Tensor;
 use starling_models::{ModelConfig, WeightMap};
 
-use super::frozen::FrozenModel;
+use super::frozen::{FrozenModel, KvWeights};
 use super::loss::{log_softmax, mean_kl};
 use super::rope::RopeTables;
 use super::student::{StudentFactors, Values};
 use super::DistillError;
-use crate::{KvShape, ModelFactors, RankAllocation, UncompressedLayers};
+use crate::{
+    KvShape, LayerProjections, Matrix, ModelFactors, ModelProjections, RankAllocation,
+    UncompressedLayers,
+};
 
 /// What the teacher gives one window: the residual stream entering the first compressed
 /// layer (shared with the student) and its final normed hidden states, `[T, hidden]` each.
@@ -92,13 +95,7 @@ impl Distiller {
         allocation: &RankAllocation,
         windows: Range<usize>,
     ) -> Result<f64, DistillError> {
-        if *allocation.shape() != self.shape
-            || allocation.uncompressed() != self.uncompressed.to_vec()
-        {
-            return Err(DistillError::InvalidArgument(
-                "the allocation is for another shape or other uncompressed layers".to_owned(),
-            ));
-        }
+        self.check_layers(allocation)?;
         let ranks: Vec<usize> = allocation
             .layers()
             .iter()
@@ -120,6 +117,48 @@ impl Distiller {
         Ok(total / windows.len() as f64)
     }
 
+    /// Mean KL(teacher ‖ student) per position over `windows` (clipped to the text's) when
+    /// the student's compressed layers use `projections` as they are (refined or not): what a
+    /// checkpoint holding them would give on this text.
+    pub fn projections_kl(
+        &mut self,
+        projections: &ModelProjections,
+        windows: Range<usize>,
+    ) -> Result<f64, DistillError> {
+        self.check_layers(&projections.allocation()?)?;
+        let overrides = projections
+            .layers()
+            .iter()
+            .map(|p| p.as_ref().map(projection_weights).transpose())
+            .collect::<Result<Vec<_>, _>>()?;
+        let windows = windows.start..windows.end.min(self.windows.len());
+        if windows.is_empty() {
+            return Err(DistillError::InvalidArgument(format!(
+                "no window in {windows:?} of {}",
+                self.windows.len()
+            )));
+        }
+        let mut total = 0.0;
+        for window in windows.clone() {
+            let kl = self.window_kl_with(window, &overrides)?;
+            total += f64::from(kl.to_scalar::<f32>()?);
+        }
+        Ok(total / windows.len() as f64)
+    }
+
+    /// Fails unless `allocation` compresses exactly the layers this distiller's factors do
+    /// (the teacher's shared prefix ends at the first of them).
+    pub(crate) fn check_layers(&self, allocation: &RankAllocation) -> Result<(), DistillError> {
+        if *allocation.shape() != self.shape
+            || allocation.uncompressed() != self.uncompressed.to_vec()
+        {
+            return Err(DistillError::InvalidArgument(
+                "the allocation is for another shape or other uncompressed layers".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+
     /// The student's factors.
     pub(crate) fn student(&self) -> &StudentFactors {
         &self.student
@@ -132,12 +171,25 @@ impl Distiller {
         window: usize,
         values: &Values,
     ) -> Result<Tensor, DistillError> {
+        let overrides = self.student.kv_weights(values)?;
+        self.window_kl_with(window, &overrides)
+    }
+
+    /// Mean KL of the student whose compressed layer `l` uses the K/V weights `overrides[l]`
+    /// on `window`, a graph node when the weights are tracked. `overrides` must cover the
+    /// layers the factors compress (checked by the caller, [`Self::check_layers`]).
+    pub(crate) fn window_kl_with(
+        &mut self,
+        window: usize,
+        overrides: &[Option<KvWeights>],
+    ) -> Result<Tensor, DistillError> {
         let teacher = self.teacher_log_probs(window)?;
-        let student = self.student_log_probs(window, values)?;
+        let student = log_softmax(&self.student_logits_with(window, overrides)?)?;
         mean_kl(&teacher, &student)
     }
 
     /// The student's log probabilities `[T, vocab]` on `window`.
+    #[cfg(test)]
     pub(crate) fn student_log_probs(
         &mut self,
         window: usize,
@@ -147,16 +199,26 @@ impl Distiller {
     }
 
     /// The student's logits `[T, vocab]` on `window`.
+    #[cfg(test)]
     pub(crate) fn student_logits(
         &mut self,
         window: usize,
         values: &Values,
     ) -> Result<Tensor, DistillError> {
-        let prefix = self.teacher_window(window)?.prefix.clone();
         let overrides = self.student.kv_weights(values)?;
+        self.student_logits_with(window, &overrides)
+    }
+
+    /// The logits `[T, vocab]` on `window` of the student with K/V weights `overrides`.
+    fn student_logits_with(
+        &mut self,
+        window: usize,
+        overrides: &[Option<KvWeights>],
+    ) -> Result<Tensor, DistillError> {
+        let prefix = self.teacher_window(window)?.prefix.clone();
         let hidden =
             self.model
-                .run_layers(self.student.first_layer(), &prefix, &overrides, &self.rope)?;
+                .run_layers(self.student.first_layer(), &prefix, overrides, &self.rope)?;
         self.model.logits(&hidden)
     }
 
@@ -182,4 +244,20 @@ impl Distiller {
         };
         Ok(self.teacher[window].insert(cached))
     }
+}
+
+/// The K/V weights `[B_0 A_0; …]` and `B_v A_v` of one layer's projections, as constants.
+fn projection_weights(p: &LayerProjections) -> Result<KvWeights, DistillError> {
+    let tensor = |m: Matrix| -> Result<Tensor, DistillError> {
+        let (rows, cols) = (m.rows(), m.cols());
+        Ok(Tensor::from_vec(
+            m.into_data(),
+            (rows, cols),
+            &candle_core::Device::Cpu,
+        )?)
+    };
+    Ok(KvWeights {
+        key: tensor(p.reconstructed_key_weight()?)?,
+        value: tensor(p.reconstructed_value_weight()?)?,
+    })
 }

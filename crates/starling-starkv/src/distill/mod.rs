@@ -21,7 +21,8 @@
 //! runs outside any graph (no variable reaches it) and is computed once per window.
 //!
 //! Entry point: [`distill_ranks`]; [`distilled_checkpoint`] writes the result like
-//! [`crate::svd_checkpoint`].
+//! [`crate::svd_checkpoint`]. Once the ranks are fixed, [`refine_with`] trains the kept factors
+//! themselves on the same loss and [`refined_checkpoint`] records the result.
 
 mod config;
 mod distiller;
@@ -30,6 +31,7 @@ mod frozen;
 mod frozen_linear;
 mod loss;
 mod project;
+mod refine;
 mod rope;
 mod student;
 mod train;
@@ -43,6 +45,7 @@ pub use config::{DistillConfig, DistillReport, DistillStep};
 pub use distiller::Distiller;
 pub use error::DistillError;
 pub use project::{distilled_checkpoint, DISTILLED_STRATEGY};
+pub use refine::{refine_with, refined_checkpoint, RefineConfig, RefineReport, RefineStep};
 
 use crate::threshold::LearnedThresholds;
 use crate::{AllocationOutcome, CacheBudget, CalibrationPlan, ModelFactors, ModelSpectra};

@@ -20,7 +20,7 @@ use crate::{
 
 /// Synthetic weights scaled by `gain` (norm scales stay 1): the library's std 0.02 gives
 /// near-uniform next-token distributions, where every KL is tiny.
-fn weights(config: &ModelConfig, seed: u64, gain: f32) -> WeightMap {
+pub(crate) fn weights(config: &ModelConfig, seed: u64, gain: f32) -> WeightMap {
     let mut weights = synthetic_weights(config, seed);
     for (name, shape) in expected_weight_shapes(config) {
         if name.contains("norm") {
@@ -35,7 +35,7 @@ fn weights(config: &ModelConfig, seed: u64, gain: f32) -> WeightMap {
 
 /// The three decoder variants the student must reproduce: Llama (NeoX, untied), Qwen2
 /// (QKV bias, tied head) and a GGUF-style Llama (interleaved RoPE), 3 layers each.
-fn configs() -> Vec<ModelConfig> {
+pub(crate) fn configs() -> Vec<ModelConfig> {
     let mut llama = ModelConfig::tiny_llama_for_tests();
     llama.num_layers = 3;
     let mut qwen = llama.clone();
@@ -47,14 +47,14 @@ fn configs() -> Vec<ModelConfig> {
     vec![llama, qwen, interleaved]
 }
 
-fn ids(config: &ModelConfig, n: usize, seed: u64) -> Vec<u32> {
+pub(crate) fn ids(config: &ModelConfig, n: usize, seed: u64) -> Vec<u32> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     (0..n)
         .map(|_| rng.gen_range(0..config.vocab_size as u32))
         .collect()
 }
 
-fn reference_logits(config: &ModelConfig, weights: &WeightMap, ids: &[u32]) -> Vec<f32> {
+pub(crate) fn reference_logits(config: &ModelConfig, weights: &WeightMap, ids: &[u32]) -> Vec<f32> {
     let backend = CpuBackend::new();
     let model = LlamaModel::load(&backend, config, weights.clone()).unwrap();
     model.sequence_logits(&backend, ids).unwrap().concat()
