@@ -102,19 +102,9 @@ impl Distiller {
             .flatten()
             .flat_map(|r| r.key_ranks.iter().copied().chain([r.value_rank]))
             .collect();
-        let windows = windows.start..windows.end.min(self.windows.len());
-        if windows.is_empty() {
-            return Err(DistillError::InvalidArgument(format!(
-                "no window in {windows:?} of {}",
-                self.windows.len()
-            )));
-        }
-        let mut total = 0.0;
-        for window in windows.clone() {
-            let kl = self.window_kl(window, &Values::Hard(&ranks))?;
-            total += f64::from(kl.to_scalar::<f32>()?);
-        }
-        Ok(total / windows.len() as f64)
+        self.mean_window_kl(windows, |d, window| {
+            d.window_kl(window, &Values::Hard(&ranks))
+        })
     }
 
     /// Mean KL(teacher ‖ student) per position over `windows` (clipped to the text's) when
@@ -131,6 +121,15 @@ impl Distiller {
             .iter()
             .map(|p| p.as_ref().map(projection_weights).transpose())
             .collect::<Result<Vec<_>, _>>()?;
+        self.mean_window_kl(windows, |d, window| d.window_kl_with(window, &overrides))
+    }
+
+    /// The mean of `kl_of(window)` over `windows` (clipped to the text's; empty is an error).
+    fn mean_window_kl(
+        &mut self,
+        windows: Range<usize>,
+        mut kl_of: impl FnMut(&mut Self, usize) -> Result<Tensor, DistillError>,
+    ) -> Result<f64, DistillError> {
         let windows = windows.start..windows.end.min(self.windows.len());
         if windows.is_empty() {
             return Err(DistillError::InvalidArgument(format!(
@@ -140,8 +139,7 @@ impl Distiller {
         }
         let mut total = 0.0;
         for window in windows.clone() {
-            let kl = self.window_kl_with(window, &overrides)?;
-            total += f64::from(kl.to_scalar::<f32>()?);
+            total += f64::from(kl_of(self, window)?.to_scalar::<f32>()?);
         }
         Ok(total / windows.len() as f64)
     }
