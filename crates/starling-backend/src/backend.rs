@@ -251,6 +251,20 @@ pub trait Backend: Send + Sync {
         dims: &AttentionDims,
         batch: &Self::Batch,
     ) -> Result<(), BackendError>;
+    /// [`rope_qk`](Self::rope_qk), then [`write_kv`](Self::write_kv) of the rotated rows; a
+    /// backend may fuse them (the CUDA one does). Afterwards `qkv` and the cache must be exactly
+    /// what the two calls leave.
+    fn rope_qk_write_kv(
+        &self,
+        qkv: &mut Self::Tensor,
+        cache: &mut Self::KvCache,
+        dims: &AttentionDims,
+        rope: &RopeSpec,
+        batch: &Self::Batch,
+    ) -> Result<(), BackendError> {
+        self.rope_qk(qkv, dims, rope, batch)?;
+        self.write_kv(cache, qkv, dims, batch)
+    }
     /// Causal attention of the Q part of `qkv` over each sequence's paged context → `[n, q_size]`.
     /// Query `i` of a sequence with `L` new tokens and context `C` sees physical slots
     /// `0 ..= C - L + i` (physical order is chronological; eviction keeps it so).

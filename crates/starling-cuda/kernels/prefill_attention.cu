@@ -41,6 +41,56 @@
 
 static_assert(BM == WARPS * 16 * WARP_MT && THREADS == WARPS * 32, "tile geometry");
 
+// One key tile's online-softmax update of this thread's rows: S (raw scores) becomes P, the
+// running max m (log2 units, scaled) and this lane's share of the sum l move on, and O is rescaled.
+// The scale is folded into the exponent (one FFMA per score) and the max taken on raw scores (the
+// scale is positive). With MASK, keys at or past a row's end score -inf.
+template <bool MASK, int MT, int NT, int DT>
+__device__ __forceinline__ void online_softmax_tile(float (&s)[MT][NT][4], float (&o)[MT][DT][4],
+                                                    float (&m)[MT][2], float (&l)[MT][2],
+                                                    const int (&row_end)[MT][2], int kb, int qc,
+                                                    float scale_log2) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float mx = NEG_INF;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    if (MASK && kb + nt * 8 + 2 * qc + e >= row_end[mt][i])
+                        s[mt][nt][2 * i + e] = NEG_INF;
+                    mx = fmaxf(mx, s[mt][nt][2 * i + e]);
+                }
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m[mt][i], mx * scale_log2);
+            // Nothing seen yet: any finite base keeps exp2(-inf - base) = 0 (no NaN).
+            const float base = m_new == NEG_INF ? 0.f : m_new;
+            const float corr = fast_exp2(m[mt][i] - base);
+            m[mt][i] = m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float p = fast_exp2(fmaf(s[mt][nt][2 * i + e], scale_log2, -base));
+                    s[mt][nt][2 * i + e] = p;
+                    sum += p;
+                }
+            }
+            l[mt][i] = l[mt][i] * corr + sum;  // this lane's share; the quad sums at the end
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) {
+                o[mt][dt][2 * i] *= corr;
+                o[mt][dt][2 * i + 1] *= corr;
+            }
+        }
+    }
+}
+
 template <int D, int STAGES>
 __device__ void prefill_attention_impl(
     bf16* __restrict__ out,             // [T, Hq*D] (splits == 1)
@@ -103,6 +153,21 @@ __device__ void prefill_attention_impl(
             row_end[mt][i] = r < rows ? min((int)tok_visible[first + r / group], kv_end) : kv_start;
         }
     }
+
+    // Keys before this warp's smallest row end are visible to all of its real rows: tiles wholly
+    // before it skip the mask (padding rows' outputs are never written, so they need none).
+    int warp_full_end = 0x7fffffff;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int r = (warp * MT + mt) * 16 + qr + 8 * i;
+            if (r < rows) warp_full_end = min(warp_full_end, row_end[mt][i]);
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        warp_full_end = min(warp_full_end, __shfl_xor_sync(0xffffffffu, warp_full_end, o));
 
     // Prologue: Q (padding rows zero-filled) and the first STAGES - 1 K/V tiles go in flight,
     // one commit group per tile (Q joins tile 0's; groups may be empty, so the count stays
@@ -190,48 +255,12 @@ __device__ void prefill_attention_impl(
             }
         }
 
-        // Online softmax per row (each row's 64 scores are spread over a quad of lanes).
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                float mx = NEG_INF;
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const int key = kb + nt * 8 + 2 * qc + e;
-                        const float v =
-                            key < row_end[mt][i] ? s[mt][nt][2 * i + e] * scale_log2 : NEG_INF;
-                        s[mt][nt][2 * i + e] = v;
-                        mx = fmaxf(mx, v);
-                    }
-                }
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float m_new = fmaxf(m[mt][i], mx);
-                // Nothing seen yet: any finite base keeps exp2f(-inf - base) = 0 (no NaN).
-                const float base = m_new == NEG_INF ? 0.f : m_new;
-                const float corr = exp2f(m[mt][i] - base);
-                m[mt][i] = m_new;
-                float sum = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float p = exp2f(s[mt][nt][2 * i + e] - base);
-                        s[mt][nt][2 * i + e] = p;
-                        sum += p;
-                    }
-                }
-                l[mt][i] = l[mt][i] * corr + sum;  // this lane's share; the quad sums at the end
-#pragma unroll
-                for (int dt = 0; dt < DT; dt++) {
-                    o[mt][dt][2 * i] *= corr;
-                    o[mt][dt][2 * i + 1] *= corr;
-                }
-            }
-        }
+        // Online softmax per row (each row's 64 scores are spread over a quad of lanes). Only a
+        // tile reaching past some row's end (the diagonal, the context's end) needs the mask.
+        if (kb + BN <= warp_full_end)
+            online_softmax_tile<false, MT, NT, DT>(s, o, m, l, row_end, kb, qc, scale_log2);
+        else
+            online_softmax_tile<true, MT, NT, DT>(s, o, m, l, row_end, kb, qc, scale_log2);
 
         // O += P·V: S's accumulator fragments of two 8-key tiles are P's A fragment.
 #pragma unroll

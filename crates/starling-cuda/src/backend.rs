@@ -120,6 +120,16 @@ fn rows_config(rows: usize, threads: u32) -> LaunchConfig {
     }
 }
 
+/// Threads per block of the one-block-per-row kernels that move a row of `width` bf16 in
+/// 16-byte chunks (norms, row gathers, `write_kv`): one chunk each, up to a full block, at least
+/// a warp (`norm_vectorised` in ops.cu relies on at most 4 chunks per thread).
+fn row_chunk_threads(width: usize) -> u32 {
+    width.div_ceil(8).next_multiple_of(32).clamp(32, 1024) as u32
+}
+
+/// Threads per block of `rope_qk_bf16`, whose grid is (token, chunk of rotated pairs).
+const ROPE_THREADS: u32 = 256;
+
 impl CudaBackend {
     /// Opens GPU `ordinal`, creates its stream and cuBLAS handle, and loads (compiling on first
     /// use, then from the disk cache) every kernel for the device's architecture.
@@ -457,20 +467,22 @@ impl CudaBackend {
         })
     }
 
-    /// The context split of one attention call: `decode_blocks` (decode rows × KV heads) go to
-    /// the decode kernel this head width and group get ([`DecodeKernel::choose`]), `prefill_blocks`
-    /// (tiles × KV heads) to the tiled kernel. Eager launches and recorded decode graphs plan
-    /// through here, so a replayed step splits exactly as the eager one.
+    /// The context split of one attention call: `decode_rows` × `num_kv_heads` blocks go to the
+    /// decode kernel this head width, group and row count get ([`DecodeKernel::choose`]),
+    /// `prefill_blocks` (tiles × KV heads) to the tiled kernel. Eager launches and recorded decode
+    /// graphs plan through here, so a replayed step splits exactly as the eager one.
     pub(crate) fn attention_split_plan(
         &self,
         head_dim: usize,
         group: usize,
-        decode_blocks: usize,
+        decode_rows: usize,
+        num_kv_heads: usize,
         prefill_blocks: usize,
         max_visible_tokens: usize,
     ) -> SplitPlan {
         let mma = self.kernels.decode_attention_mma(head_dim);
-        let choice = DecodeKernel::choose(group, mma.is_some());
+        let choice = DecodeKernel::choose(group, decode_rows, mma.is_some());
+        let decode_blocks = decode_rows * num_kv_heads;
         let (per_token, mma_blocks) = match choice {
             DecodeKernel::PerToken => (decode_blocks, 0),
             DecodeKernel::Mma => (0, decode_blocks),
@@ -521,8 +533,21 @@ impl CudaBackend {
                 "attention: {group} query heads per KV head unsupported (1..={MAX_GROUP})"
             )));
         }
+        // Prefill runs go to the tiled kernel where it is instantiated for this head width;
+        // otherwise the decode kernel serves every row (`row_order` lists them all; both decode
+        // kernels attend any single row correctly, prefill rows included).
+        let rows = &batch.rows;
+        let prefill = match self.kernels.prefill_attention(dims.head_dim) {
+            Some(kernel) if rows.num_prefill() > 0 => Some((kernel, rows.tile_ranges[group - 1])),
+            _ => None,
+        };
+        let decode_rows = if prefill.is_some() {
+            rows.num_decode
+        } else {
+            n
+        };
         let mma = self.kernels.decode_attention_mma(dims.head_dim);
-        let decode_choice = DecodeKernel::choose(group, mma.is_some());
+        let decode_choice = DecodeKernel::choose(group, decode_rows, mma.is_some());
         // (function, block threads, dynamic shared bytes) of the decode launch.
         let decode_kernel = match (decode_choice, mma) {
             (DecodeKernel::Mma, Some(k)) => (&k.function, DECODE_MMA_THREADS, k.shared_bytes),
@@ -540,19 +565,6 @@ impl CudaBackend {
                 (f, 128, 0)
             }
         };
-        // Prefill runs go to the tiled kernel where it is instantiated for this head width;
-        // otherwise the decode kernel serves every row (`row_order` lists them all; both decode
-        // kernels attend any single row correctly, prefill rows included).
-        let rows = &batch.rows;
-        let prefill = match self.kernels.prefill_attention(dims.head_dim) {
-            Some(kernel) if rows.num_prefill() > 0 => Some((kernel, rows.tile_ranges[group - 1])),
-            _ => None,
-        };
-        let decode_rows = if prefill.is_some() {
-            rows.num_decode
-        } else {
-            n
-        };
         let tiles = prefill.map_or(0, |(_, (_, count))| count);
         // An eager launch passes its plan by value. A replay batch's launches are recorded once,
         // so they are sized for the bucket's most splits and the kernels read each step's plan
@@ -562,7 +574,8 @@ impl CudaBackend {
                 let plan = self.attention_split_plan(
                     dims.head_dim,
                     group,
-                    decode_rows * dims.num_kv_heads,
+                    decode_rows,
+                    dims.num_kv_heads,
                     tiles * dims.num_kv_heads,
                     batch.max_visible,
                 );
@@ -825,7 +838,7 @@ impl Backend for CudaBackend {
         launch!(
             self,
             &self.kernels.gather_rows,
-            rows_config(rows, 256),
+            rows_config(rows, row_chunk_threads(d)),
             table.bf16().map_err(err)?,
             &batch.token_ids(),
             &mut out,
@@ -910,7 +923,7 @@ impl Backend for CudaBackend {
         launch!(
             self,
             &self.kernels.rms_norm,
-            rows_config(rows, 256),
+            rows_config(rows, row_chunk_threads(d)),
             x.bf16().map_err(err)?,
             w.bf16().map_err(err)?,
             &mut out,
@@ -954,7 +967,7 @@ impl Backend for CudaBackend {
         launch!(
             self,
             &self.kernels.add_rms_norm,
-            rows_config(rows, 256),
+            rows_config(rows, row_chunk_threads(d)),
             rb,
             db,
             wb,
@@ -1030,7 +1043,7 @@ impl Backend for CudaBackend {
             launch!(
                 self,
                 &self.kernels.gather_rows,
-                rows_config(rows.len(), 256),
+                rows_config(rows.len(), row_chunk_threads(d)),
                 x.bf16().map_err(err)?,
                 &ids,
                 &mut out,
@@ -1071,17 +1084,82 @@ impl Backend for CudaBackend {
         if n == 0 {
             return Ok(());
         }
+        let pairs = (dims.num_heads + dims.num_kv_heads) * dims.head_dim / 2;
+        let config = LaunchConfig {
+            grid_dim: (n as u32, pairs.div_ceil(ROPE_THREADS as usize) as u32, 1),
+            block_dim: (ROPE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let q = qkv.bf16_mut().map_err(err)?;
         launch!(
             self,
             &self.kernels.rope_qk,
-            rows_config(n, 128),
+            config,
             q,
             &batch.positions(),
             freqs.as_ref(),
             &width_i,
             &rot_heads,
             &hd,
+            &interleaved
+        )
+        .map_err(err)
+    }
+
+    fn rope_qk_write_kv(
+        &self,
+        qkv: &mut CudaTensor,
+        cache: &mut CudaKvCache,
+        dims: &AttentionDims,
+        rope: &RopeSpec,
+        batch: &CudaBatch,
+    ) -> Result<(), BackendError> {
+        let (n, width) = qkv.matrix_dims().map_err(err)?;
+        if width != dims.qkv_size()
+            || n != batch.meta.num_tokens()
+            || rope.inv_freqs.len() * 2 != dims.head_dim
+            || dims.num_kv_heads != cache.spec.num_kv_heads
+            || dims.head_dim != cache.spec.head_dim
+        {
+            return Err(BackendError::Shape(format!(
+                "rope + write_kv: [{n}, {width}] into {:?} for {dims:?} and {} frequencies",
+                cache.spec,
+                rope.inv_freqs.len()
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let freqs = self.rope_freqs(&rope.inv_freqs).map_err(err)?;
+        let items = (dims.num_heads + dims.num_kv_heads) * dims.head_dim / 2 + dims.kv_size() / 2;
+        let config = LaunchConfig {
+            grid_dim: (n as u32, items.div_ceil(ROPE_THREADS as usize) as u32, 1),
+            block_dim: (ROPE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (width_i, heads_i, kv_heads_i, hd_i, interleaved) = (
+            width as i32,
+            dims.num_heads as i32,
+            dims.num_kv_heads as i32,
+            dims.head_dim as i32,
+            i32::from(rope.style == RopeStyle::Interleaved),
+        );
+        let CudaKvCache { keys, values, .. } = cache;
+        let q = qkv.bf16_mut().map_err(err)?;
+        launch!(
+            self,
+            &self.kernels.rope_write_kv,
+            config,
+            q,
+            &batch.positions(),
+            freqs.as_ref(),
+            &batch.slots(),
+            keys,
+            values,
+            &width_i,
+            &heads_i,
+            &kv_heads_i,
+            &hd_i,
             &interleaved
         )
         .map_err(err)
@@ -1113,7 +1191,7 @@ impl Backend for CudaBackend {
         launch!(
             self,
             &self.kernels.write_kv,
-            rows_config(n, 256),
+            rows_config(n, row_chunk_threads(dims.kv_size())),
             qkv.bf16().map_err(err)?,
             &batch.slots(),
             keys,

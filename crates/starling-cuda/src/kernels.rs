@@ -83,6 +83,7 @@ pub(crate) const fn decode_mma_shared_bytes(head_dim: usize) -> usize {
 
 /// Function names, each used once in [`kernel_modules`] and once in [`Kernels::load`].
 mod names {
+
     pub(super) const GATHER_ROWS: &str = "gather_rows_bf16";
     pub(super) const RMS_NORM: &str = "rms_norm_bf16";
     pub(super) const ADD_RMS_NORM: &str = "add_rms_norm_bf16";
@@ -91,6 +92,7 @@ mod names {
     pub(super) const SILU_MUL: &str = "silu_mul_bf16";
     pub(super) const ROPE_QK: &str = "rope_qk_bf16";
     pub(super) const WRITE_KV: &str = "write_kv_bf16";
+    pub(super) const ROPE_WRITE_KV: &str = "rope_write_kv_bf16";
     pub(super) const FILL_NORMAL: &str = "fill_normal_bf16";
     pub(super) const ATTENTION_COMBINE: &str = "attention_combine_bf16";
     pub(super) const COPY_KV_BLOCKS: &str = "copy_kv_blocks_bf16";
@@ -159,6 +161,7 @@ pub fn kernel_modules() -> Vec<KernelModule> {
                 names::SILU_MUL,
                 names::ROPE_QK,
                 names::WRITE_KV,
+                names::ROPE_WRITE_KV,
                 names::FILL_NORMAL,
             ]),
         },
@@ -227,6 +230,7 @@ pub(crate) struct Kernels {
     pub(crate) silu_mul: CudaFunction,
     pub(crate) rope_qk: CudaFunction,
     pub(crate) write_kv: CudaFunction,
+    pub(crate) rope_write_kv: CudaFunction,
     pub(crate) fill_normal: CudaFunction,
     /// Paged attention, indexed by (head width, group bound): see [`Kernels::attention`].
     attention: Vec<((usize, usize), CudaFunction)>,
@@ -300,6 +304,7 @@ impl Kernels {
             silu_mul: take(names::SILU_MUL)?,
             rope_qk: take(names::ROPE_QK)?,
             write_kv: take(names::WRITE_KV)?,
+            rope_write_kv: take(names::ROPE_WRITE_KV)?,
             fill_normal: take(names::FILL_NORMAL)?,
             attention,
             attention_combine: take(names::ATTENTION_COMBINE)?,
@@ -500,6 +505,10 @@ mod tests {
             PREFILL_TILE_ROWS
         );
         assert_eq!(define(src, "WARPS") * 32, PREFILL_THREADS as usize);
+        assert_eq!(
+            define(src, "MIN_BLOCKS"),
+            crate::backend::attention_plan::PREFILL_RESIDENT_PER_SM
+        );
         for d in PREFILL_HEAD_DIMS {
             assert_eq!(
                 define(src, &format!("STAGES_D{d}")),

@@ -61,7 +61,14 @@ fn check(name: &str, out: &HostTensor, reference: &HostTensor) {
 fn elementwise_ops_match_cpu() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     let mut rng = ChaCha8Rng::seed_from_u64(1);
-    for &(n, d) in &[(1usize, 576usize), (37, 1536), (300, 4096)] {
+    // 100: not a multiple of 8 (the norms' scalar path); 16384: two 16-byte chunks per thread.
+    for &(n, d) in &[
+        (1usize, 576usize),
+        (37, 1536),
+        (300, 4096),
+        (3, 100),
+        (2, 16384),
+    ] {
         let x = rand_host(&mut rng, vec![n, d], 2.0);
         let delta = rand_host(&mut rng, vec![n, d], 2.0);
         let w = rand_host(&mut rng, vec![d], 1.0);
@@ -280,6 +287,23 @@ fn rope_write_kv_and_paged_attention_match_cpu() {
         gpu.rope_qk(&mut qkv_g, &dims, &rope, &bg).unwrap();
         let label = format!("rope h{heads}/{kv_heads} d{hd}");
         check(&label, &gpu.to_host(&qkv_g).unwrap(), &qkv_c);
+        // The fused launch leaves qkv and the cache exactly as rope_qk, then write_kv, do.
+        let mut fused_qkv = gpu.upload(&qkv).unwrap();
+        let mut fused_cache = gpu.alloc_kv_cache(&spec).unwrap();
+        gpu.rope_qk_write_kv(&mut fused_qkv, &mut fused_cache, &dims, &rope, &bg)
+            .unwrap();
+        let mut two_calls_cache = gpu.alloc_kv_cache(&spec).unwrap();
+        gpu.write_kv(&mut two_calls_cache, &qkv_g, &dims, &bg)
+            .unwrap();
+        assert_same(
+            &format!("fused {label}: qkv"),
+            &gpu.to_host(&fused_qkv).unwrap(),
+            &gpu.to_host(&qkv_g).unwrap(),
+        );
+        let (fused_k, fused_v) = whole_cache(&gpu, &fused_cache, &spec);
+        let (two_k, two_v) = whole_cache(&gpu, &two_calls_cache, &spec);
+        assert_same(&format!("fused {label}: keys"), &fused_k, &two_k);
+        assert_same(&format!("fused {label}: values"), &fused_v, &two_v);
         // Continue from identical (bf16-rounded) inputs so attention is judged on its own.
         let qkv_c = HostTensor::new(
             qkv_c.shape().to_vec(),
@@ -974,9 +998,13 @@ fn prefill_attention_matches_cpu() {
 fn gqa_decode_attention_matches_cpu() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     let mut rng = ChaCha8Rng::seed_from_u64(31);
-    // (query heads, KV heads, head_dim): groups 2, 3, 4, 6 and 8, each at head widths 64 and 128.
+    // (query heads, KV heads, head_dim): groups 2, 3, 4, 6 and 8, each at head widths 64 and 128;
+    // and MHA, whose decode rows take the tensor-core kernel at batch 1 and the per-token kernel
+    // at batch 64 (`MMA_MHA_MAX_DECODE_ROWS`).
     let shapes = [
-        (4usize, 2usize, 64usize),
+        (8usize, 8usize, 128usize),
+        (4, 4, 64),
+        (4, 2, 64),
         (8, 4, 128),
         (9, 3, 64), // SmolLM2
         (6, 2, 128),

@@ -504,12 +504,12 @@ impl<B: Backend> LlamaModel<B> {
                 a.attention_input(index, &backend.to_host(&x)?)?;
             }
             let mut qkv = backend.linear(&x, &layer.qkv_weight, layer.qkv_bias.as_ref())?;
-            backend.rope_qk(&mut qkv, &self.dims, &self.rope, batch)?;
+            // The captured rows are read after the write: it leaves `qkv` as RoPE left it.
+            backend.rope_qk_write_kv(&mut qkv, cache, &self.dims, &self.rope, batch)?;
             if let Some(c) = capture.as_deref_mut().filter(|c| !c.rows.is_empty()) {
                 let rows = backend.to_host(&backend.gather_rows(&qkv, &c.rows)?)?;
                 c.push_layer(&rows, self.dims.q_size())?;
             }
-            backend.write_kv(cache, &qkv, &self.dims, batch)?;
             let attn = backend.paged_attention(&qkv, cache, &self.dims, batch)?;
             let attn_out = backend.linear(&attn, &layer.o_proj, None)?;
             let x =

@@ -28,16 +28,34 @@ const DECODE_TARGET_BLOCKS_PER_SM: usize = 8;
 /// The same for tiled prefill blocks, which are many times the work of a decode block per key
 /// and hold more registers and shared memory (two are resident per SM).
 const PREFILL_TARGET_BLOCKS_PER_SM: usize = 4;
-/// Shortest split with decode rows only (the per-token kernel's partials are small).
+/// Shortest split of the tensor-core decode kernel (a ring of K/V tiles per block).
 pub(crate) const DECODE_MIN_SPLIT_TOKENS: usize = 256;
+/// Shortest split with per-token decode rows only. Such a block walks its keys a few rows at a
+/// time, one memory round trip each, so a small batch at a short context is latency-bound: at
+/// batch 1 and 512 tokens, splits of 256 (3 blocks per head) took 16 µs for 8 MB (Nsight
+/// Compute on the H200). The partials are small (head_dim + 2 floats per row and split).
+pub(crate) const PER_TOKEN_MIN_SPLIT_TOKENS: usize = 64;
 /// Shortest split once prefill tiles take part: each split of a tile writes a partial of every
 /// row (128 rows × (head_dim + 2) f32), so splits must be long enough to amortise it.
 const PREFILL_MIN_SPLIT_TOKENS: usize = 512;
 /// Most splits of one (row, KV head).
 const MAX_SPLITS: usize = 64;
-/// Least fill of the last wave (numerator, denominator) the tensor-core decode plan accepts
+/// Least fill of the waves (numerator, denominator) a wave plan ([`plan_wave_splits`]) accepts
 /// before it tries more splits.
-const MMA_WAVE_FILL: (usize, usize) = (9, 10);
+const WAVE_FILL: (usize, usize) = (9, 10);
+/// Tiled prefill blocks resident per SM (`MIN_BLOCKS` in `prefill_attention.cu`: its register
+/// bound and 96 KiB of shared memory at head_dim 128 allow two).
+pub(crate) const PREFILL_RESIDENT_PER_SM: usize = 2;
+
+/// Most decode rows of an MHA layer the tensor-core decode kernel serves. A few rows make few
+/// per-token blocks, each walking its keys two rows (one memory round trip) at a time: at batch 1
+/// that kernel plus its combine took 14 µs per layer at 512 tokens and 30 µs at 2k (Nsight
+/// Compute, `bench kernels`), while the tensor-core kernel keeps two 64-key tiles in flight per
+/// block (its M rows are then mostly padding, which a memory-bound step can spare). At batch ≥ 16
+/// the per-token kernel is measured at 78–103% of copy, so it keeps those. A power of two, so
+/// every CUDA-graph bucket (1, 2, 4, 8, …) lies wholly on one side and replay records the kernel
+/// eager steps of its rows choose.
+pub(crate) const MMA_MHA_MAX_DECODE_ROWS: usize = 4;
 
 /// Which kernel serves a layer's decode rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,10 +68,11 @@ pub(crate) enum DecodeKernel {
 }
 
 impl DecodeKernel {
-    /// The tensor-core kernel for groups of two or more query heads per KV head where it exists
-    /// for the head width on this device; the per-token kernel otherwise.
-    pub(crate) fn choose(group: usize, mma_available: bool) -> Self {
-        if group >= 2 && mma_available {
+    /// The tensor-core kernel where it exists for the head width on this device, for groups of
+    /// two or more query heads per KV head, and for MHA at up to [`MMA_MHA_MAX_DECODE_ROWS`]
+    /// decode rows; the per-token kernel otherwise.
+    pub(crate) fn choose(group: usize, decode_rows: usize, mma_available: bool) -> Self {
+        if mma_available && (group >= 2 || decode_rows <= MMA_MHA_MAX_DECODE_ROWS) {
             Self::Mma
         } else {
             Self::PerToken
@@ -153,7 +172,7 @@ pub(crate) struct GridBlocks {
 /// Flash-decoding split of long contexts until the grid fills the GPU. Each kernel's blocks count
 /// by its own resident-blocks target, so a batch without tensor-core decode blocks splits exactly
 /// as before that kernel existed. A batch of tensor-core decode blocks only is planned by waves
-/// ([`plan_mma_decode_splits`]).
+/// ([`plan_wave_splits`]), and so is a batch of tiled prefill blocks only.
 pub(crate) fn plan_splits(
     blocks: GridBlocks,
     max_visible_tokens: usize,
@@ -162,7 +181,22 @@ pub(crate) fn plan_splits(
     let num_sms = num_sms.max(1);
     let resident = blocks.mma_resident_per_sm.max(1);
     if blocks.per_token == 0 && blocks.prefill == 0 && blocks.mma > 0 {
-        return plan_mma_decode_splits(blocks.mma, max_visible_tokens, num_sms * resident);
+        return plan_wave_splits(
+            blocks.mma,
+            max_visible_tokens,
+            num_sms * resident,
+            DECODE_MIN_SPLIT_TOKENS,
+            1,
+        );
+    }
+    if blocks.per_token == 0 && blocks.mma == 0 && blocks.prefill > 0 {
+        return plan_wave_splits(
+            blocks.prefill,
+            max_visible_tokens,
+            num_sms * PREFILL_RESIDENT_PER_SM,
+            PREFILL_MIN_SPLIT_TOKENS,
+            PREFILL_TILE_KEYS,
+        );
     }
     // Load and capacity in units of 1 / (DECODE × PREFILL × resident) of an SM's blocks.
     let load = blocks.per_token * PREFILL_TARGET_BLOCKS_PER_SM * resident
@@ -171,8 +205,10 @@ pub(crate) fn plan_splits(
     let capacity = DECODE_TARGET_BLOCKS_PER_SM * PREFILL_TARGET_BLOCKS_PER_SM * resident * num_sms;
     let min_split = if blocks.prefill > 0 {
         PREFILL_MIN_SPLIT_TOKENS
-    } else {
+    } else if blocks.mma > 0 {
         DECODE_MIN_SPLIT_TOKENS
+    } else {
+        PER_TOKEN_MIN_SPLIT_TOKENS
     };
     let splits = if load > 0 && load < capacity && max_visible_tokens > min_split {
         capacity
@@ -194,13 +230,22 @@ pub(crate) fn plan_splits(
     }
 }
 
-/// Splits for tensor-core decode blocks alone. Such a block is large (a ring of K/V tiles, about
-/// two resident per SM at head_dim 128), so the number of waves matters: 128 blocks on 264 slots
-/// run at half the bandwidth, 384 take two waves for 1.45 waves of work. The plan takes the
-/// fewest splits whose waves are at least [`MMA_WAVE_FILL`] full (splits cost partial writes and
-/// a combine), else the best-filled count; no split is shorter than [`DECODE_MIN_SPLIT_TOKENS`]. The model assumes equal contexts; shorter ones end early.
-fn plan_mma_decode_splits(blocks: usize, max_visible_tokens: usize, slots: usize) -> SplitPlan {
-    let most = (max_visible_tokens / DECODE_MIN_SPLIT_TOKENS).clamp(1, MAX_SPLITS);
+/// Splits for one kernel's large blocks alone: tensor-core decode blocks (a ring of K/V tiles,
+/// about two resident per SM at head_dim 128) or tiled prefill blocks (two per SM). With blocks
+/// this large the number of waves matters: 128 blocks on 264 slots run at half the bandwidth, 384
+/// take two waves for 1.45 waves of work. The plan takes the fewest splits whose waves are at
+/// least [`WAVE_FILL`] full (splits cost partial writes and a combine), else the best-filled
+/// count; no split is shorter than `min_split` tokens, and each is a whole number of
+/// `key_multiple` keys (the prefill kernel's key tiles). The model assumes equal contexts;
+/// shorter ones end early.
+fn plan_wave_splits(
+    blocks: usize,
+    max_visible_tokens: usize,
+    slots: usize,
+    min_split: usize,
+    key_multiple: usize,
+) -> SplitPlan {
+    let most = (max_visible_tokens / min_split).clamp(1, MAX_SPLITS);
     // Fill of the waves as a fraction (used / offered slots), compared without division.
     let fill = |splits: usize| {
         let used = blocks * splits;
@@ -208,7 +253,7 @@ fn plan_mma_decode_splits(blocks: usize, max_visible_tokens: usize, slots: usize
     };
     let good = |splits: usize| {
         let (used, offered) = fill(splits);
-        used * MMA_WAVE_FILL.1 >= offered * MMA_WAVE_FILL.0
+        used * WAVE_FILL.1 >= offered * WAVE_FILL.0
     };
     let splits = (1..=most).find(|&s| good(s)).unwrap_or_else(|| {
         // Best fill; on ties the fewest splits (`max_by` keeps the last maximum, so run down).
@@ -220,9 +265,14 @@ fn plan_mma_decode_splits(blocks: usize, max_visible_tokens: usize, slots: usize
             })
             .unwrap_or(1)
     });
+    let split_len = max_visible_tokens
+        .div_ceil(splits)
+        .max(1)
+        .next_multiple_of(key_multiple.max(1));
+    // Rounding up to whole key tiles can leave the last splits empty: recount.
     SplitPlan {
-        splits,
-        split_len: max_visible_tokens.div_ceil(splits).max(1),
+        splits: max_visible_tokens.div_ceil(split_len).max(1),
+        split_len,
     }
 }
 
@@ -357,8 +407,16 @@ mod tests {
                 split_len: 1366
             }
         );
-        // Short contexts and full grids are not split.
-        assert_eq!(plan(8, 0, 256, 132).splits, 1);
+        // Short contexts split down to 64 tokens: 1 token × 32 heads at 513 tokens → 9 splits.
+        assert_eq!(
+            plan(32, 0, 513, 132),
+            SplitPlan {
+                splits: 9,
+                split_len: 57
+            }
+        );
+        // Contexts of one shortest split and full grids are not split.
+        assert_eq!(plan(8, 0, 64, 132).splits, 1);
         assert_eq!(plan(2000, 0, 32_768, 132).splits, 1);
     }
 
@@ -382,18 +440,29 @@ mod tests {
                 "uncovered context: {p:?}"
             );
         }
+        // Prefill alone is planned by waves of 2 blocks per SM (264 slots on 132 SMs).
         // 64 blocks (a chunk of 256 tokens of GQA 32/8 at batch 1: 8 tiles × 8 KV heads) at
-        // 32k: ceil(528 / 64) = 9 splits.
-        assert_eq!(plan(0, 64, 32_768, 132).splits, 9);
-        // A chunk of 128 tokens: 4 tiles × 8 KV heads; ceil(528 / 32) = 17 splits of
-        // ceil(32768 / 17) = 1928 → 1984 keys (31 tiles), still 17 splits.
+        // 32k: 4 splits make 256 blocks, one wave 97% full.
         assert_eq!(
-            plan(0, 32, 32_768, 132),
+            plan(0, 64, 32_768, 132),
             SplitPlan {
-                splits: 17,
-                split_len: 1984
+                splits: 4,
+                split_len: 8192
             }
         );
+        // A 128-token chunk (32 blocks) at 8k: 8 splits of 1024 keys, one wave (was 16 splits
+        // in two waves under the blocks-per-SM rule).
+        assert_eq!(
+            plan(0, 32, 8192, 132),
+            SplitPlan {
+                splits: 8,
+                split_len: 1024
+            }
+        );
+        // Batch 4 of 512-token chunks (512 blocks): two waves 97% full unsplit, so no partials.
+        assert_eq!(plan(0, 512, 8192, 132).splits, 1);
+        // Mixed with decode rows, the blocks-per-SM rule still applies.
+        assert_eq!(plan(16, 8, 3000, 132).splits, 6);
         // A grid that already fills the GPU is not split.
         assert_eq!(plan(0, 1024, 32_768, 132).splits, 1);
     }
@@ -486,10 +555,30 @@ mod tests {
 
     #[test]
     fn grouped_query_models_take_the_tensor_core_decode_kernel() {
-        assert_eq!(DecodeKernel::choose(1, true), DecodeKernel::PerToken);
+        for rows in 1..=MMA_MHA_MAX_DECODE_ROWS {
+            assert_eq!(DecodeKernel::choose(1, rows, true), DecodeKernel::Mma);
+            assert_eq!(DecodeKernel::choose(1, rows, false), DecodeKernel::PerToken);
+        }
+        for rows in [MMA_MHA_MAX_DECODE_ROWS + 1, 16, 256] {
+            assert_eq!(DecodeKernel::choose(1, rows, true), DecodeKernel::PerToken);
+        }
         for group in 2..=MAX_GROUP {
-            assert_eq!(DecodeKernel::choose(group, true), DecodeKernel::Mma);
-            assert_eq!(DecodeKernel::choose(group, false), DecodeKernel::PerToken);
+            for rows in [1, 5, 256] {
+                assert_eq!(DecodeKernel::choose(group, rows, true), DecodeKernel::Mma);
+                assert_eq!(
+                    DecodeKernel::choose(group, rows, false),
+                    DecodeKernel::PerToken
+                );
+            }
+        }
+        // Graph buckets are powers of two up to the largest batch: none straddles the bound.
+        for max_seqs in 1..=64 {
+            let buckets = crate::backend::graphs::bucket_sizes(max_seqs);
+            for (i, &b) in buckets.iter().enumerate() {
+                let fewest = if i == 0 { 1 } else { buckets[i - 1] + 1 };
+                let side = |rows: usize| rows <= MMA_MHA_MAX_DECODE_ROWS;
+                assert_eq!(side(fewest), side(b), "bucket {fewest}..={b} of {max_seqs}");
+            }
         }
     }
 }
