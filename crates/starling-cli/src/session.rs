@@ -214,13 +214,19 @@ fn apply_star_kv(
     weights: &mut starling_models::WeightMap,
 ) -> Result<()> {
     let profile: starling_starkv::RankProfile = selection.rank_profile.parse()?;
+    let sides = match selection.factors {
+        starling_evict::StarKvFactors::Both => starling_starkv::AppliedSides::Both,
+        starling_evict::StarKvFactors::Keys => starling_starkv::AppliedSides::KeysOnly,
+        starling_evict::StarKvFactors::Values => starling_starkv::AppliedSides::ValuesOnly,
+    };
     let checkpoint =
-        starling_starkv::load_and_apply(&selection.checkpoint, profile, config, weights)
+        starling_starkv::load_and_apply(&selection.checkpoint, profile, sides, config, weights)
             .with_context(|| format!("STAR-KV checkpoint {}", selection.checkpoint.display()))?;
     let report = &checkpoint.manifest.compression;
     tracing::info!(
-        "STAR-KV {profile}: {} of {} layers low-rank, latent KV {} of {} bytes per token (not yet \
-         used by the cache)",
+        "STAR-KV {profile} ({} low-rank): {} of {} layers low-rank, latent KV {} of {} bytes per \
+         token (not yet used by the cache)",
+        selection.factors.name(),
         checkpoint.manifest.layers.len(),
         config.num_layers,
         report.kv_bytes_per_token_compressed,

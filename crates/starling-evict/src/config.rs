@@ -112,7 +112,7 @@ const FIELDS: [&str; 6] = [
 pub const STAR_KV_METHOD: &str = "star_kv";
 
 /// The fields only STAR-KV takes.
-const STAR_KV_FIELDS: [&str; 2] = ["checkpoint", "rank_profile"];
+const STAR_KV_FIELDS: [&str; 3] = ["checkpoint", "rank_profile", "factors"];
 
 fn invalid(field: &'static str, reason: impl Into<String>) -> EvictError {
     EvictError::InvalidField {
@@ -265,6 +265,38 @@ pub struct StarKvSelection {
     /// The rank profile's name (`aggressive`, `balanced`, `conservative`; checked against the
     /// checkpoint when it loads).
     pub rank_profile: String,
+    /// Which of the checkpoint's factors to apply (`"factors"`, default both): keys or values
+    /// alone are ablations that show which side of a profile costs the quality.
+    pub factors: StarKvFactors,
+}
+
+/// The sides of a STAR-KV checkpoint a run applies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StarKvFactors {
+    /// Keys and values low-rank (the method).
+    #[default]
+    Both,
+    /// Only the keys low-rank; values whole.
+    Keys,
+    /// Only the values low-rank; keys whole.
+    Values,
+}
+
+impl StarKvFactors {
+    /// The name in `--kv-compression` JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Both => "both",
+            Self::Keys => "keys",
+            Self::Values => "values",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Self> {
+        [Self::Both, Self::Keys, Self::Values]
+            .into_iter()
+            .find(|f| f.name() == name)
+    }
 }
 
 /// The engine-wide `--kv-compression` setting: token eviction, or STAR-KV.
@@ -304,7 +336,7 @@ impl KvCompression {
         {
             return Err(EvictError::Json(format!(
                 "unknown field `{unknown}` for star_kv (expected method, checkpoint, \
-                 rank_profile)"
+                 rank_profile, factors)"
             )));
         }
         let text_field = |field: &'static str| -> Result<String, EvictError> {
@@ -317,9 +349,16 @@ impl KvCompression {
                 )),
             }
         };
+        let factors = match map.get("factors") {
+            None => StarKvFactors::Both,
+            Some(Value::String(name)) => StarKvFactors::from_name(name)
+                .ok_or_else(|| invalid("factors", "expected \"both\", \"keys\" or \"values\""))?,
+            Some(v) => return Err(invalid("factors", format!("expected a string, got {v}"))),
+        };
         Ok(Self::StarKv(StarKvSelection {
             checkpoint: PathBuf::from(text_field("checkpoint")?),
             rank_profile: text_field("rank_profile")?,
+            factors,
         }))
     }
 
@@ -354,6 +393,7 @@ impl KvCompression {
                 "method": STAR_KV_METHOD,
                 "checkpoint": s.checkpoint.to_string_lossy(),
                 "rank_profile": s.rank_profile,
+                "factors": s.factors.name(),
             }),
         }
     }
@@ -482,6 +522,39 @@ mod tests {
             }
             other => panic!("per-request star_kv accepted: {other:?}"),
         }
+    }
+
+    #[test]
+    fn star_kv_factors_default_to_both_and_round_trip() {
+        let base = r#""method":"star_kv","checkpoint":"/ck","rank_profile":"balanced""#;
+        let factors = |text: &str| {
+            KvCompression::from_json(text)
+                .map(|s| s.star_kv().map(|sel| sel.factors))
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            factors(&format!("{{{base}}}")),
+            Ok(Some(StarKvFactors::Both))
+        );
+        for f in [
+            StarKvFactors::Both,
+            StarKvFactors::Keys,
+            StarKvFactors::Values,
+        ] {
+            let text = format!(r#"{{{base},"factors":"{}"}}"#, f.name());
+            let setting = KvCompression::from_json(&text).unwrap();
+            assert_eq!(setting.star_kv().map(|s| s.factors), Some(f));
+            assert_eq!(
+                KvCompression::from_value(&setting.to_json()).unwrap(),
+                setting
+            );
+        }
+        for bad in [r#""factors":"k""#, r#""factors":1"#] {
+            let err = factors(&format!("{{{base},{bad}}}")).unwrap_err();
+            assert!(err.contains("factors"), "{err}");
+        }
+        // Eviction methods refuse it, as the other star_kv fields.
+        assert!(KvCompression::from_json(r#"{"method":"keydiff","factors":"keys"}"#).is_err());
     }
 
     #[test]

@@ -46,7 +46,9 @@ pub use matrix::Matrix;
 pub use model_factors::{FactorId, FactorKind, LayerFactors, ModelFactors};
 pub use pipeline::{svd_checkpoint, CalibrationPlan};
 pub use projections::{LayerProjections, ModelProjections};
-pub use reference_path::{apply_projections, load_and_apply, profile_dir};
+pub use reference_path::{
+    apply_projection_sides, apply_projections, load_and_apply, profile_dir, AppliedSides,
+};
 pub use report::CompressionReport;
 pub use shape::{KvShape, UncompressedLayers};
 pub use spectra::{FactorSpectrum, ModelSpectra};

@@ -16,6 +16,29 @@ use starling_models::{LayerTensor, ModelConfig, WeightMap};
 use crate::checkpoint::{weights_identity, StarKvCheckpoint, MANIFEST_FILE};
 use crate::{KvShape, Matrix, ModelProjections, RankProfile, StarKvError};
 
+/// Which factors of a checkpoint the reference path applies. Keys or values alone are
+/// ablations: they show which side of a profile costs the quality.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AppliedSides {
+    /// Keys and values (the method).
+    #[default]
+    Both,
+    /// Only the key factors; `W_v` stays whole.
+    KeysOnly,
+    /// Only the value factor; `W_k` stays whole.
+    ValuesOnly,
+}
+
+impl AppliedSides {
+    fn keys(self) -> bool {
+        self != Self::ValuesOnly
+    }
+
+    fn values(self) -> bool {
+        self != Self::KeysOnly
+    }
+}
+
 /// Replaces `W_k` and `W_v` of every layer `projections` compress by their reconstructions.
 /// Returns how many layers changed. The shapes must be `config`'s; nothing is changed when
 /// they are not.
@@ -23,6 +46,16 @@ pub fn apply_projections(
     config: &ModelConfig,
     weights: &mut WeightMap,
     projections: &ModelProjections,
+) -> Result<usize, StarKvError> {
+    apply_projection_sides(config, weights, projections, AppliedSides::Both)
+}
+
+/// [`apply_projections`] for the chosen `sides` only.
+pub fn apply_projection_sides(
+    config: &ModelConfig,
+    weights: &mut WeightMap,
+    projections: &ModelProjections,
+    sides: AppliedSides,
 ) -> Result<usize, StarKvError> {
     let shape = KvShape::of(config);
     if *projections.shape() != shape {
@@ -33,10 +66,16 @@ pub fn apply_projections(
     }
     // Reconstruct everything first, so a failure leaves the weights untouched.
     let mut replacements = Vec::new();
+    let mut layers = 0;
     for (layer, p) in projections.layers().iter().enumerate() {
         let Some(p) = p else { continue };
-        replacements.push((LayerTensor::KProj, layer, p.reconstructed_key_weight()?));
-        replacements.push((LayerTensor::VProj, layer, p.reconstructed_value_weight()?));
+        layers += 1;
+        if sides.keys() {
+            replacements.push((LayerTensor::KProj, layer, p.reconstructed_key_weight()?));
+        }
+        if sides.values() {
+            replacements.push((LayerTensor::VProj, layer, p.reconstructed_value_weight()?));
+        }
     }
     for (tensor, layer, matrix) in &replacements {
         let want = tensor.shape(config);
@@ -48,7 +87,6 @@ pub fn apply_projections(
             )));
         }
     }
-    let layers = replacements.len() / 2;
     for (tensor, layer, matrix) in replacements {
         replace(config, weights, tensor, layer, &matrix)?;
     }
@@ -80,11 +118,13 @@ pub fn profile_dir(dir: &Path, profile: RankProfile) -> PathBuf {
 }
 
 /// Loads the `profile` checkpoint under `dir` for the model (`config`, `weights`), refusing one
-/// made for other weights or for another profile, and applies it with [`apply_projections`].
+/// made for other weights or for another profile, and applies its `sides` with
+/// [`apply_projection_sides`].
 /// Returns the checkpoint (its manifest says what was applied).
 pub fn load_and_apply(
     dir: &Path,
     profile: RankProfile,
+    sides: AppliedSides,
     config: &ModelConfig,
     weights: &mut WeightMap,
 ) -> Result<StarKvCheckpoint, StarKvError> {
@@ -101,6 +141,6 @@ pub fn load_and_apply(
             path.display()
         )));
     }
-    apply_projections(config, weights, &checkpoint.projections)?;
+    apply_projection_sides(config, weights, &checkpoint.projections, sides)?;
     Ok(checkpoint)
 }

@@ -10,8 +10,9 @@ use starling_starkv::checkpoint::{
     weights_identity, CalibrationInfo, CheckpointSettings, ProjectionDtype, StarKvCheckpoint,
 };
 use starling_starkv::{
-    apply_projections, load_and_apply, svd_checkpoint, CalibrationPlan, LayerRanks, ModelFactors,
-    ModelProjections, RankAllocation, RankProfile, RankStrategy, StarKvError, UncompressedLayers,
+    apply_projection_sides, apply_projections, load_and_apply, svd_checkpoint, AppliedSides,
+    CalibrationPlan, LayerRanks, ModelFactors, ModelProjections, RankAllocation, RankProfile,
+    RankStrategy, StarKvError, UncompressedLayers,
 };
 
 /// A 4-layer Qwen2-style model (K/V biases, so the "biases unchanged" rule is exercised).
@@ -135,8 +136,14 @@ fn a_balanced_checkpoint_changes_the_logits_but_not_catastrophically() {
     let dir = tempfile::tempdir().unwrap();
     write_profile(dir.path(), &config, &weights, RankProfile::Balanced);
     let mut applied = weights.clone();
-    let checkpoint =
-        load_and_apply(dir.path(), RankProfile::Balanced, &config, &mut applied).unwrap();
+    let checkpoint = load_and_apply(
+        dir.path(),
+        RankProfile::Balanced,
+        AppliedSides::Both,
+        &config,
+        &mut applied,
+    )
+    .unwrap();
     assert_eq!(checkpoint.manifest.profile, Some(RankProfile::Balanced));
     let bias = "model.layers.2.self_attn.k_proj.bias";
     assert_eq!(
@@ -157,6 +164,43 @@ fn a_balanced_checkpoint_changes_the_logits_but_not_catastrophically() {
 }
 
 #[test]
+fn one_side_alone_replaces_only_its_projection() {
+    let (config, weights) = model(9);
+    let factors = ModelFactors::compute(&config, &weights, &keep_first(), None).unwrap();
+    let plan = CalibrationPlan::for_profile(RankProfile::Balanced, RankStrategy::GreedyEnergy, 3);
+    let checkpoint = svd_checkpoint(&config, &weights_identity(&weights), &factors, &plan).unwrap();
+    let (k2, v2) = (
+        "model.layers.2.self_attn.k_proj.weight",
+        "model.layers.2.self_attn.v_proj.weight",
+    );
+    let mut both = weights.clone();
+    apply_projections(&config, &mut both, &checkpoint.projections).unwrap();
+    for (sides, changed, kept) in [
+        (AppliedSides::KeysOnly, k2, v2),
+        (AppliedSides::ValuesOnly, v2, k2),
+    ] {
+        let mut applied = weights.clone();
+        let layers =
+            apply_projection_sides(&config, &mut applied, &checkpoint.projections, sides).unwrap();
+        assert_eq!(layers, 3, "{sides:?}");
+        assert_eq!(
+            applied.get(changed).unwrap().data(),
+            both.get(changed).unwrap().data(),
+            "{sides:?}: the applied side is the full method's"
+        );
+        assert_ne!(
+            applied.get(changed).unwrap().data(),
+            weights.get(changed).unwrap().data()
+        );
+        assert_eq!(
+            applied.get(kept).unwrap().data(),
+            weights.get(kept).unwrap().data(),
+            "{sides:?}: the other side stays whole"
+        );
+    }
+}
+
+#[test]
 fn checkpoints_for_other_weights_or_profiles_are_refused_and_change_nothing() {
     let (config, weights) = model(7);
     let dir = tempfile::tempdir().unwrap();
@@ -164,7 +208,13 @@ fn checkpoints_for_other_weights_or_profiles_are_refused_and_change_nothing() {
 
     let (_, mut other) = model(8);
     let before = other.clone();
-    let err = load_and_apply(dir.path(), RankProfile::Balanced, &config, &mut other);
+    let err = load_and_apply(
+        dir.path(),
+        RankProfile::Balanced,
+        AppliedSides::Both,
+        &config,
+        &mut other,
+    );
     assert!(
         matches!(err, Err(StarKvError::ModelMismatch { .. })),
         "{err:?}"
@@ -173,13 +223,26 @@ fn checkpoints_for_other_weights_or_profiles_are_refused_and_change_nothing() {
 
     // A profile that was not calibrated: no such directory.
     let mut same = weights.clone();
-    let err =
-        load_and_apply(dir.path(), RankProfile::Conservative, &config, &mut same).unwrap_err();
+    let err = load_and_apply(
+        dir.path(),
+        RankProfile::Conservative,
+        AppliedSides::Both,
+        &config,
+        &mut same,
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("conservative"), "{err}");
 
     // A single-profile directory given directly, asked for under another profile's name.
     let single = dir.path().join("balanced");
-    let err = load_and_apply(&single, RankProfile::Aggressive, &config, &mut same).unwrap_err();
+    let err = load_and_apply(
+        &single,
+        RankProfile::Aggressive,
+        AppliedSides::Both,
+        &config,
+        &mut same,
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("aggressive"), "{err}");
     assert_eq!(weights_identity(&same), weights_identity(&weights));
 }

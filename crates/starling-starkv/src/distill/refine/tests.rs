@@ -9,8 +9,8 @@ use crate::checkpoint::{read_manifest, weights_identity, StarKvCheckpoint, MANIF
 use crate::distill::loss::{log_softmax, mean_kl};
 use crate::distill::tests::{configs, ids, reference_logits, weights};
 use crate::{
-    load_and_apply, svd_checkpoint, CalibrationPlan, ModelFactors, RankProfile, RankStrategy,
-    UncompressedLayers,
+    load_and_apply, svd_checkpoint, AppliedSides, CalibrationPlan, ModelFactors, RankProfile,
+    RankStrategy, UncompressedLayers,
 };
 
 /// A model, its greedy conservative checkpoint (layer 0 kept whole, so the student runs on the
@@ -132,6 +132,7 @@ fn refined_checkpoints_round_trip_and_run_on_the_reference_path() {
     let loaded = load_and_apply(
         dir.path(),
         RankProfile::Conservative,
+        AppliedSides::Both,
         &s.config,
         &mut applied,
     )
