@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Summarises `ncu --csv --page raw` output of `starling bench decode` at one batch size: cuts one
-decode step out of the kernel stream (a step runs from the embedding gather to the next step's
-embedding gather) and prints the GPU time and DRAM bytes per kernel name, with the bandwidth each
-kernel reached. Usage: ncu_summary.py decode_ncu.csv"""
+decode step out of the kernel stream (a step runs from the embedding gather to its sampling
+kernel) and prints the GPU time and DRAM bytes per kernel name, with the bandwidth each kernel
+reached. Usage: ncu_summary.py decode_ncu.csv"""
 import csv
 import statistics
 import sys
@@ -28,14 +28,17 @@ def rows(path):
 
 def main():
     kernels = rows(sys.argv[1])
-    starts = [i for i, k in enumerate(kernels) if k[0].startswith("gather_rows")]
-    # gather_rows opens a step (embedding) and also picks the logits rows near its end: a step
-    # spans two gather_rows launches.
-    steps = []
-    for a, b in zip(starts[0::2], starts[2::2]):
-        seg = kernels[a:b]
-        if any("attention" in k[0] for k in seg):
-            steps.append(seg)
+    # A step opens with the embedding gather and closes with the sampling kernel (a gather of
+    # the logits rows may sit in between; with every row sampled it is a plain copy instead).
+    steps, start = [], None
+    for i, k in enumerate(kernels):
+        if start is None and k[0].startswith("gather_rows"):
+            start = i
+        elif start is not None and k[0].startswith("sample_rows"):
+            seg = kernels[start:i + 1]
+            if any("attention" in s[0] for s in seg):
+                steps.append(seg)
+            start = None
     if not steps:
         print(f"no decode step found among {len(kernels)} kernels")
         return

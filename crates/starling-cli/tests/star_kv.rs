@@ -138,6 +138,50 @@ fn calibrate_generate_and_info_with_smollm2_checkpoints() {
         stdout(&out)
     );
 
+    // bench quality compares the compressed model with the original one (a first pass records
+    // the uncompressed distributions): KL > 0 against it, and the reference is uncompressed.
+    let quality_dir = first.path().join("quality");
+    let keys_only = serde_json::json!({
+        "method": "star_kv",
+        "checkpoint": first.path().to_string_lossy(),
+        "rank_profile": "balanced",
+        "factors": "keys",
+    })
+    .to_string();
+    let out = starling(&[
+        "bench",
+        "quality",
+        "--device",
+        "cpu",
+        "--model",
+        "smollm2-135m",
+        "--context-tokens",
+        "64",
+        "--eval-tokens",
+        "8",
+        "--num-windows",
+        "1",
+        "--methods",
+        "none",
+        "--kv-compression",
+        &keys_only,
+        "--output",
+        &quality_dir.to_string_lossy(),
+    ]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let report = read_json(&quality_dir.join("quality.json"));
+    assert_eq!(
+        report["reference"]["method"],
+        "none (uncompressed reference)"
+    );
+    assert_eq!(report["reference"]["scored_tokens"], 8);
+    let row = &report["rows"][0];
+    assert_eq!(row["method"], "star_kv balanced (keys low-rank)");
+    assert_eq!(row["scored_tokens"], 8);
+    let kl = row["mean_kl_nats"].as_f64().unwrap();
+    assert!(kl > 1e-4 && kl.is_finite(), "{report}");
+    assert_ne!(row["perplexity"], report["reference"]["perplexity"]);
+
     // info: both calibrated profiles, sized at the budget, the selected one marked.
     let out = starling(&[
         "info",

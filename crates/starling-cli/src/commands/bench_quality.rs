@@ -2,7 +2,9 @@
 //! essay text. Each window's prompt is followed by forced tokens (teacher forcing); the
 //! uncompressed run and every method run side by side in one engine, and each forced position's
 //! full distribution is compared with the uncompressed one as it arrives (mean KL) and scores the
-//! forced token (perplexity).
+//! forced token (perplexity). STAR-KV (`--kv-compression '{"method":"star_kv",…}'`) changes the
+//! model itself, so its engine cannot run the uncompressed reference: a first pass on the original
+//! weights records the reference distributions, and the compressed run is compared with those.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -21,7 +23,7 @@ use starling_evict::CompressionConfig;
 use super::bench_eval::{compression_for, essay_tokens, progress_bar, write_json, EssaysArg};
 use crate::args::{EngineArgs, ModelArg};
 use crate::device::{with_backend, BackendJob};
-use crate::session::open_session;
+use crate::session::{open_session, Session};
 
 /// `starling bench quality` flags.
 #[derive(Args, Debug)]
@@ -53,13 +55,90 @@ pub struct QualityArgs {
 
 /// Runs `starling bench quality`.
 pub fn run(args: QualityArgs) -> Result<()> {
-    with_backend(args.engine.device, args)
+    let reference = match args.engine.kv_compression.star_kv() {
+        Some(_) => {
+            let mut recorded = None;
+            with_backend(
+                args.engine.device,
+                ReferencePass {
+                    args: &args,
+                    recorded: &mut recorded,
+                },
+            )?;
+            Some(recorded.context("the uncompressed reference pass recorded nothing")?)
+        }
+        None => None,
+    };
+    with_backend(args.engine.device, QualityJob { args, reference })
 }
 
-impl BackendJob for QualityArgs {
+/// The main pass: the reference (unless recorded by a [`ReferencePass`]) and every method.
+struct QualityJob {
+    args: QualityArgs,
+    reference: Option<RecordedReference>,
+}
+
+impl BackendJob for QualityJob {
     fn run<B: Backend + 'static>(self, backend: B) -> Result<()> {
-        quality(backend, self)
+        quality(backend, self.args, self.reference)
     }
+}
+
+/// The first pass under STAR-KV: the original model's distributions over the same windows.
+struct ReferencePass<'a> {
+    args: &'a QualityArgs,
+    recorded: &'a mut Option<RecordedReference>,
+}
+
+impl BackendJob for ReferencePass<'_> {
+    fn run<B: Backend + 'static>(self, backend: B) -> Result<()> {
+        let mut engine_args = self.args.engine.clone();
+        engine_args.kv_compression = starling_evict::KvCompression::default();
+        let mut prepared = prepare(backend, self.args, &engine_args)?;
+        let streams = [Stream {
+            label: "none (uncompressed reference)".to_owned(),
+            config: CompressionConfig::default(),
+        }];
+        let bar = progress_bar(prepared.windows.len(), "reference".to_owned());
+        let mut windows = Vec::with_capacity(prepared.windows.len());
+        for window in &prepared.windows {
+            let mut rows = vec![Vec::new(); window.eval_ids.len()];
+            let kv = run_window(
+                &mut prepared.session.engine,
+                &streams,
+                window,
+                None,
+                &bar,
+                |_, position, row| {
+                    if let Some(slot) = rows.get_mut(position) {
+                        *slot = row;
+                    }
+                },
+            )?;
+            if rows.iter().any(Vec::is_empty) {
+                bail!("the reference pass missed a forced position");
+            }
+            windows.push(ReferenceWindow {
+                window: window.clone(),
+                rows,
+                kv_final_tokens: kv[0],
+            });
+        }
+        bar.finish_and_clear();
+        *self.recorded = Some(RecordedReference { windows });
+        Ok(())
+    }
+}
+
+/// The uncompressed model's distributions, one row per forced position of each window.
+struct RecordedReference {
+    windows: Vec<ReferenceWindow>,
+}
+
+struct ReferenceWindow {
+    window: EvalWindow,
+    rows: Vec<Vec<f32>>,
+    kv_final_tokens: usize,
 }
 
 /// One run: the reference (stream 0) or a method, and what it is called.
@@ -68,20 +147,20 @@ struct Stream {
     config: CompressionConfig,
 }
 
-fn quality<B: Backend + 'static>(backend: B, args: QualityArgs) -> Result<()> {
-    let methods = parse_methods(&args.methods)?;
-    let mut streams = vec![Stream {
-        label: "none (reference)".to_owned(),
-        config: CompressionConfig::default(),
-    }];
-    for spec in &methods {
-        streams.push(Stream {
-            label: spec.label(),
-            config: compression_for(spec)?,
-        });
-    }
+/// An open engine with the evaluation windows cut from the held-out essays.
+struct Prepared<B: Backend> {
+    session: Session<B>,
+    windows: Vec<EvalWindow>,
+    essays_sha256: String,
+}
+
+fn prepare<B: Backend + 'static>(
+    backend: B,
+    args: &QualityArgs,
+    engine_args: &EngineArgs,
+) -> Result<Prepared<B>> {
     let essays = args.essays.load()?;
-    let mut session = open_session(backend, &args.model, &args.engine)?;
+    let session = open_session(backend, &args.model, engine_args)?;
     let max_len = session.engine.scheduler_config().max_model_len_tokens;
     if args.context_tokens + args.eval_tokens > max_len {
         bail!(
@@ -103,22 +182,102 @@ fn quality<B: Backend + 'static>(backend: B, args: QualityArgs) -> Result<()> {
         args.eval_tokens,
         args.num_windows,
     )?;
+    Ok(Prepared {
+        session,
+        windows,
+        essays_sha256: essays.sha256(),
+    })
+}
+
+fn quality<B: Backend + 'static>(
+    backend: B,
+    args: QualityArgs,
+    reference: Option<RecordedReference>,
+) -> Result<()> {
+    let methods = parse_methods(&args.methods)?;
+    // Under STAR-KV every stream of this engine runs the compressed model: name it.
+    let star_kv = args
+        .engine
+        .kv_compression
+        .star_kv()
+        .map(|s| format!("star_kv {} ({} low-rank)", s.rank_profile, s.factors.name()));
+    let mut streams = vec![Stream {
+        label: if star_kv.is_some() {
+            "none (uncompressed reference)".to_owned()
+        } else {
+            "none (reference)".to_owned()
+        },
+        config: CompressionConfig::default(),
+    }];
+    for spec in &methods {
+        let label = match (&star_kv, spec.name.as_str()) {
+            (Some(model), "none") => model.clone(),
+            (Some(model), _) => format!("{model} + {}", spec.label()),
+            (None, _) => spec.label(),
+        };
+        streams.push(Stream {
+            label,
+            config: compression_for(spec)?,
+        });
+    }
+    let engine_args = args.engine.clone();
+    let mut prepared = prepare(backend, &args, &engine_args)?;
+    let windows = std::mem::take(&mut prepared.windows);
+    if let Some(recorded) = &reference {
+        let same = recorded.windows.len() == windows.len()
+            && recorded
+                .windows
+                .iter()
+                .zip(&windows)
+                .all(|(r, w)| r.window == *w);
+        if !same {
+            bail!("the reference pass saw other windows than the STAR-KV run (tokenizer changed?)");
+        }
+    }
     std::fs::create_dir_all(&args.output)
         .with_context(|| format!("creating {}", args.output.display()))?;
 
-    let bar = progress_bar(windows.len() * streams.len(), "quality".to_owned());
+    let engine_streams = streams.len() - usize::from(reference.is_some());
+    let bar = progress_bar(windows.len() * engine_streams, "quality".to_owned());
     let mut totals = vec![StreamSums::default(); streams.len()];
     let mut kv_final: Vec<Vec<f64>> = vec![Vec::new(); streams.len()];
-    for window in &windows {
-        let (sums, kv) = run_window(&mut session.engine, &streams, window, &bar)?;
-        for (s, stream_sums) in sums.iter().enumerate() {
+    for (w, window) in windows.iter().enumerate() {
+        let recorded = reference.as_ref().map(|r| &r.windows[w]);
+        let mut scorer = WindowScorer::new(window.eval_ids.clone(), streams.len() - 1);
+        if let Some(recorded) = recorded {
+            for (position, row) in recorded.rows.iter().enumerate() {
+                scorer.push(0, position, row.clone())?;
+            }
+        }
+        let mut failure = None;
+        let mut kv = run_window(
+            &mut prepared.session.engine,
+            &streams,
+            window,
+            recorded.map(|_| 0),
+            &bar,
+            |s, position, row| {
+                if failure.is_none() {
+                    if let Err(e) = scorer.push(s, position, row) {
+                        failure = Some(e);
+                    }
+                }
+            },
+        )?;
+        if let Some(e) = failure {
+            return Err(e.into());
+        }
+        if let Some(recorded) = recorded {
+            kv[0] = recorded.kv_final_tokens;
+        }
+        for (s, stream_sums) in scorer.finish()?.iter().enumerate() {
             totals[s].add(stream_sums);
             kv_final[s].push(kv[s] as f64);
         }
     }
     bar.finish_and_clear();
 
-    let bytes_per_token = session.engine.preflight().sizing.bytes_per_token;
+    let bytes_per_token = prepared.session.engine.preflight().sizing.bytes_per_token;
     let expected_tokens = windows.len() * args.eval_tokens;
     let mut rows = Vec::with_capacity(streams.len());
     for (s, stream) in streams.iter().enumerate() {
@@ -141,18 +300,18 @@ fn quality<B: Backend + 'static>(backend: B, args: QualityArgs) -> Result<()> {
         });
     }
     let mut rows = rows.into_iter();
-    let Some(reference) = rows.next() else {
+    let Some(reference_row) = rows.next() else {
         bail!("no reference run");
     };
     let report = QualityReport {
         model: args.model.model.clone(),
-        device: session.engine.backend_name(),
+        device: prepared.session.engine.backend_name(),
         context_tokens: args.context_tokens,
         eval_tokens: args.eval_tokens,
         num_windows: windows.len(),
         kv_bytes_per_token: bytes_per_token,
-        essays_sha256: essays.sha256(),
-        reference,
+        essays_sha256: prepared.essays_sha256.clone(),
+        reference: reference_row,
         rows: rows.collect(),
     };
     let markdown = report.markdown();
@@ -164,14 +323,17 @@ fn quality<B: Backend + 'static>(backend: B, args: QualityArgs) -> Result<()> {
     Ok(())
 }
 
-/// Runs every stream on one window at once; returns each stream's sums and its KV slots held at
-/// the end.
+/// Runs every stream on one window at once (all but `skip`, whose rows come from elsewhere),
+/// handing each forced position's full distribution to `on_row(stream, position, row)`; returns
+/// each stream's KV slots held at the end.
 fn run_window<B: Backend>(
     engine: &mut Engine<B>,
     streams: &[Stream],
     window: &EvalWindow,
+    skip: Option<usize>,
     bar: &indicatif::ProgressBar,
-) -> Result<(Vec<StreamSums>, Vec<usize>)> {
+    mut on_row: impl FnMut(usize, usize, Vec<f32>),
+) -> Result<Vec<usize>> {
     let params = SamplingParams {
         temperature: 0.0,
         ..SamplingParams::default()
@@ -180,6 +342,9 @@ fn run_window<B: Backend>(
     // The reference is submitted first, so first-come-first-served admission keeps it ahead and
     // few method rows wait for their reference row.
     for (s, stream) in streams.iter().enumerate() {
+        if skip == Some(s) {
+            continue;
+        }
         let options = RequestOptions {
             compression: Some(stream.config.clone()),
             forced_output_ids: Some(window.eval_ids.clone()),
@@ -188,7 +353,6 @@ fn run_window<B: Backend>(
         let id = engine.add_request_with(window.context_ids.clone(), params.clone(), options)?;
         stream_of.insert(id, s);
     }
-    let mut scorer = WindowScorer::new(window.eval_ids.clone(), streams.len() - 1);
     let mut kv_final = vec![0usize; streams.len()];
     while engine.has_unfinished() {
         for out in engine.step()? {
@@ -200,7 +364,7 @@ fn run_window<B: Backend>(
                     .num_output_tokens
                     .checked_sub(1)
                     .context("the engine reported a distribution before any output token")?;
-                scorer.push(s, position, row)?;
+                on_row(s, position, row);
             }
             kv_final[s] = out.kv_physical_tokens;
             if let Some(finished) = out.finished {
@@ -215,5 +379,5 @@ fn run_window<B: Backend>(
             }
         }
     }
-    Ok((scorer.finish()?, kv_final))
+    Ok(kv_final)
 }
