@@ -7,20 +7,9 @@
 // 16 bytes (8 bf16) of that row per step with the loop unrolled so several loads are in flight,
 // and the n input rows read through L1 (all warps of a block read the same x). Requires k % 8 == 0
 // (16-byte aligned rows); the backend falls back to cuBLAS otherwise.
-#include <cuda_bf16.h>
-typedef __nv_bfloat16 bf16;
+// The host prepends bf16_vec.cuh (unpack8).
 
 #define GEMV_WARPS 8
-
-__device__ __forceinline__ void unpack8(const uint4& v, float* f) {
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const float2 p = __bfloat1622float2(h[i]);
-        f[2 * i] = p.x;
-        f[2 * i + 1] = p.y;
-    }
-}
 
 template <int N, bool F32_OUT>
 __device__ void gemv_impl(const bf16* __restrict__ x, const bf16* __restrict__ w,

@@ -1,8 +1,7 @@
 // Elementwise and row-wise kernels of the CUDA backend. Each has a CPU reference in
 // starling-backend/src/cpu (named in the comment above it) and a parity test in
-// crates/starling-cuda/tests/parity.rs. Activations are bf16, arithmetic f32.
-#include <cuda_bf16.h>
-typedef __nv_bfloat16 bf16;
+// crates/starling-cuda/tests/parity.rs. Activations are bf16, arithmetic f32. The host prepends
+// bf16_vec.cuh (unpack8, pack8).
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -45,24 +44,6 @@ extern "C" __global__ void gather_rows_bf16(const bf16* __restrict__ table,
 // d = 4096) measured 11.7 µs per batch-1 call on the H200, most of a decode step's non-GEMV time.
 // The host launches min(1024, d / 8 rounded up to a warp) threads (backend.rs: row_chunk_threads).
 #define NORM_MAX_CHUNKS 4
-
-__device__ __forceinline__ void unpack8(const uint4& v, float* f) {
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const float2 p = __bfloat1622float2(h[i]);
-        f[2 * i] = p.x;
-        f[2 * i + 1] = p.y;
-    }
-}
-
-__device__ __forceinline__ uint4 pack8(const float* f) {
-    uint4 v;
-    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    return v;
-}
 
 // Whether `d` takes the vector path with this block size.
 __device__ __forceinline__ bool norm_vectorised(int d) {

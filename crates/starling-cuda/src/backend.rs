@@ -127,6 +127,27 @@ fn row_chunk_threads(width: usize) -> u32 {
     width.div_ceil(8).next_multiple_of(32).clamp(32, 1024) as u32
 }
 
+/// The `(rows, width)` of a fused QKV tensor RoPE can rotate for `batch`: the QKV width, one row
+/// per batch token, and a frequency per pair of a head.
+fn rope_rows(
+    qkv: &CudaTensor,
+    dims: &AttentionDims,
+    rope: &RopeSpec,
+    batch: &CudaBatch,
+) -> Result<(usize, usize), BackendError> {
+    let (n, width) = qkv.matrix_dims().map_err(err)?;
+    if width != dims.qkv_size()
+        || n != batch.meta.num_tokens()
+        || rope.inv_freqs.len() * 2 != dims.head_dim
+    {
+        return Err(BackendError::Shape(format!(
+            "rope: [{n}, {width}] for {dims:?} and {} frequencies",
+            rope.inv_freqs.len()
+        )));
+    }
+    Ok((n, width))
+}
+
 /// Threads per block of `rope_qk_bf16`, whose grid is (token, chunk of rotated pairs).
 const ROPE_THREADS: u32 = 256;
 
@@ -1064,16 +1085,7 @@ impl Backend for CudaBackend {
         rope: &RopeSpec,
         batch: &CudaBatch,
     ) -> Result<(), BackendError> {
-        let (n, width) = qkv.matrix_dims().map_err(err)?;
-        if width != dims.qkv_size()
-            || n != batch.meta.num_tokens()
-            || rope.inv_freqs.len() * 2 != dims.head_dim
-        {
-            return Err(BackendError::Shape(format!(
-                "rope: [{n}, {width}] for {dims:?} and {} frequencies",
-                rope.inv_freqs.len()
-            )));
-        }
+        let (n, width) = rope_rows(qkv, dims, rope, batch)?;
         let freqs = self.rope_freqs(&rope.inv_freqs).map_err(err)?;
         let (width_i, rot_heads, hd, interleaved) = (
             width as i32,
@@ -1114,17 +1126,11 @@ impl Backend for CudaBackend {
         rope: &RopeSpec,
         batch: &CudaBatch,
     ) -> Result<(), BackendError> {
-        let (n, width) = qkv.matrix_dims().map_err(err)?;
-        if width != dims.qkv_size()
-            || n != batch.meta.num_tokens()
-            || rope.inv_freqs.len() * 2 != dims.head_dim
-            || dims.num_kv_heads != cache.spec.num_kv_heads
-            || dims.head_dim != cache.spec.head_dim
-        {
+        let (n, width) = rope_rows(qkv, dims, rope, batch)?;
+        if dims.num_kv_heads != cache.spec.num_kv_heads || dims.head_dim != cache.spec.head_dim {
             return Err(BackendError::Shape(format!(
-                "rope + write_kv: [{n}, {width}] into {:?} for {dims:?} and {} frequencies",
-                cache.spec,
-                rope.inv_freqs.len()
+                "rope + write_kv: {dims:?} into {:?}",
+                cache.spec
             )));
         }
         if n == 0 {

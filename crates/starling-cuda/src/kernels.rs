@@ -14,7 +14,14 @@ use cudarc::driver::{CudaContext, CudaFunction};
 use crate::backend::attention_plan::{PREFILL_THREADS, PREFILL_TILE_KEYS, PREFILL_TILE_ROWS};
 use crate::{CudaError, KernelCache};
 
-const OPS_SRC: &str = include_str!("../kernels/ops.cu");
+/// The 16-byte bf16 vector helpers the row and matrix-vector kernels share: prepended to each
+/// source, since NVRTC compiles one source string per module.
+macro_rules! with_bf16_vec {
+    ($path:literal) => {
+        concat!(include_str!("../kernels/bf16_vec.cuh"), include_str!($path))
+    };
+}
+const OPS_SRC: &str = with_bf16_vec!("../kernels/ops.cu");
 const ATTENTION_SRC: &str = include_str!("../kernels/attention.cu");
 const KV_CACHE_SRC: &str = include_str!("../kernels/kv_cache.cu");
 const KEY_SCORES_SRC: &str = include_str!("../kernels/key_scores.cu");
@@ -31,7 +38,7 @@ macro_rules! with_mma_common {
 const PREFILL_ATTENTION_SRC: &str = with_mma_common!("../kernels/prefill_attention.cu");
 const DECODE_ATTENTION_SRC: &str = with_mma_common!("../kernels/decode_attention.cu");
 const SAMPLING_SRC: &str = include_str!("../kernels/sampling.cu");
-const GEMV_SRC: &str = include_str!("../kernels/gemv.cu");
+const GEMV_SRC: &str = with_bf16_vec!("../kernels/gemv.cu");
 
 /// Most input rows the matrix-vector kernels (`gemv.cu`) take; larger batches go to cuBLAS.
 /// Measured on the H200 (synthetic llama2-7b decode, 2026-11-29): one and two rows beat cuBLAS

@@ -10,8 +10,11 @@
 //!         [--model smollm2-135m] [--eval-tokens 1024] [--eval-window 512] \
 //!         [--calibration-tokens 16384] [--window-tokens 512] \
 //!         [--profiles aggressive,balanced,conservative] [--factors weight,whitened] \
-//!         [--distill-steps 0] [--distill-window-tokens 128] [--output DIR]
+//!         [--distill-steps 0] [--distill-window-tokens 128] [--removed-permille 100,200]
+//!         [--output DIR]
 //!
+//! `--removed-permille` adds a sweep over other removed shares (whitened SVD, greedy ranks), to
+//! find where on the rate axis a quality target lies.
 //! The model (alias, GGUF or HF directory) and the Paul Graham essays come through
 //! `starling-hub` (fetched and verified if missing). Calibration windows are spread over the
 //! essays not held out, exactly as `starling calibrate` picks them; distillation cuts the same
@@ -37,8 +40,8 @@ use starling_starkv::distill::{
 };
 use starling_starkv::threshold::ThresholdInit;
 use starling_starkv::{
-    apply_projections, calibration_windows, svd_checkpoint, AttentionInputMoments, CalibrationPlan,
-    ModelFactors, RankProfile, RankStrategy, ThresholdConfig, UncompressedLayers,
+    apply_projections, calibration_windows, svd_checkpoint, AttentionInputMoments, BudgetTarget,
+    CalibrationPlan, ModelFactors, RankProfile, RankStrategy, ThresholdConfig, UncompressedLayers,
     DEFAULT_RELATIVE_FLOOR,
 };
 
@@ -70,6 +73,9 @@ struct Options {
     factors: Vec<FactorsKind>,
     distill_steps: usize,
     distill_window_tokens: usize,
+    /// Extra targets outside the named profiles (per-mille of K/V bytes removed), scored with
+    /// whitened factors and greedy ranks: where on the rate axis a quality target lies.
+    sweep_permille: Vec<u32>,
     output: Option<PathBuf>,
 }
 
@@ -84,6 +90,7 @@ fn parse_options() -> Res<Options> {
         factors: vec![FactorsKind::Weight, FactorsKind::Whitened],
         distill_steps: 0,
         distill_window_tokens: 128,
+        sweep_permille: Vec::new(),
         output: None,
     };
     let mut args = std::env::args().skip(1);
@@ -99,6 +106,9 @@ fn parse_options() -> Res<Options> {
             "--factors" => options.factors = parse_list(&value, parse_factors)?,
             "--distill-steps" => options.distill_steps = value.parse()?,
             "--distill-window-tokens" => options.distill_window_tokens = value.parse()?,
+            "--removed-permille" => {
+                options.sweep_permille = parse_list(&value, |s| Ok(s.parse()?))?
+            }
             "--output" => options.output = Some(PathBuf::from(value)),
             _ => return Err(format!("unknown flag {flag}").into()),
         }
@@ -456,6 +466,35 @@ fn main() -> Res<()> {
         }
     }
     println!("{}", results.table);
+    let mut sweep = Vec::new();
+    if !options.sweep_permille.is_empty() {
+        println!(
+            "\n| removed (per-mille) | KV bytes/token | mean KL | perplexity | Δ perplexity |\n\
+             |---:|---:|---:|---:|---:|"
+        );
+    }
+    for &permille in &options.sweep_permille {
+        let plan = CalibrationPlan {
+            profile: None,
+            target: BudgetTarget::removed_permille(permille)?,
+            ..CalibrationPlan::for_profile(RankProfile::Balanced, RankStrategy::GreedyEnergy, 0)
+        };
+        let checkpoint = svd_checkpoint(config, &identity, &white, &plan)?;
+        let scored = evaluation.score(config, &model.weights, &checkpoint)?;
+        println!(
+            "| {permille} | {} | {:.4} | {:.3} | {:+.1}% |",
+            scored.kv_bytes,
+            scored.kl,
+            scored.perplexity,
+            100.0 * (scored.perplexity / reference_ppl - 1.0)
+        );
+        sweep.push(json!({
+            "removed_permille": permille,
+            "kv_bytes_per_token": scored.kv_bytes,
+            "mean_kl_nats": scored.kl,
+            "perplexity": scored.perplexity,
+        }));
+    }
     if options.distill_steps > 0 {
         println!("{}", results.distill_table);
     }
@@ -500,6 +539,7 @@ fn main() -> Res<()> {
             "distillation": distillation,
             "uncompressed_layers": keep.to_vec(),
             "rows": results.rows,
+            "removed_share_sweep": sweep,
             "total_seconds": started.elapsed().as_secs_f64(),
         });
         std::fs::write(
