@@ -384,39 +384,50 @@ impl DecodeMmaKernel {
     /// memory per block than the ring needs): decode rows then keep the per-token kernel, which
     /// computes the same attention.
     fn prepare(function: CudaFunction, head_dim: usize) -> Option<Self> {
-        let bytes = decode_mma_shared_bytes(head_dim);
-        let shared_bytes = u32::try_from(bytes).ok()?;
-        let outcome = function
-            .set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                i32::try_from(bytes).ok()?,
-            )
-            .and_then(|()| {
-                function.occupancy_max_active_blocks_per_multiprocessor(
-                    DECODE_MMA_THREADS,
-                    bytes,
-                    None,
-                )
-            });
-        match outcome {
-            Ok(resident) if resident > 0 => Some(Self {
-                function,
-                shared_bytes,
-                resident_per_sm: resident as usize,
-            }),
-            Ok(_) => {
-                tracing::info!(
-                    "decode attention d{head_dim}: no block of {bytes} B shared memory fits an SM; \
-                     the per-token kernel serves decode"
-                );
-                None
-            }
-            Err(e) => {
-                tracing::info!(
-                    "decode attention d{head_dim}: {e}; the per-token kernel serves decode"
-                );
-                None
-            }
+        let (shared_bytes, resident_per_sm) = opt_in_shared_memory(
+            &function,
+            decode_mma_shared_bytes(head_dim),
+            DECODE_MMA_THREADS,
+            &format!("decode attention d{head_dim}"),
+            "the per-token kernel serves decode",
+        )?;
+        Some(Self {
+            function,
+            shared_bytes,
+            resident_per_sm,
+        })
+    }
+}
+
+/// Raises `function`'s dynamic shared-memory limit to `bytes` (above the 48 KiB default: the
+/// opt-in shared memory of sm_80+) and asks the driver how many blocks of `threads` fit an SM.
+/// Returns (shared bytes per launch, resident blocks per SM), or `None` — logged as `kernel`
+/// falling back to `fallback` — where no block fits or the driver refuses.
+fn opt_in_shared_memory(
+    function: &CudaFunction,
+    bytes: usize,
+    threads: u32,
+    kernel: &str,
+    fallback: &str,
+) -> Option<(u32, usize)> {
+    let shared_bytes = u32::try_from(bytes).ok()?;
+    let outcome = function
+        .set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            i32::try_from(bytes).ok()?,
+        )
+        .and_then(|()| {
+            function.occupancy_max_active_blocks_per_multiprocessor(threads, bytes, None)
+        });
+    match outcome {
+        Ok(resident) if resident > 0 => Some((shared_bytes, resident as usize)),
+        Ok(_) => {
+            tracing::info!("{kernel}: no block of {bytes} B shared memory fits an SM; {fallback}");
+            None
+        }
+        Err(e) => {
+            tracing::info!("{kernel}: {e}; {fallback}");
+            None
         }
     }
 }
@@ -433,42 +444,18 @@ impl PrefillKernel {
     /// default: the opt-in shared memory of sm_80+). `None` where the device cannot run it:
     /// prefill rows then go to the decode kernel, which attends any single row correctly.
     fn prepare(function: CudaFunction, head_dim: usize) -> Option<Self> {
-        let bytes = prefill_shared_bytes(head_dim);
-        let shared_bytes = u32::try_from(bytes).ok()?;
-        let outcome = function
-            .set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                i32::try_from(bytes).ok()?,
-            )
-            .and_then(|()| {
-                function.occupancy_max_active_blocks_per_multiprocessor(
-                    PREFILL_THREADS,
-                    bytes,
-                    None,
-                )
-            });
-        match outcome {
-            Ok(resident) if resident > 0 => {
-                tracing::debug!("prefill attention d{head_dim}: {resident} blocks per SM");
-                Some(Self {
-                    function,
-                    shared_bytes,
-                })
-            }
-            Ok(_) => {
-                tracing::info!(
-                    "prefill attention d{head_dim}: no block of {bytes} B shared memory fits an \
-                     SM; the decode kernel serves prefill rows"
-                );
-                None
-            }
-            Err(e) => {
-                tracing::info!(
-                    "prefill attention d{head_dim}: {e}; the decode kernel serves prefill rows"
-                );
-                None
-            }
-        }
+        let (shared_bytes, resident) = opt_in_shared_memory(
+            &function,
+            prefill_shared_bytes(head_dim),
+            PREFILL_THREADS,
+            &format!("prefill attention d{head_dim}"),
+            "the decode kernel serves prefill rows",
+        )?;
+        tracing::debug!("prefill attention d{head_dim}: {resident} blocks per SM");
+        Some(Self {
+            function,
+            shared_bytes,
+        })
     }
 }
 

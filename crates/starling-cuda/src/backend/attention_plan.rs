@@ -281,6 +281,11 @@ mod tests {
     use super::*;
     use starling_backend::SeqBatchMeta;
 
+    /// A plan literal.
+    fn split_plan(splits: usize, split_len: usize) -> SplitPlan {
+        SplitPlan { splits, split_len }
+    }
+
     /// `plan_splits` without tensor-core decode blocks: per-token decode and prefill blocks.
     fn plan(per_token: usize, prefill: usize, visible: usize, sms: usize) -> SplitPlan {
         plan_splits(
@@ -392,29 +397,11 @@ mod tests {
     #[test]
     fn decode_only_splits_follow_the_decode_rule() {
         // 1 token × 8 KV heads on 132 SMs at 32k: ceil(1056 / 8) = 132, capped by 64.
-        assert_eq!(
-            plan(8, 0, 32_768, 132),
-            SplitPlan {
-                splits: 64,
-                split_len: 512
-            }
-        );
+        assert_eq!(plan(8, 0, 32_768, 132), split_plan(64, 512));
         // 64 tokens × 8 heads = 512 blocks: ceil(1056 / 512) = 3 splits of ceil(4096 / 3).
-        assert_eq!(
-            plan(512, 0, 4096, 132),
-            SplitPlan {
-                splits: 3,
-                split_len: 1366
-            }
-        );
+        assert_eq!(plan(512, 0, 4096, 132), split_plan(3, 1366));
         // Short contexts split down to 64 tokens: 1 token × 32 heads at 513 tokens → 9 splits.
-        assert_eq!(
-            plan(32, 0, 513, 132),
-            SplitPlan {
-                splits: 9,
-                split_len: 57
-            }
-        );
+        assert_eq!(plan(32, 0, 513, 132), split_plan(9, 57));
         // Contexts of one shortest split and full grids are not split.
         assert_eq!(plan(8, 0, 64, 132).splits, 1);
         assert_eq!(plan(2000, 0, 32_768, 132).splits, 1);
@@ -443,22 +430,10 @@ mod tests {
         // Prefill alone is planned by waves of 2 blocks per SM (264 slots on 132 SMs).
         // 64 blocks (a chunk of 256 tokens of GQA 32/8 at batch 1: 8 tiles × 8 KV heads) at
         // 32k: 4 splits make 256 blocks, one wave 97% full.
-        assert_eq!(
-            plan(0, 64, 32_768, 132),
-            SplitPlan {
-                splits: 4,
-                split_len: 8192
-            }
-        );
+        assert_eq!(plan(0, 64, 32_768, 132), split_plan(4, 8192));
         // A 128-token chunk (32 blocks) at 8k: 8 splits of 1024 keys, one wave (was 16 splits
         // in two waves under the blocks-per-SM rule).
-        assert_eq!(
-            plan(0, 32, 8192, 132),
-            SplitPlan {
-                splits: 8,
-                split_len: 1024
-            }
-        );
+        assert_eq!(plan(0, 32, 8192, 132), split_plan(8, 1024));
         // Batch 4 of 512-token chunks (512 blocks): two waves 97% full unsplit, so no partials.
         assert_eq!(plan(0, 512, 8192, 132).splits, 1);
         // Mixed with decode rows, the blocks-per-SM rule still applies.
@@ -491,33 +466,15 @@ mod tests {
     fn mma_decode_fills_whole_waves() {
         // GQA 32/8, batch 16: 128 blocks on 132 SMs × 2 = 264 slots. One split fills 48%;
         // two fill 256 of 264 slots in one wave.
-        assert_eq!(
-            plan_mma(128, 0, 2, 4096),
-            SplitPlan {
-                splits: 2,
-                split_len: 2048
-            }
-        );
+        assert_eq!(plan_mma(128, 0, 2, 4096), split_plan(2, 2048));
         // Batch 64: 512 blocks are 97% of two waves already.
         assert_eq!(plan_mma(512, 0, 2, 8192).splits, 1);
         // Batch 20 at 32k: 160 blocks. 1 or 2 splits fill 61%; 3 fill 480 of 528 (91%).
         assert_eq!(plan_mma(160, 0, 2, 32_768).splits, 3);
         // Batch 1 (8 blocks) at 8k: 30 splits fill 240 of 264 slots (91%); 29 would not.
-        assert_eq!(
-            plan_mma(8, 0, 2, 8192),
-            SplitPlan {
-                splits: 30,
-                split_len: 274
-            }
-        );
+        assert_eq!(plan_mma(8, 0, 2, 8192), split_plan(30, 274));
         // At 4k no count up to 4096 / 256 = 16 fills 90% of a wave: the best fill is the most.
-        assert_eq!(
-            plan_mma(8, 0, 2, 4096),
-            SplitPlan {
-                splits: 16,
-                split_len: 256
-            }
-        );
+        assert_eq!(plan_mma(8, 0, 2, 4096), split_plan(16, 256));
         // A context too short to split is never split, whatever the fill.
         assert_eq!(plan_mma(8, 0, 2, 200).splits, 1);
         // Four resident blocks per SM (head_dim 64) double the slots.
