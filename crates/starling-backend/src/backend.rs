@@ -233,6 +233,16 @@ pub trait Backend: Send + Sync {
     fn add_inplace(&self, x: &mut Self::Tensor, delta: &Self::Tensor) -> Result<(), BackendError>;
     /// SwiGLU on a fused `[n, 2f]` gate|up tensor → `silu(gate) * up`, `[n, f]`.
     fn silu_mul(&self, gate_up: &Self::Tensor) -> Result<Self::Tensor, BackendError>;
+    /// The MLP's first half: `silu_mul(linear(x, gate_up, None))` for a fused `[2f, k]` gate|up
+    /// weight, `[n, f]` out. A backend may fuse the two (the CUDA one does at decode batch sizes,
+    /// saving a kernel and a round trip of the `[n, 2f]` activations per layer).
+    fn linear_swiglu(
+        &self,
+        x: &Self::Tensor,
+        gate_up: &Self::Tensor,
+    ) -> Result<Self::Tensor, BackendError> {
+        self.silu_mul(&self.linear(x, gate_up, None)?)
+    }
     /// Selected rows of `x`, in the given order.
     fn gather_rows(&self, x: &Self::Tensor, rows: &[u32]) -> Result<Self::Tensor, BackendError>;
     /// Applies RoPE in place to the Q and K parts of a fused `[n, qkv]` tensor at the batch's positions.

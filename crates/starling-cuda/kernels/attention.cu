@@ -213,6 +213,7 @@ __device__ void paged_attention_impl(
         const unsigned* tok_seq, const unsigned* tok_visible, const unsigned* block_tables,      \
         int max_blocks, int block_size, int num_kv_heads, int group, float scale, int splits,    \
         int split_len, const unsigned* plan) {                                                   \
+        pdl_entry();                                                                             \
         paged_attention_impl<D, G>(out, part_acc, part_ml, qkv, qkv_width, k_cache, v_cache,    \
                                    rows, tok_seq, tok_visible, block_tables, max_blocks,         \
                                    block_size, num_kv_heads, group, scale, splits, split_len,    \
@@ -230,6 +231,7 @@ extern "C" __global__ void attention_combine_bf16(bf16* __restrict__ out,
                                                   const float* __restrict__ part_ml, int num_q_heads,
                                                   int splits, int head_dim,
                                                   const unsigned* __restrict__ plan) {
+    pdl_entry();
     if (plan != nullptr) {
         splits = (int)plan[0];
         if (splits <= 1) return;

@@ -1,5 +1,5 @@
 // 16-byte bf16 vector helpers shared by the row kernels (ops.cu) and the matrix-vector kernels
-// (gemv.cu): the host prepends this file to both sources (kernels.rs `with_bf16_vec!`), since NVRTC
+// (gemv.cu): the host prepends this file to both sources (kernels.rs `kernel_source!`), since NVRTC
 // compiles one source string per module.
 #include <cuda_bf16.h>
 typedef __nv_bfloat16 bf16;

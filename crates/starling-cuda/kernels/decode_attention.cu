@@ -250,6 +250,7 @@ __device__ void decode_attention_mma_impl(
         const unsigned* tok_visible, const unsigned* block_tables, int max_blocks,               \
         int block_size, int num_kv_heads, int group, float scale, int splits, int split_len,     \
         const unsigned* plan) {                                                                  \
+        pdl_entry();                                                                             \
         decode_attention_mma_impl<D>(out, part_acc, part_ml, qkv, qkv_width, k_cache, v_cache,  \
                                      rows, tok_seq, tok_visible, block_tables, max_blocks,       \
                                      block_size, num_kv_heads, group, scale, splits, split_len,  \

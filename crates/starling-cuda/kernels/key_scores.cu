@@ -59,6 +59,7 @@ __device__ __forceinline__ float row_sum(float v, int lpr) {
 extern "C" __global__ void key_direction_partials_bf16(
     const bf16* __restrict__ k_cache, const unsigned* __restrict__ table, int block_size, int len,
     int num_kv_heads, int head_dim, int lpr, int tokens_per_block, float* __restrict__ partials) {
+    pdl_entry();
     __shared__ float warp_acc[WARPS][MAX_HEAD_DIM];
     const int chunk = blockIdx.x, h = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -129,6 +130,7 @@ extern "C" __global__ void key_direction_mean(const float* __restrict__ partials
                                               int num_kv_heads, int head_dim, int len,
                                               float* __restrict__ mean,
                                               float* __restrict__ mean_norm) {
+    pdl_entry();
     const int h = blockIdx.x;
     float sq = 0.f;
     for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
@@ -151,6 +153,7 @@ extern "C" __global__ void key_scores_bf16(const bf16* __restrict__ k_cache,
                                            int tokens_per_block, const float* __restrict__ mean,
                                            const float* __restrict__ mean_norm, int key_diff,
                                            float* __restrict__ scores) {
+    pdl_entry();
     const int chunk = blockIdx.x, h = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int rpw = 32 / lpr, sub = lane / lpr, c0 = (lane % lpr) * 8;

@@ -22,6 +22,7 @@ __device__ __forceinline__ size_t token_slot(const unsigned* __restrict__ table,
 extern "C" __global__ void copy_kv_blocks_bf16(bf16* k_cache, bf16* v_cache,
                                                const unsigned* __restrict__ pairs,
                                                size_t block_elems) {
+    pdl_entry();
     bf16* cache = blockIdx.y == 0 ? k_cache : v_cache;
     const size_t src = (size_t)pairs[2 * blockIdx.x] * block_elems;
     const size_t dst = (size_t)pairs[2 * blockIdx.x + 1] * block_elems;
@@ -41,6 +42,7 @@ extern "C" __global__ void gather_paged_rows_bf16(const bf16* __restrict__ cache
                                                   const unsigned* __restrict__ table,
                                                   int block_size, bf16* __restrict__ out,
                                                   size_t len, int row_elems) {
+    pdl_entry();
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     if ((row_elems & 7) == 0) {
         const size_t vpr = row_elems / 8;
@@ -62,6 +64,7 @@ extern "C" __global__ void scatter_paged_rows_bf16(bf16* __restrict__ cache,
                                                    const unsigned* __restrict__ table,
                                                    int block_size, const bf16* __restrict__ rows,
                                                    size_t len, int row_elems) {
+    pdl_entry();
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     if ((row_elems & 7) == 0) {
         const size_t vpr = row_elems / 8;
@@ -85,6 +88,7 @@ extern "C" __global__ void gather_kept_rows_bf16(const bf16* __restrict__ cache,
                                                  const unsigned* __restrict__ keep,
                                                  bf16* __restrict__ out, size_t count,
                                                  int num_kv_heads, int head_dim) {
+    pdl_entry();
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     const bool vec = (head_dim & 7) == 0;
     // Units per head row: 16-byte vectors when the head width allows, else single elements.

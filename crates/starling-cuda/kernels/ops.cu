@@ -26,6 +26,7 @@ __device__ float block_sum(float v) {
 extern "C" __global__ void gather_rows_bf16(const bf16* __restrict__ table,
                                             const unsigned* __restrict__ ids,
                                             bf16* __restrict__ out, int d) {
+    pdl_entry();
     const size_t src = (size_t)ids[blockIdx.x] * d, dst = (size_t)blockIdx.x * d;
     if ((d & 7) == 0) {
         // 16-byte chunks (every model's hidden size): one round trip per chunk, not per bf16.
@@ -103,6 +104,7 @@ __device__ void norm_row_vec(bf16* __restrict__ x, const bf16* __restrict__ delt
 // launch fails.
 extern "C" __global__ void __launch_bounds__(1024) rms_norm_bf16(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                          bf16* __restrict__ out, int d, float eps) {
+    pdl_entry();
     if (norm_vectorised(d)) {
         norm_row_vec<false>(const_cast<bf16*>(x), nullptr, w, out, d, eps);
         return;
@@ -124,6 +126,7 @@ extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_bf16(bf16* __res
                                              const bf16* __restrict__ delta,
                                              const bf16* __restrict__ w, bf16* __restrict__ out,
                                              int d, float eps) {
+    pdl_entry();
     if (norm_vectorised(d)) {
         norm_row_vec<true>(residual, delta, w, out, d, eps);
         return;
@@ -146,6 +149,7 @@ extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_bf16(bf16* __res
 // cpu::elementwise::add_inplace.
 extern "C" __global__ void add_inplace_bf16(bf16* __restrict__ x, const bf16* __restrict__ delta,
                                             size_t n) {
+    pdl_entry();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         x[i] = __float2bfloat16(__bfloat162float(x[i]) + __bfloat162float(delta[i]));
@@ -154,6 +158,7 @@ extern "C" __global__ void add_inplace_bf16(bf16* __restrict__ x, const bf16* __
 // Bias of cpu::linear::linear: y[r, c] += b[c].
 extern "C" __global__ void add_bias_bf16(bf16* __restrict__ y, const bf16* __restrict__ b,
                                          size_t rows, int cols) {
+    pdl_entry();
     const size_t n = rows * cols;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
@@ -163,6 +168,7 @@ extern "C" __global__ void add_bias_bf16(bf16* __restrict__ y, const bf16* __res
 // cpu::elementwise::silu_mul: out[r, c] = silu(gu[r, c]) * gu[r, f + c].
 extern "C" __global__ void silu_mul_bf16(const bf16* __restrict__ gate_up, bf16* __restrict__ out,
                                          size_t rows, int f) {
+    pdl_entry();
     const size_t n = rows * f;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
@@ -179,6 +185,7 @@ extern "C" __global__ void silu_mul_bf16(const bf16* __restrict__ gate_up, bf16*
 extern "C" __global__ void rope_qk_bf16(bf16* __restrict__ qkv, const unsigned* __restrict__ positions,
                                         const float* __restrict__ inv_freq, int width, int rot_heads,
                                         int head_dim, int interleaved) {
+    pdl_entry();
     const int half = head_dim / 2;
     const int idx = blockIdx.y * blockDim.x + threadIdx.x;
     if (idx >= rot_heads * half) return;
@@ -206,6 +213,7 @@ extern "C" __global__ void rope_write_kv_bf16(bf16* __restrict__ qkv,
                                               bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
                                               int width, int num_heads, int num_kv_heads,
                                               int head_dim, int interleaved) {
+    pdl_entry();
     const int half = head_dim / 2;
     const int q_pairs = num_heads * half, k_pairs = num_kv_heads * half;
     const int kv_size = num_kv_heads * head_dim;
@@ -244,6 +252,7 @@ extern "C" __global__ void rope_write_kv_bf16(bf16* __restrict__ qkv,
 extern "C" __global__ void write_kv_bf16(const bf16* __restrict__ qkv, const unsigned* __restrict__ slots,
                                          bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
                                          int width, int q_size, int kv_size) {
+    pdl_entry();
     const unsigned slot = slots[blockIdx.x];
     // The padding rows of a replayed decode step (CUDA graph bucket) carry this slot: they own
     // no cache slot, so they write nothing.
@@ -277,6 +286,7 @@ __device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
 }
 extern "C" __global__ void fill_normal_bf16(bf16* __restrict__ out, size_t n, unsigned long long seed,
                                             float std, float mean) {
+    pdl_entry();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         const unsigned long long h = mix64(seed ^ mix64(i + 0x9e3779b97f4a7c15ULL));

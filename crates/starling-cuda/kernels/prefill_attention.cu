@@ -338,6 +338,7 @@ __device__ void prefill_attention_impl(
             const unsigned* tok_seq, const unsigned* tok_visible, const unsigned* block_tables, \
             int max_blocks, int block_size, int num_kv_heads, int group, float scale,           \
             int splits, int split_len) {                                                        \
+        pdl_entry();                                                                            \
         prefill_attention_impl<D, STAGES_D##D>(out, part_acc, part_ml, qkv, qkv_width, k_cache, \
                                                v_cache, tiles, tok_seq, tok_visible,            \
                                                block_tables, max_blocks, block_size,            \

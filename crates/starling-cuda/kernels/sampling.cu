@@ -359,6 +359,7 @@ __device__ unsigned sample_filtered(const float* x, int vocab, const unsigned* p
 extern "C" __global__ void __launch_bounds__(THREADS)
     sample_rows_f32(const float* __restrict__ logits, int vocab,
                     const unsigned* __restrict__ params, unsigned* __restrict__ out) {
+    pdl_entry();
     __shared__ Scratch sh;
     const unsigned* p = params + (size_t)blockIdx.x * PARAM_WORDS;
     const float* x = logits + (size_t)p[0] * vocab;

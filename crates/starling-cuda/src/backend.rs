@@ -8,9 +8,7 @@ use cudarc::cublas::sys::{
 };
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::sys::CUdevice_attribute;
-use cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig};
 use half::bf16;
 use rayon::prelude::*;
 use starling_backend::sampling::{RowOutcome, RowSamplingParams};
@@ -20,7 +18,7 @@ use starling_backend::{
 };
 use starling_kv::CacheDtype;
 
-use crate::kernels::{Kernels, DECODE_MMA_THREADS, GEMV_THREADS};
+use crate::kernels::{GemvKind, Kernels, DECODE_MMA_THREADS, GEMV_THREADS};
 use crate::{cuda_available, CudaError, CudaTensor, DeviceBuf, KernelCache};
 use attention_plan::{
     plan_splits, DecodeKernel, GridBlocks, SplitPlan, MAX_GROUP, PREFILL_THREADS,
@@ -29,16 +27,18 @@ use attention_plan::{
 /// Threads per block of the elementwise kernels (grid-stride loops).
 const ELEMENTWISE_THREADS: u32 = 256;
 
-/// Launches `$f` on the backend's stream with the given arguments, in the kernel's order.
+/// Launches `$f` on the backend's stream with the given arguments, in the kernel's order, with
+/// programmatic dependent launch where the device has it (`crate::launch`).
 macro_rules! launch {
     ($self:expr, $f:expr, $cfg:expr, $($arg:expr),* $(,)?) => {{
-        let mut builder = $self.stream.launch_builder($f);
+        let mut args = $crate::launch::KernelArgs::new(&$self.stream);
         // One binding per argument: `let x = &temporary;` keeps a temporary (e.g. a batch view)
         // alive until the launch.
-        $( let arg = $arg; builder.arg(arg); )*
+        $( let arg = $arg; args.push(arg); )*
         // SAFETY: each call site passes the arguments its kernel declares, in order, with
-        // buffers sized for the launch geometry it computes.
-        unsafe { builder.launch($cfg) }.map(|_| ()).map_err(CudaError::from)
+        // buffers sized for the launch geometry it computes; every kernel starts with
+        // `pdl_entry()` (tests/nvrtc_compile.rs checks).
+        unsafe { args.launch($f, $cfg, $self.pdl) }.map_err(CudaError::from)
     }};
 }
 
@@ -48,10 +48,12 @@ mod batch;
 mod graphs;
 mod key_scores;
 mod kv_ops;
+mod recording_pool;
 mod sampling;
 
 pub use batch::CudaBatch;
-pub use graphs::CudaDecodeGraphs;
+pub use graphs::{CudaDecodeGraphs, GraphCensus};
+pub(crate) use recording_pool::RecordingPool;
 
 /// cuBLAS workspace bytes (NVIDIA's recommendation for Hopper). Set explicitly so that eager
 /// and graph-captured GEMMs use the same workspace, hence the same algorithms.
@@ -71,10 +73,15 @@ pub struct CudaBackend {
     /// recorded with a pointer to host memory that is gone by the replay, so uploads fail instead.
     recording: AtomicBool,
     kernels: Kernels,
+    /// Whether kernels are launched with programmatic dependent launch ([`crate::launch`]).
+    pdl: bool,
     num_sms: usize,
     name: String,
     /// The last RoPE frequency table uploaded (every layer passes the same one).
     rope_table: Mutex<Option<RopeTable>>,
+    /// While a decode graph is recorded, the pool its passes allocate from
+    /// ([`RecordingPool`]): a recorded graph then holds no memory nodes.
+    recording_pool: Mutex<Option<Arc<RecordingPool>>>,
 }
 
 /// One layer's K and V caches: `[num_slots, num_kv_heads, head_dim]` bf16 each.
@@ -93,6 +100,12 @@ impl CudaKvCache {
 
 fn err(e: impl Into<CudaError>) -> BackendError {
     BackendError::from(e.into())
+}
+
+/// Blocks of a matrix-vector launch with `columns` outputs per input row: a warp per column.
+/// (A grid capped at 16 blocks per SM left some warps two columns and the rest one.)
+fn gemv_blocks(columns: usize) -> u32 {
+    columns.div_ceil(GEMV_THREADS as usize / 32) as u32
 }
 
 fn grid_for(n: usize) -> LaunchConfig {
@@ -204,10 +217,18 @@ impl CudaBackend {
             _blas_workspace: blas_workspace,
             recording: AtomicBool::new(false),
             kernels,
+            pdl: crate::launch::pdl_enabled(major),
             num_sms,
             name,
             rope_table: Mutex::new(None),
+            recording_pool: Mutex::new(None),
         })
+    }
+
+    /// Whether kernels are launched with programmatic dependent launch (sm_90+, unless
+    /// [`crate::PDL_ENV`] is `0`).
+    pub fn programmatic_launch(&self) -> bool {
+        self.pdl
     }
 
     /// The stream every op runs on.
@@ -233,10 +254,7 @@ impl CudaBackend {
         } else {
             self.stream.clone_htod(host.data())?
         };
-        Ok(CudaTensor {
-            buf: DeviceBuf::F32(buf),
-            shape: host.shape().to_vec(),
-        })
+        Ok(self.tensor(DeviceBuf::F32(buf), host.shape().to_vec()))
     }
 
     /// A device tensor of N(mean, std) bf16 values made on the GPU (synthetic weights: no host
@@ -260,10 +278,7 @@ impl CudaBackend {
             &std,
             &mean
         )?;
-        Ok(CudaTensor {
-            buf: DeviceBuf::Bf16(buf),
-            shape,
-        })
+        Ok(self.tensor(DeviceBuf::Bf16(buf), shape))
     }
 
     /// Overwrites a device buffer with N(0, `std`) values (benchmarks fill caches this way).
@@ -287,9 +302,55 @@ impl CudaBackend {
         )
     }
 
+    /// An uninitialised buffer of `n` bf16 (at least one), for a tensor built by
+    /// [`CudaBackend::tensor`]: from the recording pool while a decode graph is recorded.
     fn alloc_bf16(&self, n: usize) -> Result<CudaSlice<bf16>, CudaError> {
+        self.alloc_for_tensor(n)
+    }
+
+    /// As [`CudaBackend::alloc_bf16`], f32.
+    fn alloc_f32(&self, n: usize) -> Result<CudaSlice<f32>, CudaError> {
+        self.alloc_for_tensor(n)
+    }
+
+    fn alloc_for_tensor<T: cudarc::driver::DeviceRepr>(
+        &self,
+        n: usize,
+    ) -> Result<CudaSlice<T>, CudaError> {
+        if let Some(pool) = self.active_pool() {
+            // SAFETY: every caller fully overwrites the buffer before it is read, and wraps it in
+            // a tensor through `tensor`, which hands it back to the pool on drop.
+            if let Some(buf) = unsafe { pool.take::<T>(n) }? {
+                return Ok(buf);
+            }
+        }
         // SAFETY: every caller fully overwrites the buffer before it is read.
-        Ok(unsafe { self.stream.alloc::<bf16>(n.max(1)) }?)
+        Ok(unsafe { self.stream.alloc::<T>(n.max(1)) }?)
+    }
+
+    /// The recording pool, while a decode graph is recorded.
+    fn active_pool(&self) -> Option<Arc<RecordingPool>> {
+        self.recording_pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Makes (`Some`) or clears (`None`) the pool the backend's tensors allocate from.
+    pub(crate) fn set_recording_pool(&self, pool: Option<Arc<RecordingPool>>) {
+        *self
+            .recording_pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = pool;
+    }
+
+    /// A tensor of `buf`: one the recording pool lent goes back to it on drop; any other is
+    /// freed with the tensor. Every tensor the backend makes is made here.
+    pub(crate) fn tensor(&self, buf: DeviceBuf, shape: Vec<usize>) -> CudaTensor {
+        match self.active_pool() {
+            Some(pool) if pool.lent(&buf) => CudaTensor::pooled(buf, shape, pool),
+            _ => CudaTensor::new(buf, shape),
+        }
     }
 
     /// Refuses host uploads while a decode graph is being recorded (see `recording`).
@@ -339,7 +400,12 @@ impl CudaBackend {
     ) -> Result<Option<CudaTensor>, CudaError> {
         let (n, k) = x.matrix_dims()?;
         let (m, wk) = w.matrix_dims()?;
-        let Some(function) = self.kernels.gemv(n, f32_out) else {
+        let kind = if f32_out {
+            GemvKind::F32
+        } else {
+            GemvKind::Bf16
+        };
+        let Some(function) = self.kernels.gemv(n, kind) else {
             return Ok(None);
         };
         if k != wk || k % 8 != 0 || m == 0 || k > i32::MAX as usize || m > i32::MAX as usize {
@@ -355,9 +421,7 @@ impl CudaBackend {
             Some(b) => Some(b.bf16()?),
             None => None,
         };
-        let blocks = m
-            .div_ceil(GEMV_THREADS as usize / 32)
-            .min(self.num_sms * 16) as u32;
+        let blocks = gemv_blocks(m);
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),
             block_dim: (GEMV_THREADS, 1, 1),
@@ -396,7 +460,7 @@ impl CudaBackend {
         }
         let buf = if f32_out {
             // SAFETY: the kernel writes all n·m outputs (every row j of w by one warp).
-            let mut out = unsafe { self.stream.alloc::<f32>(n * m) }?;
+            let mut out = self.alloc_f32(n * m)?;
             run!(&mut out);
             DeviceBuf::F32(out)
         } else {
@@ -404,10 +468,44 @@ impl CudaBackend {
             run!(&mut out);
             DeviceBuf::Bf16(out)
         };
-        Ok(Some(CudaTensor {
-            buf,
-            shape: vec![n, m],
-        }))
+        Ok(Some(self.tensor(buf, vec![n, m])))
+    }
+
+    /// `silu(x · gateᵀ) * (x · upᵀ)` for `w = [gate; up]` through the fused matrix-vector kernel,
+    /// under the same conditions as [`CudaBackend::try_gemv`]; `None` otherwise.
+    fn try_gemv_swiglu(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+    ) -> Result<Option<CudaTensor>, CudaError> {
+        let (n, k) = x.matrix_dims()?;
+        let (two_f, wk) = w.matrix_dims()?;
+        let Some(function) = self.kernels.gemv(n, GemvKind::SwiGlu) else {
+            return Ok(None);
+        };
+        let f = two_f / 2;
+        if k != wk || k % 8 != 0 || two_f % 2 != 0 || f == 0 || k > i32::MAX as usize {
+            return Ok(None);
+        }
+        let f_i = i32::try_from(f).map_err(|_| CudaError::Shape(format!("swiglu: {f} columns")))?;
+        let cfg = LaunchConfig {
+            grid_dim: (gemv_blocks(f), 1, 1),
+            block_dim: (GEMV_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut out = self.alloc_bf16(n * f)?;
+        let k_i = k as i32;
+        launch!(
+            self,
+            function,
+            cfg,
+            x.bf16()?,
+            w.bf16()?,
+            &mut out,
+            &k_i,
+            &f_i
+        )?;
+        Ok(Some(self.tensor(DeviceBuf::Bf16(out), vec![n, f])))
     }
 
     fn gemm_bf16(
@@ -444,13 +542,10 @@ impl CudaBackend {
             };
             // SAFETY: shapes checked above; buffers hold m*k, n*k and n*m elements.
             unsafe { self.blas.gemm(cfg, w.bf16()?, x.bf16()?, &mut out) }?;
-            return Ok(CudaTensor {
-                buf: DeviceBuf::Bf16(out),
-                shape: vec![n, m],
-            });
+            return Ok(self.tensor(DeviceBuf::Bf16(out), vec![n, m]));
         }
         // SAFETY: as above; the output is f32 (cuBLAS bf16 × bf16 → f32 with f32 compute).
-        let mut out = unsafe { self.stream.alloc::<f32>((n * m).max(1)) }?;
+        let mut out = self.alloc_f32(n * m)?;
         {
             let (a, _ga) = w.bf16()?.device_ptr(&self.stream);
             let (b, _gb) = x.bf16()?.device_ptr(&self.stream);
@@ -482,10 +577,7 @@ impl CudaBackend {
                 )
             }?;
         }
-        Ok(CudaTensor {
-            buf: DeviceBuf::F32(out),
-            shape: vec![n, m],
-        })
+        Ok(self.tensor(DeviceBuf::F32(out), vec![n, m]))
     }
 
     /// The context split of one attention call: `decode_rows` × `num_kv_heads` blocks go to the
@@ -537,10 +629,7 @@ impl CudaBackend {
         }
         if n == 0 {
             // As the CPU backend: an empty batch attends to nothing (no zero-sized grid).
-            return Ok(CudaTensor {
-                buf: DeviceBuf::Bf16(self.alloc_bf16(0)?),
-                shape: vec![0, dims.q_size()],
-            });
+            return Ok(self.tensor(DeviceBuf::Bf16(self.alloc_bf16(0)?), vec![0, dims.q_size()]));
         }
         if dims.num_kv_heads != cache.spec.num_kv_heads || dims.head_dim != cache.spec.head_dim {
             return Err(CudaError::Shape(format!(
@@ -625,8 +714,16 @@ impl CudaBackend {
         };
         // SAFETY: the kernels write every partial the combine reads: each (row, head, split) is
         // written by exactly one of the launches below (empty splits write m = -inf).
-        let mut part_acc = unsafe { self.stream.alloc::<f32>(part_len * dims.head_dim) }?;
-        let mut part_ml = unsafe { self.stream.alloc::<f32>(part_len * 2) }?;
+        // Tensors (not bare buffers) so that under a decode-graph recording they come from and
+        // go back to the recording pool.
+        let mut part_acc = self.tensor(
+            DeviceBuf::F32(self.alloc_f32(part_len * dims.head_dim)?),
+            vec![part_len, dims.head_dim],
+        );
+        let mut part_ml = self.tensor(
+            DeviceBuf::F32(self.alloc_f32(part_len * 2)?),
+            vec![part_len, 2],
+        );
         let (qkv_width, max_blocks, block_size) = (
             width as i32,
             batch.max_blocks as i32,
@@ -652,8 +749,8 @@ impl CudaBackend {
                 function,
                 cfg,
                 &mut out,
-                &mut part_acc,
-                &mut part_ml,
+                part_acc.f32_mut()?,
+                part_ml.f32_mut()?,
                 qkv.bf16()?,
                 &qkv_width,
                 &cache.keys,
@@ -684,8 +781,8 @@ impl CudaBackend {
                 &kernel.function,
                 cfg,
                 &mut out,
-                &mut part_acc,
-                &mut part_ml,
+                part_acc.f32_mut()?,
+                part_ml.f32_mut()?,
                 qkv.bf16()?,
                 &qkv_width,
                 &cache.keys,
@@ -715,18 +812,15 @@ impl CudaBackend {
                 &self.kernels.attention_combine,
                 cfg,
                 &mut out,
-                &part_acc,
-                &part_ml,
+                part_acc.f32()?,
+                part_ml.f32()?,
                 &heads,
                 &splits_i,
                 &hd,
                 &plan_ptr
             )?;
         }
-        Ok(CudaTensor {
-            buf: DeviceBuf::Bf16(out),
-            shape: vec![n, dims.q_size()],
-        })
+        Ok(self.tensor(DeviceBuf::Bf16(out), vec![n, dims.q_size()]))
     }
 }
 
@@ -757,10 +851,7 @@ impl Backend for CudaBackend {
         } else {
             self.stream.clone_htod(&data).map_err(err)?
         };
-        Ok(CudaTensor {
-            buf: DeviceBuf::Bf16(buf),
-            shape: host.shape().to_vec(),
-        })
+        Ok(self.tensor(DeviceBuf::Bf16(buf), host.shape().to_vec()))
     }
 
     fn random_tensor(
@@ -775,7 +866,7 @@ impl Backend for CudaBackend {
 
     fn to_host(&self, t: &CudaTensor) -> Result<HostTensor, BackendError> {
         let n = t.numel();
-        let data = match &t.buf {
+        let data = match t.buf() {
             DeviceBuf::Bf16(b) => {
                 let v: Vec<bf16> = self.stream.clone_dtoh(b).map_err(err)?;
                 v[..n].iter().map(|x| x.to_f32()).collect()
@@ -786,7 +877,7 @@ impl Backend for CudaBackend {
                 v
             }
         };
-        HostTensor::new(t.shape.clone(), data)
+        HostTensor::new(t.shape().to_vec(), data)
     }
 
     fn sample_rows(
@@ -831,7 +922,7 @@ impl Backend for CudaBackend {
             )));
         }
         self.gather_rows(table, ids).map(|mut t| {
-            t.shape = vec![ids.len(), d];
+            t.set_shape(vec![ids.len(), d]);
             t
         })
     }
@@ -866,10 +957,7 @@ impl Backend for CudaBackend {
             &d_i
         )
         .map_err(err)?;
-        Ok(CudaTensor {
-            buf: DeviceBuf::Bf16(out),
-            shape: vec![rows, d],
-        })
+        Ok(self.tensor(DeviceBuf::Bf16(out), vec![rows, d]))
     }
 
     fn decode_graphs(
@@ -891,7 +979,7 @@ impl Backend for CudaBackend {
         }
         let mut y = self.gemm_bf16(x, w, false).map_err(err)?;
         if let Some(b) = bias {
-            let (rows, cols) = (y.shape[0], y.shape[1]);
+            let (rows, cols) = (y.shape()[0], y.shape()[1]);
             if b.numel() != cols {
                 return Err(BackendError::Shape(format!(
                     "linear: bias of {} for {cols} outputs",
@@ -935,10 +1023,7 @@ impl Backend for CudaBackend {
         }
         let mut out = self.alloc_bf16(rows * d).map_err(err)?;
         if rows == 0 {
-            return Ok(CudaTensor {
-                buf: DeviceBuf::Bf16(out),
-                shape: x.shape.clone(),
-            });
+            return Ok(self.tensor(DeviceBuf::Bf16(out), x.shape().to_vec()));
         }
         let d_i = d as i32;
         launch!(
@@ -952,10 +1037,7 @@ impl Backend for CudaBackend {
             &eps
         )
         .map_err(err)?;
-        Ok(CudaTensor {
-            buf: DeviceBuf::Bf16(out),
-            shape: x.shape.clone(),
-        })
+        Ok(self.tensor(DeviceBuf::Bf16(out), x.shape().to_vec()))
     }
 
     fn add_rms_norm(
@@ -966,22 +1048,19 @@ impl Backend for CudaBackend {
         eps: f32,
     ) -> Result<CudaTensor, BackendError> {
         let (rows, d) = residual.matrix_dims().map_err(err)?;
-        if delta.shape != residual.shape || w.numel() != d {
+        if delta.shape() != residual.shape() || w.numel() != d {
             return Err(BackendError::Shape(format!(
                 "add_rms_norm: {:?} + {:?}, weight {}",
-                residual.shape,
-                delta.shape,
+                residual.shape(),
+                delta.shape(),
                 w.numel()
             )));
         }
         let mut out = self.alloc_bf16(rows * d).map_err(err)?;
         let d_i = d as i32;
-        let shape = residual.shape.clone();
+        let shape = residual.shape().to_vec();
         if rows == 0 {
-            return Ok(CudaTensor {
-                buf: DeviceBuf::Bf16(out),
-                shape,
-            });
+            return Ok(self.tensor(DeviceBuf::Bf16(out), shape));
         }
         let (db, wb) = (delta.bf16().map_err(err)?, w.bf16().map_err(err)?);
         let rb = residual.bf16_mut().map_err(err)?;
@@ -997,17 +1076,15 @@ impl Backend for CudaBackend {
             &eps
         )
         .map_err(err)?;
-        Ok(CudaTensor {
-            buf: DeviceBuf::Bf16(out),
-            shape,
-        })
+        Ok(self.tensor(DeviceBuf::Bf16(out), shape))
     }
 
     fn add_inplace(&self, x: &mut CudaTensor, delta: &CudaTensor) -> Result<(), BackendError> {
-        if x.shape != delta.shape {
+        if x.shape() != delta.shape() {
             return Err(BackendError::Shape(format!(
                 "add: {:?} vs {:?}",
-                x.shape, delta.shape
+                x.shape(),
+                delta.shape()
             )));
         }
         let n = x.numel();
@@ -1034,10 +1111,18 @@ impl Backend for CudaBackend {
             &f_i
         )
         .map_err(err)?;
-        Ok(CudaTensor {
-            buf: DeviceBuf::Bf16(out),
-            shape: vec![rows, f],
-        })
+        Ok(self.tensor(DeviceBuf::Bf16(out), vec![rows, f]))
+    }
+
+    fn linear_swiglu(
+        &self,
+        x: &CudaTensor,
+        gate_up: &CudaTensor,
+    ) -> Result<CudaTensor, BackendError> {
+        match self.try_gemv_swiglu(x, gate_up).map_err(err)? {
+            Some(act) => Ok(act),
+            None => self.silu_mul(&self.linear(x, gate_up, None)?),
+        }
     }
 
     fn gather_rows(&self, x: &CudaTensor, rows: &[u32]) -> Result<CudaTensor, BackendError> {
@@ -1048,14 +1133,12 @@ impl Backend for CudaBackend {
         if rows.len() == n && rows.iter().enumerate().all(|(i, &r)| r as usize == i) {
             // Every row in order (decode steps' logits rows): a device copy, no index upload,
             // so a recorded decode step can contain it.
-            let copy = self
-                .stream
-                .clone_dtod(x.bf16().map_err(err)?)
+            // Through `alloc_bf16`, so that a recorded step holds no memory node here.
+            let mut copy = self.alloc_bf16(n * d).map_err(err)?;
+            self.stream
+                .memcpy_dtod(&x.bf16().map_err(err)?.slice(..n * d), &mut copy)
                 .map_err(err)?;
-            return Ok(CudaTensor {
-                buf: DeviceBuf::Bf16(copy),
-                shape: vec![n, d],
-            });
+            return Ok(self.tensor(DeviceBuf::Bf16(copy), vec![n, d]));
         }
         let ids = self.upload_u32(rows).map_err(err)?;
         let mut out = self.alloc_bf16(rows.len() * d).map_err(err)?;
@@ -1072,10 +1155,7 @@ impl Backend for CudaBackend {
             )
             .map_err(err)?;
         }
-        Ok(CudaTensor {
-            buf: DeviceBuf::Bf16(out),
-            shape: vec![rows.len(), d],
-        })
+        Ok(self.tensor(DeviceBuf::Bf16(out), vec![rows.len(), d]))
     }
 
     fn rope_qk(

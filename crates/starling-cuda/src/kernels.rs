@@ -14,37 +14,59 @@ use cudarc::driver::{CudaContext, CudaFunction};
 use crate::backend::attention_plan::{PREFILL_THREADS, PREFILL_TILE_KEYS, PREFILL_TILE_ROWS};
 use crate::{CudaError, KernelCache};
 
-/// The 16-byte bf16 vector helpers the row and matrix-vector kernels share: prepended to each
-/// source, since NVRTC compiles one source string per module.
-macro_rules! with_bf16_vec {
+/// A kernel source with the headers it needs prepended, since NVRTC compiles one source string
+/// per module: `pdl.cuh` (programmatic dependent launch, which every kernel uses) always; then
+/// `bf16_vec` (the 16-byte bf16 vector helpers of the row and matrix-vector kernels) or
+/// `mma_common` (the tensor-core helpers of both tiled attention kernels).
+macro_rules! kernel_source {
     ($path:literal) => {
-        concat!(include_str!("../kernels/bf16_vec.cuh"), include_str!($path))
+        concat!(include_str!("../kernels/pdl.cuh"), include_str!($path))
     };
-}
-const OPS_SRC: &str = with_bf16_vec!("../kernels/ops.cu");
-const ATTENTION_SRC: &str = include_str!("../kernels/attention.cu");
-const KV_CACHE_SRC: &str = include_str!("../kernels/kv_cache.cu");
-const KEY_SCORES_SRC: &str = include_str!("../kernels/key_scores.cu");
-/// The tensor-core helpers both tiled attention kernels use: prepended to each source, since NVRTC
-/// compiles one source string per module.
-macro_rules! with_mma_common {
-    ($path:literal) => {
+    ($path:literal, bf16_vec) => {
         concat!(
+            include_str!("../kernels/pdl.cuh"),
+            include_str!("../kernels/bf16_vec.cuh"),
+            include_str!($path)
+        )
+    };
+    ($path:literal, mma_common) => {
+        concat!(
+            include_str!("../kernels/pdl.cuh"),
             include_str!("../kernels/mma_common.cuh"),
             include_str!($path)
         )
     };
 }
-const PREFILL_ATTENTION_SRC: &str = with_mma_common!("../kernels/prefill_attention.cu");
-const DECODE_ATTENTION_SRC: &str = with_mma_common!("../kernels/decode_attention.cu");
-const SAMPLING_SRC: &str = include_str!("../kernels/sampling.cu");
-const GEMV_SRC: &str = with_bf16_vec!("../kernels/gemv.cu");
+const OPS_SRC: &str = kernel_source!("../kernels/ops.cu", bf16_vec);
+const ATTENTION_SRC: &str = kernel_source!("../kernels/attention.cu");
+const KV_CACHE_SRC: &str = kernel_source!("../kernels/kv_cache.cu");
+const KEY_SCORES_SRC: &str = kernel_source!("../kernels/key_scores.cu");
+const PREFILL_ATTENTION_SRC: &str = kernel_source!("../kernels/prefill_attention.cu", mma_common);
+const DECODE_ATTENTION_SRC: &str = kernel_source!("../kernels/decode_attention.cu", mma_common);
+const SAMPLING_SRC: &str = kernel_source!("../kernels/sampling.cu");
+const GEMV_SRC: &str = kernel_source!("../kernels/gemv.cu", bf16_vec);
 
 /// Most input rows the matrix-vector kernels (`gemv.cu`) take; larger batches go to cuBLAS.
 /// Measured on the H200 (synthetic llama2-7b decode, 2026-11-29): one and two rows beat cuBLAS
 /// (batch-1 step 5.79 → 5.33 ms), four rows lose to it (6.66 ms against 6.07 ms for cuBLAS at
 /// eight), since every extra row re-reads the input through L1 for each weight chunk.
 pub(crate) const GEMV_MAX_ROWS: usize = 2;
+/// What a matrix-vector kernel (`gemv.cu`) writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GemvKind {
+    /// `x · wᵀ (+ bias)` in bf16 (a linear layer).
+    Bf16,
+    /// `x · wᵀ` in f32 (logits).
+    F32,
+    /// `silu(x · gateᵀ) * (x · upᵀ)` in bf16, for `w = [gate; up]`.
+    SwiGlu,
+}
+
+impl GemvKind {
+    /// Every kind, in the order of [`Kernels`]' table.
+    pub(crate) const ALL: [GemvKind; 3] = [GemvKind::Bf16, GemvKind::F32, GemvKind::SwiGlu];
+}
+
 /// Threads per block of the matrix-vector kernels (`GEMV_WARPS` × 32).
 pub(crate) const GEMV_THREADS: u32 = 256;
 
@@ -121,9 +143,13 @@ mod names {
         format!("prefill_attention_d{d}_bf16")
     }
 
-    /// The matrix-vector instantiation for `n` input rows, f32 or bf16 output.
-    pub(super) fn gemv(n: usize, f32_out: bool) -> String {
-        format!("gemv_n{n}_{}", if f32_out { "f32" } else { "bf16" })
+    /// The matrix-vector instantiation for `n` input rows and one output kind.
+    pub(super) fn gemv(n: usize, kind: super::GemvKind) -> String {
+        match kind {
+            super::GemvKind::Bf16 => format!("gemv_n{n}_bf16"),
+            super::GemvKind::F32 => format!("gemv_n{n}_f32"),
+            super::GemvKind::SwiGlu => format!("gemv_swiglu_n{n}_bf16"),
+        }
     }
 
     /// The tensor-core decode attention instantiation for head width `d`.
@@ -216,7 +242,7 @@ pub fn kernel_modules() -> Vec<KernelModule> {
             name: "gemv",
             source: GEMV_SRC,
             functions: (1..=GEMV_MAX_ROWS)
-                .flat_map(|n| [names::gemv(n, false), names::gemv(n, true)])
+                .flat_map(|n| GemvKind::ALL.map(|kind| names::gemv(n, kind)))
                 .collect(),
         },
         KernelModule {
@@ -256,7 +282,7 @@ pub(crate) struct Kernels {
     pub(crate) key_direction_mean: CudaFunction,
     pub(crate) key_scores: CudaFunction,
     pub(crate) sample_rows: CudaFunction,
-    /// `gemv[2 (n − 1) + f32_out]`, see [`Kernels::gemv`].
+    /// `gemv[3 (n − 1) + kind]`, see [`Kernels::gemv`].
     gemv: Vec<CudaFunction>,
 }
 
@@ -292,7 +318,7 @@ impl Kernels {
             }
         }
         let gemv = (1..=GEMV_MAX_ROWS)
-            .flat_map(|n| [names::gemv(n, false), names::gemv(n, true)])
+            .flat_map(|n| GemvKind::ALL.map(|kind| names::gemv(n, kind)))
             .map(|name| take(&name))
             .collect::<Result<_, _>>()?;
         let mut decode_attention_mma = Vec::new();
@@ -350,12 +376,13 @@ impl Kernels {
             .map(|(_, k)| k)
     }
 
-    /// The matrix-vector kernel for `rows` input rows (`1..=GEMV_MAX_ROWS`).
-    pub(crate) fn gemv(&self, rows: usize, f32_out: bool) -> Option<&CudaFunction> {
+    /// The matrix-vector kernel for `rows` input rows (`1..=GEMV_MAX_ROWS`) and `kind` of output.
+    pub(crate) fn gemv(&self, rows: usize, kind: GemvKind) -> Option<&CudaFunction> {
         if rows == 0 || rows > GEMV_MAX_ROWS {
             return None;
         }
-        self.gemv.get(2 * (rows - 1) + usize::from(f32_out))
+        self.gemv
+            .get(GemvKind::ALL.len() * (rows - 1) + kind as usize)
     }
 
     /// The tensor-core decode kernel for `head_dim` (any group of 1..=8 query heads per KV head),

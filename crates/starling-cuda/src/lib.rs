@@ -12,12 +12,14 @@ pub mod bench;
 mod compile;
 mod error;
 mod kernels;
+mod launch;
 mod tensor;
 
-pub use backend::{CudaBackend, CudaBatch, CudaDecodeGraphs, CudaKvCache};
+pub use backend::{CudaBackend, CudaBatch, CudaDecodeGraphs, CudaKvCache, GraphCensus};
 pub use compile::KernelCache;
 pub use error::CudaError;
 pub use kernels::{kernel_modules, KernelModule};
+pub use launch::PDL_ENV;
 pub use tensor::{CudaTensor, DeviceBuf};
 
 /// Whether the CUDA driver library can be loaded on this machine (it says nothing about GPUs).

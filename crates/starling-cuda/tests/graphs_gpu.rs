@@ -6,8 +6,10 @@
 //! replayed steps on the other, both fed the eager run's greedy tokens. Equal logits at every
 //! step also show that the replayed KV writes matched the eager ones (later steps read them).
 
-use starling_backend::{Backend, BatchMeta, DecodeGraphConfig, DecodeStep, SeqBatchMeta};
-use starling_cuda::{CudaBackend, CudaKvCache};
+use starling_backend::{
+    Backend, BatchMeta, DecodeGraphConfig, DecodeGraphs, DecodeStep, SeqBatchMeta,
+};
+use starling_cuda::{CudaBackend, CudaDecodeGraphs, CudaKvCache};
 use starling_kv::{KvCacheManager, SeqId};
 use starling_models::llama::LlamaModel;
 use starling_models::ModelConfig;
@@ -93,10 +95,8 @@ fn replay_matches_eager(cfg: &ModelConfig, batch: usize, prompt_lens: &[usize], 
         num_cache_blocks: blocks,
         query_heads_per_kv_head: cfg.num_attention_heads / cfg.num_kv_heads.max(1),
     };
-    let mut graphs = gpu
-        .decode_graphs(&config)
-        .expect("graphs")
-        .expect("the CUDA backend has graphs");
+    // The concrete type (what `decode_graphs` boxes), for its census of recorded graphs.
+    let mut graphs = CudaDecodeGraphs::new(&config).expect("graphs");
     let mut forward = model.device_forward();
     let vocab = cfg.vocab_size;
     for step in 0..steps {
@@ -146,6 +146,23 @@ fn replay_matches_eager(cfg: &ModelConfig, batch: usize, prompt_lens: &[usize], 
         );
         next = eager.data().chunks(vocab).map(argmax).collect();
         lens.iter_mut().for_each(|l| *l += 1);
+    }
+    // The recordings allocate from a pool the graph keeps, so no stream-ordered memory node sits
+    // between two kernels (it would take away their programmatic edge).
+    let censuses = graphs.censuses();
+    assert!(!censuses.is_empty(), "no bucket was recorded");
+    for (rows, census) in censuses {
+        assert!(census.kernels > 0, "bucket {rows}: {census:?}");
+        assert_eq!(
+            census.memory, 0,
+            "bucket {rows}: memory nodes in {census:?}"
+        );
+        if gpu.programmatic_launch() {
+            assert!(
+                census.programmatic_edges > 0,
+                "bucket {rows}: no programmatic edge in {census:?}"
+            );
+        }
     }
 }
 

@@ -33,6 +33,13 @@ fn every_loaded_kernel_compiles_for_sm90() {
                 "{}: no `.entry {f}` in the PTX (entries: {entries:?})",
                 module.name
             );
+            // Every kernel is launched with programmatic dependent launch (src/launch.rs), which
+            // is only safe if it waits on the preceding grid (pdl_entry() in kernels/pdl.cuh).
+            assert!(
+                entry_body(&ptx, f).contains("griddepcontrol.wait"),
+                "{}: `{f}` never calls pdl_entry() (no griddepcontrol.wait in its PTX)",
+                module.name
+            );
         }
         println!(
             "{:<12} {:>3} kernels, {:>7} bytes of PTX",
@@ -43,4 +50,16 @@ fn every_loaded_kernel_compiles_for_sm90() {
         checked += module.functions.len();
     }
     assert!(checked > 0, "kernel_modules() lists no functions");
+}
+
+/// The PTX of one entry: from its `.entry` line to the next entry (device functions are inlined
+/// into the entries at sm_90 with `-default-device`, so the wait shows in each body).
+fn entry_body<'p>(ptx: &'p str, name: &str) -> &'p str {
+    let marker = format!(".entry {name}(");
+    let Some(start) = ptx.find(&marker) else {
+        return "";
+    };
+    let rest = &ptx[start + marker.len()..];
+    let end = rest.find(".entry ").unwrap_or(rest.len());
+    &rest[..end]
 }

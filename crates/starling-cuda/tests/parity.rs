@@ -121,10 +121,12 @@ fn elementwise_ops_match_cpu() {
 fn linear_and_logits_match_cpu() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     let mut rng = ChaCha8Rng::seed_from_u64(2);
-    // One or two rows with k % 8 == 0 take the matrix-vector kernels (gemv.cu); k = 100 and more
-    // rows take cuBLAS.
+    // One or two rows with k % 8 == 0 take the matrix-vector kernels (gemv.cu; m = 1001 and 9
+    // end in a partial block of rows); k = 100 and more rows take cuBLAS.
     for &(n, k, m) in &[
         (1usize, 576usize, 1728usize),
+        (1, 64, 1001),
+        (2, 128, 9),
         (2, 1536, 256),
         (2, 8960, 1000),
         (3, 4096, 1000),
@@ -161,6 +163,33 @@ fn linear_and_logits_match_cpu() {
             &gpu.to_host(&gpu.embedding(&gw, &[3, 0, 7, 3]).unwrap())
                 .unwrap(),
             &cpu.embedding(&w, &[3, 0, 7, 3]).unwrap(),
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
+fn linear_swiglu_matches_cpu() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    // One or two rows with k % 8 == 0 take the fused matrix-vector kernel (gemv.cu); k = 100 and
+    // more rows take cuBLAS and silu_mul.
+    for &(n, k, f) in &[
+        (1usize, 576usize, 1536usize),
+        (2, 896, 4864),
+        (1, 64, 3),
+        (2, 100, 40),
+        (5, 512, 256),
+    ] {
+        let x = rand_host(&mut rng, vec![n, k], 1.0);
+        let w = rand_host(&mut rng, vec![2 * f, k], 0.1);
+        let (gx, gw) = (gpu.upload(&x).unwrap(), gpu.upload(&w).unwrap());
+        let out = gpu.to_host(&gpu.linear_swiglu(&gx, &gw).unwrap()).unwrap();
+        assert_eq!(out.shape(), &[n, f]);
+        check(
+            &format!("linear_swiglu {n}x{k}x{f}"),
+            &out,
+            &cpu.linear_swiglu(&x, &w).unwrap(),
         );
     }
 }

@@ -514,8 +514,7 @@ impl<B: Backend> LlamaModel<B> {
             let attn_out = backend.linear(&attn, &layer.o_proj, None)?;
             let x =
                 backend.add_rms_norm(&mut residual, &attn_out, &layer.post_attention_norm, eps)?;
-            let gate_up = backend.linear(&x, &layer.gate_up_proj, None)?;
-            let act = backend.silu_mul(&gate_up)?;
+            let act = backend.linear_swiglu(&x, &layer.gate_up_proj)?;
             pending_delta = Some(backend.linear(&act, &layer.down_proj, None)?);
         }
         if meta.logits_rows.is_empty() {

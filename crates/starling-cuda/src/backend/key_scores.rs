@@ -2,7 +2,7 @@
 //! the sequence's keys, KeyDiff in two (unit-key sums per chunk, a fixed-order reduction to the
 //! mean direction, then the cosines). Only the `[num_kv_heads, len]` scores cross to the host.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 use starling_backend::cpu::check_block_table;
 use starling_backend::{HostTensor, KeyScoreKind};
 

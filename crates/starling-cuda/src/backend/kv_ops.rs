@@ -4,7 +4,7 @@
 //! (`starling_backend::cpu::check_*`), before anything is launched, so both backends reject the
 //! same input and a rejected call leaves the cache untouched.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 use half::bf16;
 use starling_backend::cpu::{
     check_block_copies, check_block_table, check_compaction, check_distinct_blocks, scatter_len,
@@ -31,13 +31,6 @@ fn rows_grid(rows: usize, row_elems: usize) -> LaunchConfig {
         rows * row_elems
     };
     grid_for(units)
-}
-
-fn bf16_tensor(buf: CudaSlice<bf16>, shape: Vec<usize>) -> CudaTensor {
-    CudaTensor {
-        buf: DeviceBuf::Bf16(buf),
-        shape,
-    }
 }
 
 impl CudaBackend {
@@ -149,8 +142,8 @@ impl CudaBackend {
         let k = self.gather_rows_of(&cache.keys, &table, block_size_tokens, len_tokens, width)?;
         let v = self.gather_rows_of(&cache.values, &table, block_size_tokens, len_tokens, width)?;
         Ok((
-            bf16_tensor(k, vec![len_tokens, width]),
-            bf16_tensor(v, vec![len_tokens, width]),
+            self.tensor(DeviceBuf::Bf16(k), vec![len_tokens, width]),
+            self.tensor(DeviceBuf::Bf16(v), vec![len_tokens, width]),
         ))
     }
 

@@ -2,7 +2,7 @@
 //! launch per step; only each row's status, token id and log-probability (16 bytes) come back,
 //! instead of a vocabulary-sized row of f32 logits. Rows the host must sample are copied alone.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 use starling_backend::sampling::{
     check_rows, LogitsError, RowOutcome, RowSamplingParams, SampledRow,
 };
