@@ -75,6 +75,11 @@ pub struct CudaBackend {
     kernels: Kernels,
     /// Whether kernels are launched with programmatic dependent launch ([`crate::launch`]).
     pdl: bool,
+    /// Warps per matrix-vector column forced by [`GEMV_KSPLIT_ENV`] (for A/B runs), else chosen
+    /// per launch by [`gemv_ksplit`].
+    forced_gemv_ksplit: Option<usize>,
+    /// Warps the GPU can hold at once (SMs × the most threads an SM holds / 32).
+    max_resident_warps: usize,
     num_sms: usize,
     name: String,
     /// The last RoPE frequency table uploaded (every layer passes the same one).
@@ -102,10 +107,33 @@ fn err(e: impl Into<CudaError>) -> BackendError {
     BackendError::from(e.into())
 }
 
-/// Blocks of a matrix-vector launch with `columns` outputs per input row: a warp per column.
-/// (A grid capped at 16 blocks per SM left some warps two columns and the rest one.)
-fn gemv_blocks(columns: usize) -> u32 {
-    columns.div_ceil(GEMV_THREADS as usize / 32) as u32
+/// The environment variable that forces the warps per matrix-vector column (`1` or `2`) instead
+/// of [`gemv_ksplit`]'s choice, for measuring the choice in the same run.
+pub const GEMV_KSPLIT_ENV: &str = "STARLING_GEMV_KSPLIT";
+
+/// Blocks of a matrix-vector launch with `columns` outputs per input row and `ksplit` warps per
+/// column. (A grid capped at 16 blocks per SM left some warps two columns and the rest one.)
+fn gemv_blocks(columns: usize, ksplit: usize) -> u32 {
+    columns.div_ceil(GEMV_THREADS as usize / 32 / ksplit) as u32
+}
+
+/// Warps per output column of a matrix-vector launch: two (each half the row) for one input row,
+/// unless the columns fill more than half the GPU's `resident_warps` but not all of them — split,
+/// they would spill a sliver into a second wave. One input row is latency-bound per warp: a
+/// 4,096-row projection on one warp per row fills half an H200, and a 12,288-row one takes 1.45
+/// waves. Measured (H200, 2026-11-29, `bench decode`, same run, against one warp everywhere,
+/// `bench/results/gpu/2026-11-29_s6_gemv_ksplit/`): llama2-7b batch 1 4.16 → 3.98 ms, qwen2.5-7b
+/// batch 1 4.16 → 4.15 ms (two warps everywhere made it 4.20: its 4,608-row QKV is the sliver
+/// case), batch 2 unchanged (two warps everywhere made qwen2.5-7b 4% slower) — so two input rows
+/// keep one warp per column. `resident_warps` is the hardware bound, not the kernels' occupancy
+/// (the rule measured with the occupancy figure, 6 blocks per SM, was 0.07 ms slower on llama2-7b).
+pub(crate) fn gemv_ksplit(input_rows: usize, columns: usize, resident_warps: usize) -> usize {
+    let spills = resident_warps / 2 < columns && columns <= resident_warps;
+    if input_rows == 1 && !spills {
+        2
+    } else {
+        1
+    }
 }
 
 fn grid_for(n: usize) -> LaunchConfig {
@@ -209,6 +237,9 @@ impl CudaBackend {
         let kernels = Kernels::load(&ctx, &KernelCache::from_env(), arch)?;
         let num_sms =
             ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
+        let threads_per_sm = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)?
+            as usize;
         let name = format!("cuda:{ordinal} ({}, {arch})", ctx.name()?);
         Ok(Self {
             ctx,
@@ -218,6 +249,11 @@ impl CudaBackend {
             recording: AtomicBool::new(false),
             kernels,
             pdl: crate::launch::pdl_enabled(major),
+            forced_gemv_ksplit: std::env::var(GEMV_KSPLIT_ENV)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .filter(|k| crate::kernels::GEMV_KSPLITS.contains(k)),
+            max_resident_warps: num_sms * threads_per_sm / 32,
             num_sms,
             name,
             rope_table: Mutex::new(None),
@@ -405,7 +441,8 @@ impl CudaBackend {
         } else {
             GemvKind::Bf16
         };
-        let Some(function) = self.kernels.gemv(n, kind) else {
+        let ksplit = self.gemv_ksplit(n, m);
+        let Some(function) = self.kernels.gemv(n, kind, ksplit) else {
             return Ok(None);
         };
         if k != wk || k % 8 != 0 || m == 0 || k > i32::MAX as usize || m > i32::MAX as usize {
@@ -421,7 +458,7 @@ impl CudaBackend {
             Some(b) => Some(b.bf16()?),
             None => None,
         };
-        let blocks = gemv_blocks(m);
+        let blocks = gemv_blocks(m, ksplit);
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),
             block_dim: (GEMV_THREADS, 1, 1),
@@ -471,6 +508,12 @@ impl CudaBackend {
         Ok(Some(self.tensor(buf, vec![n, m])))
     }
 
+    /// Warps per output column for a matrix-vector launch ([`gemv_ksplit`], unless forced).
+    fn gemv_ksplit(&self, input_rows: usize, columns: usize) -> usize {
+        self.forced_gemv_ksplit
+            .unwrap_or_else(|| gemv_ksplit(input_rows, columns, self.max_resident_warps))
+    }
+
     /// `silu(x · gateᵀ) * (x · upᵀ)` for `w = [gate; up]` through the fused matrix-vector kernel,
     /// under the same conditions as [`CudaBackend::try_gemv`]; `None` otherwise.
     fn try_gemv_swiglu(
@@ -480,16 +523,17 @@ impl CudaBackend {
     ) -> Result<Option<CudaTensor>, CudaError> {
         let (n, k) = x.matrix_dims()?;
         let (two_f, wk) = w.matrix_dims()?;
-        let Some(function) = self.kernels.gemv(n, GemvKind::SwiGlu) else {
+        let f = two_f / 2;
+        let ksplit = self.gemv_ksplit(n, f);
+        let Some(function) = self.kernels.gemv(n, GemvKind::SwiGlu, ksplit) else {
             return Ok(None);
         };
-        let f = two_f / 2;
         if k != wk || k % 8 != 0 || two_f % 2 != 0 || f == 0 || k > i32::MAX as usize {
             return Ok(None);
         }
         let f_i = i32::try_from(f).map_err(|_| CudaError::Shape(format!("swiglu: {f} columns")))?;
         let cfg = LaunchConfig {
-            grid_dim: (gemv_blocks(f), 1, 1),
+            grid_dim: (gemv_blocks(f, ksplit), 1, 1),
             block_dim: (GEMV_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -1371,5 +1415,44 @@ impl Backend for CudaBackend {
     ) -> Result<HostTensor, BackendError> {
         self.key_scores_impl(cache, block_table, block_size_tokens, len_tokens, kind)
             .map_err(err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The H200: 132 SMs × 8 blocks of 8 warps.
+    const H200_WARPS: usize = 132 * 8 * 8;
+
+    #[test]
+    fn one_input_row_splits_columns_unless_that_spills_a_sliver() {
+        // llama2-7b: o / down (4,096 columns) and QKV (12,288) and gate|up pairs (11,008) split.
+        for columns in [4096, 12_288, 11_008, 32_000] {
+            assert_eq!(gemv_ksplit(1, columns, H200_WARPS), 2, "{columns}");
+        }
+        // qwen2.5-7b's QKV (4,608 columns) fills more than half the GPU: split, it would take a
+        // second wave for 9% of its work.
+        assert_eq!(gemv_ksplit(1, 4608, H200_WARPS), 1);
+        // The edges: exactly half splits into exactly one wave; exactly one wave stays.
+        assert_eq!(gemv_ksplit(1, H200_WARPS / 2, H200_WARPS), 2);
+        assert_eq!(gemv_ksplit(1, H200_WARPS / 2 + 1, H200_WARPS), 1);
+        assert_eq!(gemv_ksplit(1, H200_WARPS, H200_WARPS), 1);
+        assert_eq!(gemv_ksplit(1, H200_WARPS + 1, H200_WARPS), 2);
+    }
+
+    #[test]
+    fn two_input_rows_keep_one_warp_per_column() {
+        for columns in [1, 4096, 4608, 12_288, 152_064] {
+            assert_eq!(gemv_ksplit(2, columns, H200_WARPS), 1, "{columns}");
+        }
+    }
+
+    #[test]
+    fn blocks_cover_every_column() {
+        assert_eq!(gemv_blocks(4096, 1), 512);
+        assert_eq!(gemv_blocks(4096, 2), 1024);
+        assert_eq!(gemv_blocks(9, 2), 3);
+        assert_eq!(gemv_blocks(1, 1), 1);
     }
 }

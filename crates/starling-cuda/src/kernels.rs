@@ -51,6 +51,17 @@ const GEMV_SRC: &str = kernel_source!("../kernels/gemv.cu", bf16_vec);
 /// (batch-1 step 5.79 → 5.33 ms), four rows lose to it (6.66 ms against 6.07 ms for cuBLAS at
 /// eight), since every extra row re-reads the input through L1 for each weight chunk.
 pub(crate) const GEMV_MAX_ROWS: usize = 2;
+/// Warps per output column the matrix-vector kernels are instantiated for (`KSPLIT`).
+pub(crate) const GEMV_KSPLITS: [usize; 2] = [1, 2];
+
+/// Every matrix-vector instantiation for `n` input rows, in [`Kernels::gemv`]'s table order.
+fn gemv_names(n: usize) -> Vec<String> {
+    GemvKind::ALL
+        .iter()
+        .flat_map(|&kind| GEMV_KSPLITS.map(|ks| names::gemv(n, kind, ks)))
+        .collect()
+}
+
 /// What a matrix-vector kernel (`gemv.cu`) writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum GemvKind {
@@ -143,12 +154,13 @@ mod names {
         format!("prefill_attention_d{d}_bf16")
     }
 
-    /// The matrix-vector instantiation for `n` input rows and one output kind.
-    pub(super) fn gemv(n: usize, kind: super::GemvKind) -> String {
+    /// The matrix-vector instantiation for `n` input rows, one output kind and `ksplit` warps per
+    /// output column.
+    pub(super) fn gemv(n: usize, kind: super::GemvKind, ksplit: usize) -> String {
         match kind {
-            super::GemvKind::Bf16 => format!("gemv_n{n}_bf16"),
-            super::GemvKind::F32 => format!("gemv_n{n}_f32"),
-            super::GemvKind::SwiGlu => format!("gemv_swiglu_n{n}_bf16"),
+            super::GemvKind::Bf16 => format!("gemv_n{n}_k{ksplit}_bf16"),
+            super::GemvKind::F32 => format!("gemv_n{n}_k{ksplit}_f32"),
+            super::GemvKind::SwiGlu => format!("gemv_swiglu_n{n}_k{ksplit}_bf16"),
         }
     }
 
@@ -241,9 +253,7 @@ pub fn kernel_modules() -> Vec<KernelModule> {
         KernelModule {
             name: "gemv",
             source: GEMV_SRC,
-            functions: (1..=GEMV_MAX_ROWS)
-                .flat_map(|n| GemvKind::ALL.map(|kind| names::gemv(n, kind)))
-                .collect(),
+            functions: (1..=GEMV_MAX_ROWS).flat_map(gemv_names).collect(),
         },
         KernelModule {
             name: "sampling",
@@ -282,7 +292,7 @@ pub(crate) struct Kernels {
     pub(crate) key_direction_mean: CudaFunction,
     pub(crate) key_scores: CudaFunction,
     pub(crate) sample_rows: CudaFunction,
-    /// `gemv[3 (n − 1) + kind]`, see [`Kernels::gemv`].
+    /// In [`gemv_names`] order, see [`Kernels::gemv`].
     gemv: Vec<CudaFunction>,
 }
 
@@ -317,8 +327,8 @@ impl Kernels {
                 prefill_attention.push((d, kernel));
             }
         }
-        let gemv = (1..=GEMV_MAX_ROWS)
-            .flat_map(|n| GemvKind::ALL.map(|kind| names::gemv(n, kind)))
+        let gemv: Vec<CudaFunction> = (1..=GEMV_MAX_ROWS)
+            .flat_map(gemv_names)
             .map(|name| take(&name))
             .collect::<Result<_, _>>()?;
         let mut decode_attention_mma = Vec::new();
@@ -376,13 +386,15 @@ impl Kernels {
             .map(|(_, k)| k)
     }
 
-    /// The matrix-vector kernel for `rows` input rows (`1..=GEMV_MAX_ROWS`) and `kind` of output.
-    pub(crate) fn gemv(&self, rows: usize, kind: GemvKind) -> Option<&CudaFunction> {
+    /// The matrix-vector kernel for `rows` input rows (`1..=GEMV_MAX_ROWS`), `kind` of output and
+    /// `ksplit` warps per output column (one of [`GEMV_KSPLITS`]).
+    pub(crate) fn gemv(&self, rows: usize, kind: GemvKind, ksplit: usize) -> Option<&CudaFunction> {
         if rows == 0 || rows > GEMV_MAX_ROWS {
             return None;
         }
+        let split = GEMV_KSPLITS.iter().position(|&k| k == ksplit)?;
         self.gemv
-            .get(GemvKind::ALL.len() * (rows - 1) + kind as usize)
+            .get(((rows - 1) * GemvKind::ALL.len() + kind as usize) * GEMV_KSPLITS.len() + split)
     }
 
     /// The tensor-core decode kernel for `head_dim` (any group of 1..=8 query heads per KV head),

@@ -15,7 +15,9 @@ mod kernels;
 mod launch;
 mod tensor;
 
-pub use backend::{CudaBackend, CudaBatch, CudaDecodeGraphs, CudaKvCache, GraphCensus};
+pub use backend::{
+    CudaBackend, CudaBatch, CudaDecodeGraphs, CudaKvCache, GraphCensus, GEMV_KSPLIT_ENV,
+};
 pub use compile::KernelCache;
 pub use error::CudaError;
 pub use kernels::{kernel_modules, KernelModule};

@@ -122,10 +122,12 @@ fn linear_and_logits_match_cpu() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     let mut rng = ChaCha8Rng::seed_from_u64(2);
     // One or two rows with k % 8 == 0 take the matrix-vector kernels (gemv.cu; m = 1001 and 9
-    // end in a partial block of rows); k = 100 and more rows take cuBLAS.
+    // end in a partial block of rows; on an H200 one row takes two warps per column except at
+    // m = 5000, see `gemv_ksplit`); k = 100 and more rows take cuBLAS.
     for &(n, k, m) in &[
         (1usize, 576usize, 1728usize),
         (1, 64, 1001),
+        (1, 64, 5000),
         (2, 128, 9),
         (2, 1536, 256),
         (2, 8960, 1000),
@@ -178,6 +180,7 @@ fn linear_swiglu_matches_cpu() {
         (1usize, 576usize, 1536usize),
         (2, 896, 4864),
         (1, 64, 3),
+        (1, 64, 5000),
         (2, 100, 40),
         (5, 512, 256),
     ] {
