@@ -8,8 +8,7 @@
 // online softmax per head. Warps are merged in shared memory; with several splits
 // (flash-decoding, for long contexts at small batch) each split writes an unnormalised partial
 // and attention_combine_bf16 merges them.
-#include <cuda_bf16.h>
-typedef __nv_bfloat16 bf16;
+// The host prepends pdl.cuh and bf16_vec.cuh (bf16, unpack8).
 
 #define WARPS 4
 // NVRTC has no math.h: -inf by its bit pattern.
@@ -26,15 +25,6 @@ __device__ __forceinline__ float warp_sum(float v) {
 // positions' loads before any arithmetic (memory-level parallelism is what decode needs).
 #define UNROLL 2
 
-__device__ __forceinline__ void bf16x8_to_float(const uint4& raw, float* out) {
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const float2 f = __bfloat1622float2(h[i]);
-        out[2 * i] = f.x;
-        out[2 * i + 1] = f.y;
-    }
-}
 
 template <int D, int MAX_GROUP>
 __device__ void paged_attention_impl(
@@ -75,7 +65,7 @@ __device__ void paged_attention_impl(
         if (g < group) {
             const uint4 raw = *reinterpret_cast<const uint4*>(
                 qkv + (size_t)t * qkv_width + (kvh * group + g) * D + sl * 8);
-            bf16x8_to_float(raw, q[g]);
+            unpack8(raw, q[g]);
 #pragma unroll
             for (int e = 0; e < 8; e++) q[g][e] *= scale;
         }
@@ -112,8 +102,8 @@ __device__ void paged_attention_impl(
             // Every lane of a row agrees on `valid`, and shuffles stay within the row's lanes,
             // but all 32 lanes must take part in each shuffle: compute, then mask the update.
             float k[8], v[8];
-            bf16x8_to_float(kr[u], k);
-            bf16x8_to_float(vr[u], v);
+            unpack8(kr[u], k);
+            unpack8(vr[u], v);
 #pragma unroll
             for (int g = 0; g < MAX_GROUP; g++) {
                 if (g < group) {

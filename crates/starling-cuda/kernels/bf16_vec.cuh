@@ -1,6 +1,7 @@
-// 16-byte bf16 vector helpers shared by the row kernels (ops.cu) and the matrix-vector kernels
-// (gemv.cu): the host prepends this file to both sources (kernels.rs `kernel_source!`), since NVRTC
-// compiles one source string per module.
+// 16-byte bf16 vector helpers shared by the row kernels (ops.cu), the matrix-vector kernels
+// (gemv.cu), the per-token attention kernel (attention.cu) and the key scores (key_scores.cu): the
+// host prepends this file to those sources (kernels.rs `kernel_source!`), since NVRTC compiles one
+// source string per module.
 #include <cuda_bf16.h>
 typedef __nv_bfloat16 bf16;
 

@@ -12,8 +12,7 @@
 // 32 / LPR tokens per pass; the row's sums are reduced over its LPR lanes with xor shuffles
 // (offsets below LPR stay inside the lane group). Every loop that contains a shuffle has a
 // warp-uniform trip count; lanes past the sequence end carry zeros through it.
-#include <cuda_bf16.h>
-typedef __nv_bfloat16 bf16;
+// The host prepends pdl.cuh and bf16_vec.cuh (bf16, unpack8).
 
 #define WARPS 8
 #define MAX_HEAD_DIM 256
@@ -30,14 +29,10 @@ __device__ __forceinline__ void load8(const bf16* __restrict__ row, int c0, int 
                                       float* out) {
     if ((head_dim & 7) == 0) {
         if (c0 < head_dim) {
+            // One 16-byte load into a register first: unpack8 on the dereference itself lets
+            // the compiler split it into eight 2-byte loads.
             const uint4 raw = *reinterpret_cast<const uint4*>(row + c0);
-            const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const float2 f = __bfloat1622float2(h[i]);
-                out[2 * i] = f.x;
-                out[2 * i + 1] = f.y;
-            }
+            unpack8(raw, out);
         } else {
 #pragma unroll
             for (int e = 0; e < 8; e++) out[e] = 0.f;

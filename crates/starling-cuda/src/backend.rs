@@ -189,8 +189,23 @@ fn rope_rows(
     Ok((n, width))
 }
 
-/// Threads per block of `rope_qk_bf16`, whose grid is (token, chunk of rotated pairs).
+/// Threads per block of `rope_qk_bf16` and `rope_write_kv_bf16`, whose grid is (token, chunk of
+/// per-token work items).
 const ROPE_THREADS: u32 = 256;
+
+/// The launch of a RoPE kernel over `tokens` rows of `items_per_token` work items (rotated pairs,
+/// plus copied K/V pairs for the fused write).
+fn rope_grid(tokens: usize, items_per_token: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (
+            tokens as u32,
+            items_per_token.div_ceil(ROPE_THREADS as usize) as u32,
+            1,
+        ),
+        block_dim: (ROPE_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
 
 impl CudaBackend {
     /// Opens GPU `ordinal`, creates its stream and cuBLAS handle, and loads (compiling on first
@@ -1220,12 +1235,7 @@ impl Backend for CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let pairs = (dims.num_heads + dims.num_kv_heads) * dims.head_dim / 2;
-        let config = LaunchConfig {
-            grid_dim: (n as u32, pairs.div_ceil(ROPE_THREADS as usize) as u32, 1),
-            block_dim: (ROPE_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let config = rope_grid(n, (dims.num_heads + dims.num_kv_heads) * dims.head_dim / 2);
         let q = qkv.bf16_mut().map_err(err)?;
         launch!(
             self,
@@ -1261,12 +1271,10 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let freqs = self.rope_freqs(&rope.inv_freqs).map_err(err)?;
-        let items = (dims.num_heads + dims.num_kv_heads) * dims.head_dim / 2 + dims.kv_size() / 2;
-        let config = LaunchConfig {
-            grid_dim: (n as u32, items.div_ceil(ROPE_THREADS as usize) as u32, 1),
-            block_dim: (ROPE_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let config = rope_grid(
+            n,
+            (dims.num_heads + dims.num_kv_heads) * dims.head_dim / 2 + dims.kv_size() / 2,
+        );
         let (width_i, heads_i, kv_heads_i, hd_i, interleaved) = (
             width as i32,
             dims.num_heads as i32,

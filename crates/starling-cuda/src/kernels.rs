@@ -16,7 +16,8 @@ use crate::{CudaError, KernelCache};
 
 /// A kernel source with the headers it needs prepended, since NVRTC compiles one source string
 /// per module: `pdl.cuh` (programmatic dependent launch, which every kernel uses) always; then
-/// `bf16_vec` (the 16-byte bf16 vector helpers of the row and matrix-vector kernels) or
+/// `bf16_vec` (the 16-byte bf16 vector helpers of the row, matrix-vector, attention and key-score
+/// kernels) or
 /// `mma_common` (the tensor-core helpers of both tiled attention kernels).
 macro_rules! kernel_source {
     ($path:literal) => {
@@ -38,9 +39,9 @@ macro_rules! kernel_source {
     };
 }
 const OPS_SRC: &str = kernel_source!("../kernels/ops.cu", bf16_vec);
-const ATTENTION_SRC: &str = kernel_source!("../kernels/attention.cu");
+const ATTENTION_SRC: &str = kernel_source!("../kernels/attention.cu", bf16_vec);
 const KV_CACHE_SRC: &str = kernel_source!("../kernels/kv_cache.cu");
-const KEY_SCORES_SRC: &str = kernel_source!("../kernels/key_scores.cu");
+const KEY_SCORES_SRC: &str = kernel_source!("../kernels/key_scores.cu", bf16_vec);
 const PREFILL_ATTENTION_SRC: &str = kernel_source!("../kernels/prefill_attention.cu", mma_common);
 const DECODE_ATTENTION_SRC: &str = kernel_source!("../kernels/decode_attention.cu", mma_common);
 const SAMPLING_SRC: &str = kernel_source!("../kernels/sampling.cu");
