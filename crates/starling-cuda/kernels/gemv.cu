@@ -16,20 +16,18 @@
 // The host prepends pdl.cuh and bf16_vec.cuh (unpack8).
 
 #define GEMV_WARPS 8
-// Bytes of its first weight row each warp requests into L2 before waiting on the preceding kernel
-// (pdl.cuh). Every resident warp prefetches, so this bounds the early traffic at about
-// 132 SMs × 64 warps × 2 KiB = 17 MiB, a third of the H200's L2.
-#define GEMV_PREFETCH_BYTES 2048
 // Chunks of each row per lane in flight. Measured on the H200 (2026-11-29, llama2-7b and
 // qwen2.5-7b decode steps at batch 1 and 2): 8 is as fast at batch 1 and 2–5% slower at batch 2,
 // for both the plain and the SwiGLU kernel; 16 is slower at batch 1.
 #define GEMV_UNROLL 4
 
-// Requests the first bytes (of `elems` bf16 from `start`) of a weight row into L2, one 128-byte
-// line per lane.
-__device__ __forceinline__ void prefetch_row(const uint4* __restrict__ start, int elems, int lane) {
+// Requests the first `prefetch_bytes` (at most the `elems` bf16 from `start`) of a weight row into
+// L2, one 128-byte line per lane at a time. The host passes GEMV_PREFETCH_BYTES (backend.rs): a
+// few lines only, since larger prefetches measured slower.
+__device__ __forceinline__ void prefetch_row(const uint4* __restrict__ start, int elems,
+                                             int prefetch_bytes, int lane) {
     const char* bytes = reinterpret_cast<const char*>(start);
-    const int prefetch_bytes = min(elems * 2, GEMV_PREFETCH_BYTES);
+    prefetch_bytes = min(elems * 2, prefetch_bytes);
     for (int at = lane * 128; at < prefetch_bytes; at += 32 * 128) prefetch_l2(bytes + at);
 }
 
@@ -77,7 +75,8 @@ __device__ __forceinline__ void dot_rows(const uint4* __restrict__ xs, const uin
 // computes a clamped row, stores nothing, but still takes part in the block barrier).
 template <int N, int R, int KSPLIT>
 __device__ __forceinline__ int column_dot(const bf16* __restrict__ x, const bf16* __restrict__ w,
-                                          int k, int m, const int (&row_of)[R], bool& first,
+                                          int k, int m, int prefetch_bytes,
+                                          const int (&row_of)[R], bool& first,
                                           float (&acc)[R][N]) {
     constexpr int COLUMNS = GEMV_WARPS / KSPLIT;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -95,7 +94,8 @@ __device__ __forceinline__ int column_dot(const bf16* __restrict__ x, const bf16
     // already stream the start of their rows into L2 and keep DRAM busy.
     if (j < m) {
 #pragma unroll
-        for (int r = 0; r < R; r++) prefetch_row(rows[r] + c0, (c1 - c0) * 8, lane);
+        for (int r = 0; r < R; r++)
+            prefetch_row(rows[r] + c0, (c1 - c0) * 8, prefetch_bytes / R, lane);
     }
     pdl_entry();
     dot_rows<N, R>(reinterpret_cast<const uint4*>(x), rows, c0, c1, chunks, lane, acc);
@@ -123,11 +123,12 @@ __device__ __forceinline__ int column_dot(const bf16* __restrict__ x, const bf16
 
 template <int N, bool F32_OUT, int KSPLIT>
 __device__ void gemv_impl(const bf16* __restrict__ x, const bf16* __restrict__ w,
-                          const bf16* __restrict__ bias, void* __restrict__ y, int k, int m) {
+                          const bf16* __restrict__ bias, void* __restrict__ y, int k, int m,
+                          int prefetch_bytes) {
     const int row_of[1] = {0};
     bool first;
     float acc[1][N];
-    const int j = column_dot<N, 1, KSPLIT>(x, w, k, m, row_of, first, acc);
+    const int j = column_dot<N, 1, KSPLIT>(x, w, k, m, prefetch_bytes, row_of, first, acc);
     if (first && j < m) {
         const float b = bias != nullptr ? __bfloat162float(bias[j]) : 0.f;
 #pragma unroll
@@ -146,11 +147,11 @@ __device__ void gemv_impl(const bf16* __restrict__ x, const bf16* __restrict__ w
 // before silu_mul).
 template <int N, int KSPLIT>
 __device__ void gemv_swiglu_impl(const bf16* __restrict__ x, const bf16* __restrict__ w,
-                                 bf16* __restrict__ y, int k, int f) {
+                                 bf16* __restrict__ y, int k, int f, int prefetch_bytes) {
     const int row_of[2] = {0, f};
     bool first;
     float acc[2][N];
-    const int j = column_dot<N, 2, KSPLIT>(x, w, k, f, row_of, first, acc);
+    const int j = column_dot<N, 2, KSPLIT>(x, w, k, f, prefetch_bytes, row_of, first, acc);
     if (first && j < f) {
 #pragma unroll
         for (int r = 0; r < N; r++) {
@@ -163,16 +164,16 @@ __device__ void gemv_swiglu_impl(const bf16* __restrict__ x, const bf16* __restr
 // Kernel names: gemv_n{N}_k{KSPLIT}_{bf16,f32} and gemv_swiglu_n{N}_k{KSPLIT}_bf16 (kernels.rs).
 #define INSTANTIATE(N, KS)                                                                      \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_n##N##_k##KS##_bf16(     \
-        const bf16* x, const bf16* w, const bf16* bias, bf16* y, int k, int m) {                \
-        gemv_impl<N, false, KS>(x, w, bias, y, k, m);                                           \
+        const bf16* x, const bf16* w, const bf16* bias, bf16* y, int k, int m, int prefetch) {  \
+        gemv_impl<N, false, KS>(x, w, bias, y, k, m, prefetch);                                 \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_n##N##_k##KS##_f32(      \
-        const bf16* x, const bf16* w, const bf16* bias, float* y, int k, int m) {               \
-        gemv_impl<N, true, KS>(x, w, bias, y, k, m);                                            \
+        const bf16* x, const bf16* w, const bf16* bias, float* y, int k, int m, int prefetch) { \
+        gemv_impl<N, true, KS>(x, w, bias, y, k, m, prefetch);                                  \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_swiglu_n##N##_k##KS##_bf16( \
-        const bf16* x, const bf16* w, bf16* y, int k, int f) {                                  \
-        gemv_swiglu_impl<N, KS>(x, w, y, k, f);                                                 \
+        const bf16* x, const bf16* w, bf16* y, int k, int f, int prefetch) {                    \
+        gemv_swiglu_impl<N, KS>(x, w, y, k, f, prefetch);                                       \
     }
 // GEMV_MAX_ROWS in kernels.rs: more rows measured slower than cuBLAS. KSPLIT 1 or 2: see
 // GEMV_KSPLITS in kernels.rs.

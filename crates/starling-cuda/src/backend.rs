@@ -80,6 +80,9 @@ pub struct CudaBackend {
     forced_gemv_ksplit: Option<usize>,
     /// Warps the GPU can hold at once (SMs × the most threads an SM holds / 32).
     max_resident_warps: usize,
+    /// Per-warp L2 prefetch of the matrix-vector kernels: [`GEMV_PREFETCH_BYTES`] unless
+    /// [`GEMV_PREFETCH_ENV`] sets it (for A/B runs).
+    gemv_prefetch_bytes: usize,
     num_sms: usize,
     name: String,
     /// The last RoPE frequency table uploaded (every layer passes the same one).
@@ -110,6 +113,17 @@ fn err(e: impl Into<CudaError>) -> BackendError {
 /// The environment variable that forces the warps per matrix-vector column (`1` or `2`) instead
 /// of [`gemv_ksplit`]'s choice, for measuring the choice in the same run.
 pub const GEMV_KSPLIT_ENV: &str = "STARLING_GEMV_KSPLIT";
+
+/// Set to a byte count to make every warp of a matrix-vector launch prefetch that much of its
+/// weight share into L2 (0: none) instead of [`GEMV_PREFETCH_BYTES`] (for A/B runs).
+pub const GEMV_PREFETCH_ENV: &str = "STARLING_GEMV_PREFETCH_BYTES";
+
+/// Bytes of its weight share each warp of a matrix-vector launch requests into L2 before it waits
+/// on the preceding kernel (`gemv.cu`). Measured on the H200 (synthetic llama2-7b and qwen2.5-7b
+/// decode at batch 1 and 2, 2026-11-30, `bench/results/gpu/2026-11-30_s7_gemv_prefetch/`): more is
+/// slower — 8 KiB +0.6 ms per batch-1 step, 2 KiB (session 6's choice) +0.1 ms against 512 bytes —
+/// and none at all is as fast as 512 bytes at batch 1, slightly slower at batch 2.
+const GEMV_PREFETCH_BYTES: usize = 512;
 
 /// Blocks of a matrix-vector launch with `columns` outputs per input row and `ksplit` warps per
 /// column. (A grid capped at 16 blocks per SM left some warps two columns and the rest one.)
@@ -269,6 +283,10 @@ impl CudaBackend {
                 .and_then(|v| v.trim().parse().ok())
                 .filter(|k| crate::kernels::GEMV_KSPLITS.contains(k)),
             max_resident_warps: num_sms * threads_per_sm / 32,
+            gemv_prefetch_bytes: std::env::var(GEMV_PREFETCH_ENV)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(GEMV_PREFETCH_BYTES),
             num_sms,
             name,
             rope_table: Mutex::new(None),
@@ -480,6 +498,7 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         let (k_i, m_i) = (k as i32, m as i32);
+        let prefetch = self.gemv_prefetch(k * 2 / ksplit);
         // A null bias pointer when there is none (the kernel checks it).
         let null = 0u64;
         macro_rules! run {
@@ -494,7 +513,8 @@ impl CudaBackend {
                         b,
                         $out,
                         &k_i,
-                        &m_i
+                        &m_i,
+                        &prefetch
                     )?,
                     None => launch!(
                         self,
@@ -505,7 +525,8 @@ impl CudaBackend {
                         &null,
                         $out,
                         &k_i,
-                        &m_i
+                        &m_i,
+                        &prefetch
                     )?,
                 }
             };
@@ -521,6 +542,12 @@ impl CudaBackend {
             DeviceBuf::Bf16(out)
         };
         Ok(Some(self.tensor(buf, vec![n, m])))
+    }
+
+    /// Per-warp L2 prefetch bytes of a matrix-vector launch whose warps each stream
+    /// `share_bytes` of weights, as the kernel's `int` argument.
+    fn gemv_prefetch(&self, share_bytes: usize) -> i32 {
+        i32::try_from(self.gemv_prefetch_bytes.min(share_bytes)).unwrap_or(i32::MAX)
     }
 
     /// Warps per output column for a matrix-vector launch ([`gemv_ksplit`], unless forced).
@@ -554,6 +581,8 @@ impl CudaBackend {
         };
         let mut out = self.alloc_bf16(n * f)?;
         let k_i = k as i32;
+        // Each warp streams a gate and an up row.
+        let prefetch = self.gemv_prefetch(2 * k * 2 / ksplit);
         launch!(
             self,
             function,
@@ -562,7 +591,8 @@ impl CudaBackend {
             w.bf16()?,
             &mut out,
             &k_i,
-            &f_i
+            &f_i,
+            &prefetch
         )?;
         Ok(Some(self.tensor(DeviceBuf::Bf16(out), vec![n, f])))
     }

@@ -15,25 +15,15 @@ use crate::backend::attention_plan::{PREFILL_THREADS, PREFILL_TILE_KEYS, PREFILL
 use crate::{CudaError, KernelCache};
 
 /// A kernel source with the headers it needs prepended, since NVRTC compiles one source string
-/// per module: `pdl.cuh` (programmatic dependent launch, which every kernel uses) always; then
-/// `bf16_vec` (the 16-byte bf16 vector helpers of the row, matrix-vector, attention and key-score
-/// kernels) or
-/// `mma_common` (the tensor-core helpers of both tiled attention kernels).
+/// per module: `pdl.cuh` (programmatic dependent launch, which every kernel uses) always, then
+/// the named headers from `kernels/` in order — `bf16_vec` (the 16-byte bf16 vector helpers of
+/// the row, matrix-vector, attention and key-score kernels), `mma_common` (the tensor-core helpers
+/// of both tiled attention kernels).
 macro_rules! kernel_source {
-    ($path:literal) => {
-        concat!(include_str!("../kernels/pdl.cuh"), include_str!($path))
-    };
-    ($path:literal, bf16_vec) => {
+    ($path:literal $(, $header:ident)*) => {
         concat!(
             include_str!("../kernels/pdl.cuh"),
-            include_str!("../kernels/bf16_vec.cuh"),
-            include_str!($path)
-        )
-    };
-    ($path:literal, mma_common) => {
-        concat!(
-            include_str!("../kernels/pdl.cuh"),
-            include_str!("../kernels/mma_common.cuh"),
+            $(include_str!(concat!("../kernels/", stringify!($header), ".cuh")),)*
             include_str!($path)
         )
     };

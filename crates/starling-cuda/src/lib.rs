@@ -17,6 +17,7 @@ mod tensor;
 
 pub use backend::{
     CudaBackend, CudaBatch, CudaDecodeGraphs, CudaKvCache, GraphCensus, GEMV_KSPLIT_ENV,
+    GEMV_PREFETCH_ENV,
 };
 pub use compile::KernelCache;
 pub use error::CudaError;
