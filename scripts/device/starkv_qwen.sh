@@ -5,6 +5,8 @@
 #   starkv_qwen.sh assemble                 join + verify the pieces
 #   starkv_qwen.sh calibrate NAME PROFILES [calibrate flags…]   → $HOME/ckpt_NAME
 #   starkv_qwen.sh eval NAME PROFILE FACTORS [niah]   quality (+ NIAH) of one checkpoint → $OUT
+#   starkv_qwen.sh baseline [niah]          the same benches without compression
+# NIAH_DEPTHS (default 0,25,50,75,100) sets the needle depths: 11 or more resolve a few points.
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 PYTHONUNBUFFERED=1
 gguf=$HOME/stage/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
@@ -24,17 +26,24 @@ calibrate)
     | tee "$OUT/calibrate_$name.log"
   cp "$HOME/ckpt_$name"/*/manifest.json "$OUT/" 2>/dev/null || true
   ;;
-eval)
-  name=$1 profile=$2 factors=$3 niah=${4:-}
-  kv="{\"method\":\"star_kv\",\"checkpoint\":\"$HOME/ckpt_$name\",\"rank_profile\":\"$profile\",\"factors\":\"$factors\"}"
-  tag=${name}_${profile}_${factors}
+eval | baseline)
+  if [ "$step" = eval ]; then
+    name=$1 profile=$2 factors=$3 niah=${4:-}
+    kv="{\"method\":\"star_kv\",\"checkpoint\":\"$HOME/ckpt_$name\",\"rank_profile\":\"$profile\",\"factors\":\"$factors\"}"
+    compression=(--kv-compression "$kv")
+    tag=${name}_${profile}_${factors}
+  else
+    niah=${1:-}
+    compression=()
+    tag=uncompressed
+  fi
   .device/starling bench quality --device cuda --model "$gguf" --methods none --context-tokens 4096 \
-    --eval-tokens 256 --num-windows 6 --essays-dir .device/essays --kv-compression "$kv" \
+    --eval-tokens 256 --num-windows 6 --essays-dir .device/essays "${compression[@]}" \
     --output "$OUT/q_$tag" 2>&1 | grep -E "^\| none \||perplexity" | tail -3
   if [ -n "$niah" ]; then
     timeout 280 .device/starling bench niah --device cuda --model "$gguf" --contexts 1k,4k,8k,16k,30k \
-      --methods none --essays-dir .device/essays --kv-compression "$kv" --output "$OUT/niah_$tag" \
-      2>&1 | grep -A4 "facts found" | tail -3
+      --depths "${NIAH_DEPTHS:-0,25,50,75,100}" --methods none --essays-dir .device/essays \
+      "${compression[@]}" --output "$OUT/niah_$tag" 2>&1 | grep -A4 "facts found" | tail -3
   fi
   ;;
 *)
