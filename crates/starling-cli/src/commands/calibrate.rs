@@ -2,10 +2,9 @@
 //! its K/V projections. By default the SVD is whitened: the original model first runs over
 //! calibration text (Paul Graham essays not held out for evaluation) and each layer's factors
 //! minimise the error of the projection *outputs* on those activations, not of the weights
-//! (`--no-whiten` keeps the weight-space SVD for ablations). Then (16 steps unless
-//! `--distill-steps` says otherwise; `0` skips it) the
-//! rank thresholds are trained by knowledge distillation, KL(original ‖ compressed) on
-//! calibration windows (`starling_starkv::distill`), starting from `--strategy`'s ranks, and
+//! (`--no-whiten` keeps the weight-space SVD for ablations). Then the rank thresholds are
+//! trained by knowledge distillation (16 steps unless `--distill-steps` says otherwise; 0 skips
+//! it), KL(original ‖ compressed) on calibration windows (`starling_starkv::distill`), starting from `--strategy`'s ranks, and
 //! projected onto each profile's budget exactly; the manifest records the steps and tokens.
 //! With `--refine-steps N` the kept factors themselves are then trained on the same loss, at
 //! the ranks already fixed (`starling_starkv::distill::refine_with`): the KV bytes per token
@@ -386,9 +385,9 @@ impl CalibrationText {
 /// Distillation steps per profile when `--distill-steps` is not given (see its help).
 const DEFAULT_DISTILL_STEPS: usize = 16;
 
-/// The distillation settings the flags ask for (`None` for `--distill-steps 0`, or without the
-/// flag under `--strategy learned`). The
-/// thresholds start from `--strategy`'s allocation where distillation can (uniform or greedy).
+/// The distillation settings the flags ask for: `None` for `--distill-steps 0`, or without the
+/// flag under `--strategy learned`. The thresholds start from `--strategy`'s allocation where
+/// distillation can (uniform or greedy).
 fn distill_config(args: &CalibrateArgs) -> Result<Option<DistillConfig>> {
     let steps = match (args.distill_steps, args.strategy) {
         (Some(0), _) | (None, StrategyArg::Learned) => return Ok(None),
@@ -447,4 +446,37 @@ fn stage_bar(len: u64) -> ProgressBar {
         bar.set_style(style.progress_chars("=> "));
     }
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: CalibrateArgs,
+    }
+
+    fn distill_steps(flags: &[&str]) -> Result<Option<usize>> {
+        let argv = ["calibrate", "--output", "out"].iter().chain(flags);
+        let args = Cli::try_parse_from(argv)?.args;
+        Ok(distill_config(&args)?.map(|c| c.steps))
+    }
+
+    #[test]
+    fn distillation_defaults_to_the_measured_recipe_except_from_learned_thresholds() {
+        assert_eq!(distill_steps(&[]).unwrap(), Some(DEFAULT_DISTILL_STEPS));
+        assert_eq!(
+            distill_steps(&["--strategy", "uniform"]).unwrap(),
+            Some(DEFAULT_DISTILL_STEPS)
+        );
+        assert_eq!(distill_steps(&["--distill-steps", "0"]).unwrap(), None);
+        assert_eq!(distill_steps(&["--distill-steps", "3"]).unwrap(), Some(3));
+        // Learned thresholds cannot seed distillation: off by default, refused when asked for.
+        assert_eq!(distill_steps(&["--strategy", "learned"]).unwrap(), None);
+        assert!(distill_steps(&["--strategy", "learned", "--distill-steps", "2"]).is_err());
+    }
 }
