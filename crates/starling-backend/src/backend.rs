@@ -6,6 +6,7 @@
 
 use crate::sampling::{sample_host_rows, select_host_rows, RowOutcome, RowSamplingParams};
 use crate::{BackendError, BatchMeta, DecodeGraphConfig, DecodeGraphs, HostTensor};
+use starling_kv::{CacheDtype, LayerLayout};
 
 /// Rotary embedding flavour.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,24 +55,169 @@ impl AttentionDims {
     }
 }
 
-/// Geometry of one layer's paged K/V cache (the uncompressed "full" layout).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// One layer's paged cache: how many blocks of how many token slots, and what each slot stores
+/// ([`LayerLayout`], the same description that sized the cache: full K/V, or STAR-KV latents
+/// with each token's position). Every backend allocates from it.
+///
+/// Storage, on every backend: a *key plane* `[num_slots, key_width]` and a *value plane*
+/// `[num_slots, value_width]` ([`plane_widths`](Self::plane_widths)), slot-major; a full layer's
+/// key row is `num_kv_heads` heads of `head_dim`, a latent layer's is its heads' key latents
+/// side by side (head `h` at the sum of the ranks before it) and its value row the one value
+/// latent; a latent layer also stores one `u32` position per slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvCacheSpec {
     /// Number of blocks in the pool.
     pub num_blocks: usize,
     /// Token slots per block.
     pub block_size_tokens: usize,
-    /// Key/value heads stored per token.
-    pub num_kv_heads: usize,
-    /// Elements per head.
-    pub head_dim: usize,
+    /// What one slot stores.
+    pub layout: LayerLayout,
 }
 
 impl KvCacheSpec {
+    /// A full (uncompressed) K/V layer of `num_kv_heads` heads of `head_dim` elements.
+    pub fn full(
+        num_blocks: usize,
+        block_size_tokens: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+        dtype: CacheDtype,
+    ) -> Self {
+        Self {
+            num_blocks,
+            block_size_tokens,
+            layout: LayerLayout::Full {
+                num_kv_heads,
+                head_dim,
+                dtype,
+            },
+        }
+    }
+
     /// Token slots in the whole cache.
     pub fn num_slots(&self) -> usize {
         self.num_blocks * self.block_size_tokens
     }
+
+    /// The same geometry stored in `dtype` (a backend's own: the CPU caches f32, CUDA bf16).
+    pub fn with_dtype(&self, dtype: CacheDtype) -> Self {
+        let layout = match &self.layout {
+            LayerLayout::Full {
+                num_kv_heads,
+                head_dim,
+                ..
+            } => LayerLayout::Full {
+                num_kv_heads: *num_kv_heads,
+                head_dim: *head_dim,
+                dtype,
+            },
+            LayerLayout::LowRank {
+                key_rank_per_head,
+                value_rank,
+                ..
+            } => LayerLayout::LowRank {
+                key_rank_per_head: key_rank_per_head.clone(),
+                value_rank: *value_rank,
+                dtype,
+            },
+        };
+        Self {
+            layout,
+            ..self.clone()
+        }
+    }
+
+    /// Elements per slot of the key plane and of the value plane.
+    pub fn plane_widths(&self) -> (usize, usize) {
+        self.layout.plane_widths()
+    }
+
+    /// `(num_kv_heads, head_dim)` of a full layer; `None` for a latent one.
+    pub fn full_heads(&self) -> Option<(usize, usize)> {
+        match self.layout {
+            LayerLayout::Full {
+                num_kv_heads,
+                head_dim,
+                ..
+            } => Some((num_kv_heads, head_dim)),
+            LayerLayout::LowRank { .. } => None,
+        }
+    }
+
+    /// The stored key rank of each KV head of a latent layer; `None` for a full one.
+    pub fn latent_key_ranks(&self) -> Option<&[usize]> {
+        match &self.layout {
+            LayerLayout::LowRank {
+                key_rank_per_head, ..
+            } => Some(key_rank_per_head),
+            LayerLayout::Full { .. } => None,
+        }
+    }
+
+    /// Whether the layer stores latents.
+    pub fn is_latent(&self) -> bool {
+        self.layout.is_low_rank()
+    }
+
+    /// How many kept-index lists [`Backend::compact_kv`] takes: one per KV head for a full layer,
+    /// one for a latent layer (its value latent is shared by every head, so every head keeps the
+    /// same tokens).
+    pub fn keep_lists(&self) -> usize {
+        match self.full_heads() {
+            Some((heads, _)) => heads,
+            None => 1,
+        }
+    }
+
+    /// The spec's geometry as a full layer, or an error naming `op` (the ops that only full
+    /// layers support).
+    pub fn require_full(&self, op: &str) -> Result<(usize, usize), BackendError> {
+        self.full_heads().ok_or_else(|| {
+            BackendError::Shape(format!(
+                "{op} needs full K/V; this layer caches STAR-KV latents (reconstruct them first: \
+                 Backend::reconstruct_kv)"
+            ))
+        })
+    }
+
+    /// The spec's key ranks as a latent layer, or an error naming `op`.
+    pub fn require_latent(&self, op: &str) -> Result<&[usize], BackendError> {
+        self.latent_key_ranks().ok_or_else(|| {
+            BackendError::Shape(format!(
+                "{op} works on STAR-KV latent layers; this layer caches full K/V"
+            ))
+        })
+    }
+}
+
+/// The up-projections a latent layer's attention reconstructs keys and values with (the
+/// STAR-KV factors the model keeps; the down-projections are part of its fused Q/K/V weight).
+///
+/// Keys of head `h` at a slot holding latent `z` (the head's stored rank `r_h` of the key row)
+/// and position `p`: `RoPE(B_h z + b_h, p)`, with `B_h` = columns `[o_h, o_h + r_h)` of
+/// `key_up` (`o_h` the sum of the ranks before `h`). Values: `B_v u + b_v` for the value latent
+/// `u`, all heads at once.
+pub struct LatentFactors<'a, T> {
+    /// `[head_dim, Σ_h r_h]`: every head's `B_h` side by side, in the key row's order.
+    pub key_up: &'a T,
+    /// The model's key bias `[num_kv_heads * head_dim]`, added before RoPE.
+    pub key_bias: Option<&'a T>,
+    /// `[num_kv_heads * head_dim, r_v]`: `B_v`.
+    pub value_up: &'a T,
+    /// The model's value bias `[num_kv_heads * head_dim]`.
+    pub value_bias: Option<&'a T>,
+}
+
+/// One sequence's cache rows copied out in physical order ([`Backend::gather_kv`]) or to be
+/// written back ([`Backend::scatter_kv`]): the key and value planes `[len, width]`, and for a
+/// latent layer each row's position (empty for a full layer).
+pub struct KvRows<T> {
+    /// Key plane rows.
+    pub keys: T,
+    /// Value plane rows.
+    pub values: T,
+    /// Positions of a latent layer's rows; empty for a full layer.
+    pub positions: Vec<u32>,
 }
 
 /// A per-token key statistic computed next to the cache ([`Backend::key_scores`]), so eviction can
@@ -286,9 +432,87 @@ pub trait Backend: Send + Sync {
         batch: &Self::Batch,
     ) -> Result<Self::Tensor, BackendError>;
 
+    /// A latent (STAR-KV) layer's counterpart of [`rope_qk_write_kv`](Self::rope_qk_write_kv):
+    /// `qkv` is the layer's fused projection `[n, q_size + key_width + value_width]` (`[q | key
+    /// latents | value latent]`, widths from the cache's layout). RoPE rotates the Q part in
+    /// place at the batch's positions; the latents are written unrotated to the batch's slots,
+    /// together with each token's position (keys are rotated when attended). Afterwards `qkv`'s
+    /// Q part is what [`rope_qk`](Self::rope_qk) would leave.
+    fn rope_q_write_latents(
+        &self,
+        qkv: &mut Self::Tensor,
+        cache: &mut Self::KvCache,
+        dims: &AttentionDims,
+        rope: &RopeSpec,
+        batch: &Self::Batch,
+    ) -> Result<(), BackendError> {
+        let _ = (qkv, cache, dims, rope, batch);
+        Err(self.unsupported("rope_q_write_latents"))
+    }
+
+    /// [`paged_attention`](Self::paged_attention) over a latent layer: each visible slot's keys
+    /// are `RoPE(B_h z + b_h, position)` and its values `B_v u + b_v` ([`LatentFactors`]), from
+    /// the latents and positions [`rope_q_write_latents`](Self::rope_q_write_latents) stored.
+    /// `qkv` is that op's (rotated) input; the result is `[n, q_size]` in value space, as
+    /// `paged_attention` returns it. A backend may reconstruct or work in latent space (the
+    /// CUDA one absorbs `B_v`), as long as the function is the same.
+    fn latent_attention(
+        &self,
+        qkv: &Self::Tensor,
+        cache: &Self::KvCache,
+        factors: &LatentFactors<'_, Self::Tensor>,
+        dims: &AttentionDims,
+        rope: &RopeSpec,
+        batch: &Self::Batch,
+    ) -> Result<Self::Tensor, BackendError> {
+        let _ = (qkv, cache, factors, dims, rope, batch);
+        Err(self.unsupported("latent_attention"))
+    }
+
+    /// Reconstructs physical indices `0..len_tokens` of one sequence of a latent layer
+    /// (`latent`, through `block_table`) into full post-RoPE K/V: the keys and values
+    /// [`latent_attention`](Self::latent_attention) attends to, written to physical indices
+    /// `0..len_tokens` of `dense` (a full-layout cache of the model's KV heads) through
+    /// `dense_table`, whose blocks must be distinct. Eviction scores a latent layer on these
+    /// keys. Invalid input is an error and writes nothing.
+    #[allow(clippy::too_many_arguments)]
+    fn reconstruct_kv(
+        &self,
+        latent: &Self::KvCache,
+        factors: &LatentFactors<'_, Self::Tensor>,
+        dims: &AttentionDims,
+        rope: &RopeSpec,
+        block_table: &[u32],
+        len_tokens: usize,
+        dense: &mut Self::KvCache,
+        dense_table: &[u32],
+    ) -> Result<(), BackendError> {
+        let _ = (
+            latent,
+            factors,
+            dims,
+            rope,
+            block_table,
+            len_tokens,
+            dense,
+            dense_table,
+        );
+        Err(self.unsupported("reconstruct_kv"))
+    }
+
+    /// The error of an op this backend does not implement.
+    fn unsupported(&self, op: &str) -> BackendError {
+        BackendError::Device(format!(
+            "{op} is not implemented on the {} backend",
+            self.name()
+        ))
+    }
+
     /// Token eviction: compacts one sequence's K and V in one layer. `keep[h]` lists, strictly
     /// ascending and below `physical_len_tokens`, the physical indices head `h` keeps (the same
-    /// count for every head); physical index `i` of head `h` then holds its `i`-th kept row.
+    /// count for every head); physical index `i` of head `h` then holds its `i`-th kept row. A
+    /// latent layer takes one list ([`KvCacheSpec::keep_lists`]): its key latents, value latent
+    /// and positions move together.
     /// Slots past the kept count are left stale for the caller to release
     /// (`KvCacheManager::shrink_physical`). The blocks holding the `physical_len_tokens` must be
     /// distinct and not shared with another sequence (compaction writes in place: copy a shared
@@ -308,14 +532,12 @@ pub trait Backend: Send + Sync {
             physical_len_tokens,
             keep,
         );
-        Err(BackendError::Device(format!(
-            "compact_kv is not implemented on the {} backend",
-            self.name()
-        )))
+        Err(self.unsupported("compact_kv"))
     }
 
-    /// One sequence's keys of one layer copied to the host as f32
-    /// `[len_tokens, num_kv_heads, head_dim]` in physical order (input to eviction scorers).
+    /// One sequence's keys of one (full) layer copied to the host as f32
+    /// `[len_tokens, num_kv_heads, head_dim]` in physical order (input to eviction scorers); a
+    /// latent layer is reconstructed first ([`Backend::reconstruct_kv`]).
     fn read_keys(
         &self,
         cache: &Self::KvCache,
@@ -324,10 +546,7 @@ pub trait Backend: Send + Sync {
         len_tokens: usize,
     ) -> Result<HostTensor, BackendError> {
         let _ = (cache, block_table, block_size_tokens, len_tokens);
-        Err(BackendError::Device(format!(
-            "read_keys is not implemented on the {} backend",
-            self.name()
-        )))
+        Err(self.unsupported("read_keys"))
     }
 
     /// Copies whole blocks, K and V of every head, from `src` to `dst` for each `(src, dst)` pair
@@ -340,48 +559,40 @@ pub trait Backend: Send + Sync {
         pairs: &[(u32, u32)],
     ) -> Result<(), BackendError> {
         let _ = (cache, pairs);
-        Err(BackendError::Device(format!(
-            "copy_kv_blocks is not implemented on the {} backend",
-            self.name()
-        )))
+        Err(self.unsupported("copy_kv_blocks"))
     }
 
-    /// One sequence's K and V of one layer gathered into contiguous tensors, each
-    /// `[len_tokens, num_kv_heads * head_dim]` in physical order.
+    /// One sequence's rows of one layer gathered into contiguous tensors in physical order: the
+    /// key and value planes `[len_tokens, width]` ([`KvCacheSpec::plane_widths`]) and, for a
+    /// latent layer, the positions.
     fn gather_kv(
         &self,
         cache: &Self::KvCache,
         block_table: &[u32],
         block_size_tokens: usize,
         len_tokens: usize,
-    ) -> Result<(Self::Tensor, Self::Tensor), BackendError> {
+    ) -> Result<KvRows<Self::Tensor>, BackendError> {
         let _ = (cache, block_table, block_size_tokens, len_tokens);
-        Err(BackendError::Device(format!(
-            "gather_kv is not implemented on the {} backend",
-            self.name()
-        )))
+        Err(self.unsupported("gather_kv"))
     }
 
-    /// The inverse of [`Backend::gather_kv`]: writes `k` and `v` (each
-    /// `[len, num_kv_heads * head_dim]`) to physical indices `0..len` of the sequence. The blocks
+    /// The inverse of [`Backend::gather_kv`]: writes `rows` (planes `[len, width]`, and `len`
+    /// positions for a latent layer) to physical indices `0..len` of the sequence. The blocks
     /// those indices use must be distinct. Invalid input is an error and writes nothing.
     fn scatter_kv(
         &self,
         cache: &mut Self::KvCache,
         block_table: &[u32],
         block_size_tokens: usize,
-        k: &Self::Tensor,
-        v: &Self::Tensor,
+        rows: &KvRows<Self::Tensor>,
     ) -> Result<(), BackendError> {
-        let _ = (cache, block_table, block_size_tokens, k, v);
-        Err(BackendError::Device(format!(
-            "scatter_kv is not implemented on the {} backend",
-            self.name()
-        )))
+        let _ = (cache, block_table, block_size_tokens, rows);
+        Err(self.unsupported("scatter_kv"))
     }
 
-    /// Eviction scores of one sequence's keys in one layer, f32 `[num_kv_heads, len_tokens]` in
-    /// physical order, computed where the cache lives (see [`KeyScoreKind`]).
+    /// Eviction scores of one sequence's keys in one (full) layer, f32
+    /// `[num_kv_heads, len_tokens]` in physical order, computed where the cache lives (see
+    /// [`KeyScoreKind`]).
     fn key_scores(
         &self,
         cache: &Self::KvCache,
@@ -391,9 +602,6 @@ pub trait Backend: Send + Sync {
         kind: KeyScoreKind,
     ) -> Result<HostTensor, BackendError> {
         let _ = (cache, block_table, block_size_tokens, len_tokens, kind);
-        Err(BackendError::Device(format!(
-            "key_scores is not implemented on the {} backend",
-            self.name()
-        )))
+        Err(self.unsupported("key_scores"))
     }
 }

@@ -34,6 +34,10 @@ pub struct DecodeGraphConfig {
     /// The model's query heads per KV head (its attention group), which picks the decode
     /// attention kernel and so the split plan a replay must reproduce.
     pub query_heads_per_kv_head: usize,
+    /// The model's KV heads (every layer's, full or latent).
+    pub num_kv_heads: usize,
+    /// Elements per attention head.
+    pub head_dim: usize,
 }
 
 /// One decode step as the engine built it.

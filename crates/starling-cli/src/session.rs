@@ -64,6 +64,7 @@ pub fn engine_config(
         },
         kv_cache_memory_bytes,
         compression: args.kv_compression.eviction(),
+        star_kv: args.kv_compression.star_kv().cloned(),
     }
 }
 
@@ -167,27 +168,35 @@ pub fn open_session<B: Backend + 'static>(
             );
         }
     }
-    let weights = match (weights, args.kv_compression.star_kv()) {
-        (Some(mut weights), Some(selection)) => {
-            apply_star_kv(selection, &config, &mut weights)?;
-            Some(weights)
-        }
-        (None, Some(_)) => anyhow::bail!(
+    if weights.is_none() && args.kv_compression.star_kv().is_some() {
+        anyhow::bail!(
             "--kv-compression star_kv needs the model's real weights (its checkpoint is tied to \
              them), not --load-format synthetic"
-        ),
-        (weights, None) => weights,
-    };
+        );
+    }
     let started = std::time::Instant::now();
-    let model = match weights {
-        Some(weights) => LlamaModel::load(&backend, &config, weights)?,
-        None => LlamaModel::synthetic(&backend, &config, 0)?,
-    };
-    let load_ms = load_ms + started.elapsed().as_millis() as u64;
-    let engine_config = engine_config(args, &config, kv_budget_bytes(args, &backend)?);
+    let engine_config = engine_config(args, &config, 0);
     let text = Arc::new(TokenizerText(tokenizer.clone()));
     tracing::info!("engine on {}", backend.name());
-    let mut engine = Engine::new(backend, model, Some(text), engine_config)?;
+    // The KV budget is what the device has left once the weights are resident, so the model is
+    // built first; the engine then sizes its cache from the layout the model caches.
+    let (model, star_kv) = match weights {
+        Some(weights) => {
+            let selection = engine_config.star_kv.as_ref();
+            starling_engine::engine::load_model(&backend, &config, weights, selection)
+                .with_context(|| match selection {
+                    Some(s) => format!("STAR-KV checkpoint {}", s.checkpoint.display()),
+                    None => "loading the model".to_owned(),
+                })?
+        }
+        None => (LlamaModel::synthetic(&backend, &config, 0)?, None),
+    };
+    let load_ms = load_ms + started.elapsed().as_millis() as u64;
+    let engine_config = EngineConfig {
+        kv_cache_memory_bytes: kv_budget_bytes(args, &backend)?,
+        ..engine_config
+    };
+    let mut engine = Engine::with_loaded_model(backend, model, star_kv, Some(text), engine_config)?;
     if args.cuda_graphs == crate::args::OnOff::On {
         // The CPU backend has no graphs: the default `on` is then silently moot.
         if engine.enable_decode_graphs()? {
@@ -202,35 +211,4 @@ pub fn open_session<B: Backend + 'static>(
         path,
         load_ms,
     })
-}
-
-/// The STAR-KV reference path: loads the selected checkpoint (refusing one made for other
-/// weights) and replaces the compressed layers' K/V projections by their low-rank
-/// reconstructions in the host weights, so every backend runs it. Outputs equal caching the
-/// latents; the KV cache is not smaller yet (the latent layout is the next step).
-fn apply_star_kv(
-    selection: &starling_evict::StarKvSelection,
-    config: &ModelConfig,
-    weights: &mut starling_models::WeightMap,
-) -> Result<()> {
-    let profile: starling_starkv::RankProfile = selection.rank_profile.parse()?;
-    let sides = match selection.factors {
-        starling_evict::StarKvFactors::Both => starling_starkv::AppliedSides::Both,
-        starling_evict::StarKvFactors::Keys => starling_starkv::AppliedSides::KeysOnly,
-        starling_evict::StarKvFactors::Values => starling_starkv::AppliedSides::ValuesOnly,
-    };
-    let checkpoint =
-        starling_starkv::load_and_apply(&selection.checkpoint, profile, sides, config, weights)
-            .with_context(|| format!("STAR-KV checkpoint {}", selection.checkpoint.display()))?;
-    let report = &checkpoint.manifest.compression;
-    tracing::info!(
-        "STAR-KV {profile} ({} low-rank): {} of {} layers low-rank, latent KV {} of {} bytes per \
-         token (not yet used by the cache)",
-        selection.factors.name(),
-        checkpoint.manifest.layers.len(),
-        config.num_layers,
-        report.kv_bytes_per_token_compressed,
-        report.kv_bytes_per_token_original
-    );
-    Ok(())
 }

@@ -2,9 +2,10 @@
 // cache or scattered back into it, and the gather half of eviction compaction. CPU references in
 // starling-backend/src/cpu (named above each kernel); parity tests in tests/parity.rs.
 //
-// Cache layout (one of K or V): [num_slots, num_kv_heads, head_dim] bf16, slot = block *
-// block_size + offset, so a block is one contiguous run of block_size * num_kv_heads * head_dim
-// elements. Rows are moved as 16-byte vectors (8 bf16) whenever the row width allows it; cudarc
+// Cache layout (one plane: keys, values, or a latent layer's positions as two bf16 words per
+// slot): [num_slots, row_elems] bf16, slot = block * block_size + offset, so a block is one
+// contiguous run of block_size * row_elems elements (row_elems = num_kv_heads * head_dim for a
+// full layer's K or V). Rows are moved as 16-byte vectors (8 bf16) whenever the row width allows it; cudarc
 // allocations are 256-byte aligned, so a width that is a multiple of 8 keeps every vector aligned.
 #include <cuda_bf16.h>
 typedef __nv_bfloat16 bf16;
@@ -15,15 +16,13 @@ __device__ __forceinline__ size_t token_slot(const unsigned* __restrict__ table,
     return (size_t)table[t / block_size] * block_size + t % block_size;
 }
 
-// cpu::kv_transfer::copy_kv_blocks: block pairs[2p + 1] = block pairs[2p], K (blockIdx.y == 0) or
-// V (blockIdx.y == 1); one CUDA block per (pair, tensor). The host has checked that no destination
-// is a source and destinations are distinct, so pairs are independent (no __restrict__: source
-// and destination are disjoint runs of the same buffer).
-extern "C" __global__ void copy_kv_blocks_bf16(bf16* k_cache, bf16* v_cache,
-                                               const unsigned* __restrict__ pairs,
+// cpu::kv_transfer::copy_kv_blocks: block pairs[2p + 1] = block pairs[2p] of one plane; one CUDA
+// block per pair (the host launches once per plane). The host has checked that no destination is
+// a source and destinations are distinct, so pairs are independent (no __restrict__: source and
+// destination are disjoint runs of the same buffer).
+extern "C" __global__ void copy_kv_blocks_bf16(bf16* cache, const unsigned* __restrict__ pairs,
                                                size_t block_elems) {
     pdl_entry();
-    bf16* cache = blockIdx.y == 0 ? k_cache : v_cache;
     const size_t src = (size_t)pairs[2 * blockIdx.x] * block_elems;
     const size_t dst = (size_t)pairs[2 * blockIdx.x + 1] * block_elems;
     if ((block_elems & 7) == 0) {
@@ -80,7 +79,8 @@ extern "C" __global__ void scatter_paged_rows_bf16(bf16* __restrict__ cache,
 }
 
 // Gather half of cpu::compact::compact_kv: out[i, h, :] = cache[slot(keep[h * count + i]), h, :],
-// the i-th kept row of head h, for i < count. Compaction then scatters `out` to physical tokens
+// the i-th kept row of list h, for i < count; a row is num_kv_heads segments of head_dim (a full
+// layer: one list per head; a latent layer: one list, one segment of the whole row). Compaction then scatters `out` to physical tokens
 // 0..count with scatter_paged_rows_bf16; going through this scratch copy (a second launch on the
 // same stream) makes it correct when kept source slots overlap their destinations.
 extern "C" __global__ void gather_kept_rows_bf16(const bf16* __restrict__ cache,

@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use starling_backend::sampling::{RowOutcome, RowSamplingParams};
 use starling_backend::{
     AttentionDims, Backend, BackendError, BatchMeta, DecodeGraphConfig, DecodeGraphs, HostTensor,
-    KeyScoreKind, KvCacheSpec, RopeSpec, RopeStyle,
+    KeyScoreKind, KvCacheSpec, KvRows, LatentFactors, RopeSpec, RopeStyle,
 };
 use starling_kv::CacheDtype;
 
@@ -47,13 +47,26 @@ mod batch;
 // After `launch!`, which they use.
 mod graphs;
 mod key_scores;
+mod kv_cache;
 mod kv_ops;
+pub(crate) mod latent;
 mod recording_pool;
 mod sampling;
 
 pub use batch::CudaBatch;
 pub use graphs::{CudaDecodeGraphs, GraphCensus};
+pub use kv_cache::CudaKvCache;
 pub(crate) use recording_pool::RecordingPool;
+
+/// Where attention reads full keys and values: a cache through the batch's block tables, or a
+/// latent layer's reconstructed context through its scratch tables.
+pub(crate) struct KvSource<'a> {
+    pub(crate) keys: &'a CudaSlice<bf16>,
+    pub(crate) values: &'a CudaSlice<bf16>,
+    /// `[sequences, max_blocks]`.
+    pub(crate) block_tables: cudarc::driver::CudaView<'a, u32>,
+    pub(crate) max_blocks: usize,
+}
 
 /// cuBLAS workspace bytes (NVIDIA's recommendation for Hopper). Set explicitly so that eager
 /// and graph-captured GEMMs use the same workspace, hence the same algorithms.
@@ -61,6 +74,8 @@ const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
 
 /// A RoPE frequency table on the host and its device copy.
 type RopeTable = (Vec<f32>, Arc<CudaSlice<f32>>);
+/// The latent kernels' cos/sin table: its frequencies, the positions it covers, its device copy.
+type LatentRopeTable = (Vec<f32>, usize, Arc<CudaSlice<f32>>);
 
 /// One GPU's backend.
 pub struct CudaBackend {
@@ -87,23 +102,11 @@ pub struct CudaBackend {
     name: String,
     /// The last RoPE frequency table uploaded (every layer passes the same one).
     rope_table: Mutex<Option<RopeTable>>,
+    /// The latent kernels' cos/sin table: its frequencies, positions covered, device copy.
+    latent_rope_table: Mutex<Option<LatentRopeTable>>,
     /// While a decode graph is recorded, the pool its passes allocate from
     /// ([`RecordingPool`]): a recorded graph then holds no memory nodes.
     recording_pool: Mutex<Option<Arc<RecordingPool>>>,
-}
-
-/// One layer's K and V caches: `[num_slots, num_kv_heads, head_dim]` bf16 each.
-pub struct CudaKvCache {
-    spec: KvCacheSpec,
-    pub(crate) keys: CudaSlice<bf16>,
-    pub(crate) values: CudaSlice<bf16>,
-}
-
-impl CudaKvCache {
-    /// The cache geometry.
-    pub fn spec(&self) -> &KvCacheSpec {
-        &self.spec
-    }
 }
 
 fn err(e: impl Into<CudaError>) -> BackendError {
@@ -290,6 +293,7 @@ impl CudaBackend {
             num_sms,
             name,
             rope_table: Mutex::new(None),
+            latent_rope_table: Mutex::new(None),
             recording_pool: Mutex::new(None),
         })
     }
@@ -701,30 +705,30 @@ impl CudaBackend {
         )
     }
 
-    fn paged_attention_impl(
+    /// Attention of the Q part of `qkv` (`[n, width]`, Q first) over full K/V read from
+    /// `source`: every row (`prefill_only == false`: decode rows to a decode kernel, prefill
+    /// tiles to the tiled kernel), or only the prefill tiles (a latent layer's reconstructed
+    /// context; its decode rows are the latent kernels', which write their rows of the result
+    /// afterwards).
+    pub(crate) fn paged_attention_impl(
         &self,
         qkv: &CudaTensor,
-        cache: &CudaKvCache,
+        source: &KvSource<'_>,
         dims: &AttentionDims,
         batch: &CudaBatch,
+        prefill_only: bool,
     ) -> Result<CudaTensor, CudaError> {
         let (n, width) = qkv.matrix_dims()?;
-        if width != dims.qkv_size() || n != batch.meta.num_tokens() {
+        if width < dims.q_size() || n != batch.meta.num_tokens() {
             return Err(CudaError::Shape(format!(
-                "attention: [{n}, {width}] for {} tokens of width {}",
+                "attention: [{n}, {width}] for {} tokens of {} query elements",
                 batch.meta.num_tokens(),
-                dims.qkv_size()
+                dims.q_size()
             )));
         }
         if n == 0 {
             // As the CPU backend: an empty batch attends to nothing (no zero-sized grid).
             return Ok(self.tensor(DeviceBuf::Bf16(self.alloc_bf16(0)?), vec![0, dims.q_size()]));
-        }
-        if dims.num_kv_heads != cache.spec.num_kv_heads || dims.head_dim != cache.spec.head_dim {
-            return Err(CudaError::Shape(format!(
-                "attention: {dims:?} vs cache {:?}",
-                cache.spec
-            )));
         }
         let group = dims.num_heads / dims.num_kv_heads.max(1);
         if group == 0 || group > MAX_GROUP || group * dims.num_kv_heads != dims.num_heads {
@@ -740,10 +744,15 @@ impl CudaBackend {
             Some(kernel) if rows.num_prefill() > 0 => Some((kernel, rows.tile_ranges[group - 1])),
             _ => None,
         };
-        let decode_rows = if prefill.is_some() {
-            rows.num_decode
-        } else {
-            n
+        if prefill_only && prefill.is_none() {
+            return Err(CudaError::Shape(
+                "attention: a prefill-only launch without prefill tiles".into(),
+            ));
+        }
+        let decode_rows = match (prefill.is_some(), prefill_only) {
+            (_, true) => 0,
+            (true, false) => rows.num_decode,
+            (false, false) => n,
         };
         let mma = self.kernels.decode_attention_mma(dims.head_dim);
         let decode_choice = DecodeKernel::choose(group, decode_rows, mma.is_some());
@@ -815,7 +824,7 @@ impl CudaBackend {
         );
         let (qkv_width, max_blocks, block_size) = (
             width as i32,
-            batch.max_blocks as i32,
+            source.max_blocks as i32,
             batch.meta.block_size_tokens as i32,
         );
         let (num_kv, group_i, splits_i, split_len_i) = (
@@ -842,12 +851,12 @@ impl CudaBackend {
                 part_ml.f32_mut()?,
                 qkv.bf16()?,
                 &qkv_width,
-                &cache.keys,
-                &cache.values,
+                source.keys,
+                source.values,
                 &order,
                 &batch.tok_seq(),
                 &batch.tok_visible(),
-                &batch.block_tables(),
+                &source.block_tables,
                 &max_blocks,
                 &block_size,
                 &num_kv,
@@ -874,12 +883,12 @@ impl CudaBackend {
                 part_ml.f32_mut()?,
                 qkv.bf16()?,
                 &qkv_width,
-                &cache.keys,
-                &cache.values,
+                source.keys,
+                source.values,
                 &tile_list,
                 &batch.tok_seq(),
                 &batch.tok_visible(),
-                &batch.block_tables(),
+                &source.block_tables,
                 &max_blocks,
                 &block_size,
                 &num_kv,
@@ -986,12 +995,7 @@ impl Backend for CudaBackend {
     }
 
     fn alloc_kv_cache(&self, spec: &KvCacheSpec) -> Result<CudaKvCache, BackendError> {
-        let len = spec.num_slots() * spec.num_kv_heads * spec.head_dim;
-        Ok(CudaKvCache {
-            spec: *spec,
-            keys: self.stream.alloc_zeros::<bf16>(len.max(1)).map_err(err)?,
-            values: self.stream.alloc_zeros::<bf16>(len.max(1)).map_err(err)?,
-        })
+        self.alloc_kv_cache_impl(spec).map_err(err)
     }
 
     fn prepare_batch(
@@ -1291,7 +1295,7 @@ impl Backend for CudaBackend {
         batch: &CudaBatch,
     ) -> Result<(), BackendError> {
         let (n, width) = rope_rows(qkv, dims, rope, batch)?;
-        if dims.num_kv_heads != cache.spec.num_kv_heads || dims.head_dim != cache.spec.head_dim {
+        if cache.full_dims("rope_qk_write_kv").map_err(err)? != (dims.num_kv_heads, dims.head_dim) {
             return Err(BackendError::Shape(format!(
                 "rope + write_kv: {dims:?} into {:?}",
                 cache.spec
@@ -1343,8 +1347,7 @@ impl Backend for CudaBackend {
         let (n, width) = qkv.matrix_dims().map_err(err)?;
         if width != dims.qkv_size()
             || n != batch.meta.num_tokens()
-            || dims.num_kv_heads != cache.spec.num_kv_heads
-            || dims.head_dim != cache.spec.head_dim
+            || cache.full_dims("write_kv").map_err(err)? != (dims.num_kv_heads, dims.head_dim)
         {
             return Err(BackendError::Shape(format!(
                 "write_kv: [{n}, {width}] into {:?} for {dims:?}",
@@ -1379,8 +1382,73 @@ impl Backend for CudaBackend {
         batch: &CudaBatch,
     ) -> Result<CudaTensor, BackendError> {
         qkv.bf16().map_err(err)?;
-        self.paged_attention_impl(qkv, cache, dims, batch)
+        let (_, width) = qkv.matrix_dims().map_err(err)?;
+        if width != dims.qkv_size()
+            || cache.full_dims("paged_attention").map_err(err)?
+                != (dims.num_kv_heads, dims.head_dim)
+        {
+            return Err(BackendError::Shape(format!(
+                "attention: rows of {width} for {dims:?} over a cache of {:?}",
+                cache.spec
+            )));
+        }
+        let source = KvSource {
+            keys: &cache.keys,
+            values: &cache.values,
+            block_tables: batch.block_tables(),
+            max_blocks: batch.max_blocks,
+        };
+        self.paged_attention_impl(qkv, &source, dims, batch, false)
             .map_err(err)
+    }
+
+    fn rope_q_write_latents(
+        &self,
+        qkv: &mut CudaTensor,
+        cache: &mut CudaKvCache,
+        dims: &AttentionDims,
+        rope: &RopeSpec,
+        batch: &CudaBatch,
+    ) -> Result<(), BackendError> {
+        self.rope_q_write_latents_impl(qkv, cache, dims, rope, batch)
+            .map_err(err)
+    }
+
+    fn latent_attention(
+        &self,
+        qkv: &CudaTensor,
+        cache: &CudaKvCache,
+        factors: &LatentFactors<'_, CudaTensor>,
+        dims: &AttentionDims,
+        rope: &RopeSpec,
+        batch: &CudaBatch,
+    ) -> Result<CudaTensor, BackendError> {
+        self.latent_attention_impl(qkv, cache, factors, dims, rope, batch)
+            .map_err(err)
+    }
+
+    fn reconstruct_kv(
+        &self,
+        latent: &CudaKvCache,
+        factors: &LatentFactors<'_, CudaTensor>,
+        dims: &AttentionDims,
+        rope: &RopeSpec,
+        block_table: &[u32],
+        len_tokens: usize,
+        dense: &mut CudaKvCache,
+        dense_table: &[u32],
+    ) -> Result<(), BackendError> {
+        self.reconstruct_kv_impl(
+            latent,
+            factors,
+            dims,
+            rope,
+            block_table,
+            len_tokens,
+            dense,
+            dense_table,
+        )
+        .map_err(err)
     }
 
     fn compact_kv(
@@ -1426,7 +1494,7 @@ impl Backend for CudaBackend {
         block_table: &[u32],
         block_size_tokens: usize,
         len_tokens: usize,
-    ) -> Result<(CudaTensor, CudaTensor), BackendError> {
+    ) -> Result<KvRows<CudaTensor>, BackendError> {
         self.gather_kv_impl(cache, block_table, block_size_tokens, len_tokens)
             .map_err(err)
     }
@@ -1436,10 +1504,9 @@ impl Backend for CudaBackend {
         cache: &mut CudaKvCache,
         block_table: &[u32],
         block_size_tokens: usize,
-        k: &CudaTensor,
-        v: &CudaTensor,
+        rows: &KvRows<CudaTensor>,
     ) -> Result<(), BackendError> {
-        self.scatter_kv_impl(cache, block_table, block_size_tokens, k, v)
+        self.scatter_kv_impl(cache, block_table, block_size_tokens, rows)
             .map_err(err)
     }
 

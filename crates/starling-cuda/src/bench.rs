@@ -114,12 +114,13 @@ pub fn bench_attention(
     let block_size = 16;
     let meta = attention_meta(batch, seq, query, block_size);
     let num_blocks = batch * seq.div_ceil(block_size);
-    let spec = starling_backend::KvCacheSpec {
+    let spec = starling_backend::KvCacheSpec::full(
         num_blocks,
-        block_size_tokens: block_size,
-        num_kv_heads: dims.num_kv_heads,
-        head_dim: dims.head_dim,
-    };
+        block_size,
+        dims.num_kv_heads,
+        dims.head_dim,
+        starling_kv::CacheDtype::BF16,
+    );
     let mut cache = backend.alloc_kv_cache(&spec)?;
     fill_cache(backend, &mut cache, 11)?;
     let qkv = backend.random_bf16(vec![meta.num_tokens(), dims.qkv_size()], 3, 1.0, 0.0)?;
@@ -181,12 +182,13 @@ pub fn bench_kv_write(
     let block_size = 16;
     let meta = attention_meta(1, tokens, tokens, block_size);
     let num_blocks = tokens.div_ceil(block_size);
-    let spec = starling_backend::KvCacheSpec {
+    let spec = starling_backend::KvCacheSpec::full(
         num_blocks,
-        block_size_tokens: block_size,
-        num_kv_heads: dims.num_kv_heads,
-        head_dim: dims.head_dim,
-    };
+        block_size,
+        dims.num_kv_heads,
+        dims.head_dim,
+        starling_kv::CacheDtype::BF16,
+    );
     let mut cache = backend.alloc_kv_cache(&spec)?;
     let qkv = backend.random_bf16(vec![tokens, dims.qkv_size()], 5, 1.0, 0.0)?;
     let prepared = backend.prepare_batch(&meta, num_blocks)?;

@@ -36,6 +36,18 @@ const PREFILL_ATTENTION_SRC: &str = kernel_source!("../kernels/prefill_attention
 const DECODE_ATTENTION_SRC: &str = kernel_source!("../kernels/decode_attention.cu", mma_common);
 const SAMPLING_SRC: &str = kernel_source!("../kernels/sampling.cu");
 const GEMV_SRC: &str = kernel_source!("../kernels/gemv.cu", bf16_vec);
+const LATENT_SRC: &str = kernel_source!("../kernels/latent.cu", mma_common);
+
+/// Head widths the latent score kernel (`latent.cu`) is instantiated for.
+const LATENT_HEAD_DIMS: [usize; 2] = [64, 128];
+/// m-tiles of 16 query heads the latent value kernel is instantiated for (up to 64 heads).
+const LATENT_M_TILES: [usize; 3] = [1, 2, 4];
+/// Threads per block of the latent kernels (`LS_THREADS`, `LV_THREADS`).
+pub(crate) const LATENT_THREADS: u32 = 128;
+/// Keys per key-latent tile of the latent score kernel (`LS_BN`).
+pub(crate) const LATENT_SCORE_KEYS: usize = 64;
+/// Key-latent tiles in its shared-memory ring (`LS_STAGES`).
+pub(crate) const LATENT_SCORE_STAGES: usize = 2;
 
 /// Most input rows the matrix-vector kernels (`gemv.cu`) take; larger batches go to cuBLAS.
 /// Measured on the H200 (synthetic llama2-7b decode, 2026-11-29): one and two rows beat cuBLAS
@@ -134,6 +146,23 @@ mod names {
     pub(super) const KEY_DIRECTION_MEAN: &str = "key_direction_mean";
     pub(super) const KEY_SCORES: &str = "key_scores_bf16";
     pub(super) const SAMPLE_ROWS: &str = "sample_rows_f32";
+    pub(super) const ROPE_Q_WRITE_LATENTS: &str = "rope_q_write_latents_bf16";
+    pub(super) const LATENT_ROPE_TABLE: &str = "latent_rope_table_f32";
+    pub(super) const LATENT_COMBINE: &str = "latent_combine_bf16";
+    pub(super) const LATENT_VALUE_OUT: &str = "latent_value_out_bf16";
+    pub(super) const LATENT_GATHER_ROWS: &str = "latent_gather_rows_bf16";
+    pub(super) const LATENT_GATHER_POSITIONS: &str = "latent_gather_positions";
+    pub(super) const LATENT_FINISH_KV: &str = "latent_finish_kv_bf16";
+
+    /// The latent score instantiation for head width `d`.
+    pub(super) fn latent_scores(d: usize) -> String {
+        format!("latent_scores_d{d}_bf16")
+    }
+
+    /// The latent value instantiation for `mt` m-tiles of 16 query heads.
+    pub(super) fn latent_values(mt: usize) -> String {
+        format!("latent_values_mt{mt}_bf16")
+    }
 
     /// The attention instantiation for head width `d` and group bound `g`.
     pub(super) fn attention(d: usize, g: usize) -> String {
@@ -251,6 +280,23 @@ pub fn kernel_modules() -> Vec<KernelModule> {
             source: SAMPLING_SRC,
             functions: owned(&[names::SAMPLE_ROWS]),
         },
+        KernelModule {
+            name: "latent",
+            source: LATENT_SRC,
+            functions: owned(&[
+                names::ROPE_Q_WRITE_LATENTS,
+                names::LATENT_ROPE_TABLE,
+                names::LATENT_COMBINE,
+                names::LATENT_VALUE_OUT,
+                names::LATENT_GATHER_ROWS,
+                names::LATENT_GATHER_POSITIONS,
+                names::LATENT_FINISH_KV,
+            ])
+            .into_iter()
+            .chain(LATENT_HEAD_DIMS.iter().map(|&d| names::latent_scores(d)))
+            .chain(LATENT_M_TILES.iter().map(|&mt| names::latent_values(mt)))
+            .collect(),
+        },
     ]
 }
 
@@ -285,6 +331,17 @@ pub(crate) struct Kernels {
     pub(crate) sample_rows: CudaFunction,
     /// In [`gemv_names`] order, see [`Kernels::gemv`].
     gemv: Vec<CudaFunction>,
+    pub(crate) rope_q_write_latents: CudaFunction,
+    pub(crate) latent_rope_table: CudaFunction,
+    pub(crate) latent_combine: CudaFunction,
+    pub(crate) latent_value_out: CudaFunction,
+    pub(crate) latent_gather_rows: CudaFunction,
+    pub(crate) latent_gather_positions: CudaFunction,
+    pub(crate) latent_finish_kv: CudaFunction,
+    /// Latent scores by head width, where the device grants their shared memory.
+    latent_scores: Vec<(usize, CudaFunction)>,
+    /// Latent values by m-tiles, [`LATENT_M_TILES`] order.
+    latent_values: Vec<(usize, CudaFunction)>,
 }
 
 impl Kernels {
@@ -329,7 +386,37 @@ impl Kernels {
                 decode_attention_mma.push((d, kernel));
             }
         }
+        let mut latent_scores = Vec::new();
+        for d in LATENT_HEAD_DIMS {
+            let function = take(&names::latent_scores(d))?;
+            // The most a layer asks for: every head at rank head_dim.
+            let bytes = crate::backend::latent::latent_scores_shared_bytes(d, d + 8) as usize;
+            if opt_in_shared_memory(
+                &function,
+                bytes,
+                LATENT_THREADS,
+                &format!("latent scores d{d}"),
+                "latent layers of this head width cannot run",
+            )
+            .is_some()
+            {
+                latent_scores.push((d, function));
+            }
+        }
+        let latent_values = LATENT_M_TILES
+            .iter()
+            .map(|&mt| take(&names::latent_values(mt)).map(|f| (mt, f)))
+            .collect::<Result<_, _>>()?;
         Ok(Self {
+            rope_q_write_latents: take(names::ROPE_Q_WRITE_LATENTS)?,
+            latent_rope_table: take(names::LATENT_ROPE_TABLE)?,
+            latent_combine: take(names::LATENT_COMBINE)?,
+            latent_value_out: take(names::LATENT_VALUE_OUT)?,
+            latent_gather_rows: take(names::LATENT_GATHER_ROWS)?,
+            latent_gather_positions: take(names::LATENT_GATHER_POSITIONS)?,
+            latent_finish_kv: take(names::LATENT_FINISH_KV)?,
+            latent_scores,
+            latent_values,
             gather_rows: take(names::GATHER_ROWS)?,
             rms_norm: take(names::RMS_NORM)?,
             add_rms_norm: take(names::ADD_RMS_NORM)?,
@@ -386,6 +473,23 @@ impl Kernels {
         let split = GEMV_KSPLITS.iter().position(|&k| k == ksplit)?;
         self.gemv
             .get(((rows - 1) * GemvKind::ALL.len() + kind as usize) * GEMV_KSPLITS.len() + split)
+    }
+
+    /// The latent score kernel for `head_dim`, if instantiated and runnable here.
+    pub(crate) fn latent_scores(&self, head_dim: usize) -> Option<&CudaFunction> {
+        self.latent_scores
+            .iter()
+            .find(|(d, _)| *d == head_dim)
+            .map(|(_, f)| f)
+    }
+
+    /// The latent value kernel for `m_tiles` tiles of 16 query heads: the smallest
+    /// instantiation that holds them.
+    pub(crate) fn latent_values(&self, m_tiles: usize) -> Option<&CudaFunction> {
+        self.latent_values
+            .iter()
+            .find(|(mt, _)| *mt >= m_tiles)
+            .map(|(_, f)| f)
     }
 
     /// The tensor-core decode kernel for `head_dim` (any group of 1..=8 query heads per KV head),
@@ -551,12 +655,37 @@ mod tests {
     }
 
     #[test]
+    fn latent_kernel_geometry_matches_the_host() {
+        let src = LATENT_SRC;
+        assert_eq!(define(src, "LS_THREADS"), LATENT_THREADS as usize);
+        assert_eq!(define(src, "LV_THREADS"), LATENT_THREADS as usize);
+        assert_eq!(define(src, "LS_BN"), LATENT_SCORE_KEYS);
+        assert_eq!(define(src, "LS_STAGES"), LATENT_SCORE_STAGES);
+        // Head width 128 at full rank: B_h and two tiles of 64 keys (136-element rows) plus the
+        // bias and the maxima fit one block's opt-in shared memory with room for a second.
+        let bytes = crate::backend::latent::latent_scores_shared_bytes(128, 136) as usize;
+        assert_eq!(bytes, (128 * 136 + 2 * 64 * 136) * 2 + 512 + 128);
+        assert!(2 * (bytes + 1024) <= 228 * 1024);
+        // The value kernel's static shared memory stays within 48 KiB at every m-tile count.
+        for mt in LATENT_M_TILES {
+            let (ch, bn) = (512 / mt, define(src, "LV_BN"));
+            let stages = define(src, "LV_STAGES");
+            let static_bytes =
+                16 * mt * (bn + 8) * 2 + stages * bn * (ch + 8) * 2 + 2 * 16 * mt * 4;
+            assert!(static_bytes <= 48 * 1024, "mt {mt}: {static_bytes}");
+        }
+    }
+
+    #[test]
     fn tiled_kernels_carry_the_shared_helpers() {
         for module in kernel_modules() {
             let has = module
                 .source
                 .contains("__device__ __forceinline__ void mma_bf16(");
-            let tiled = matches!(module.name, "prefill_attention" | "decode_attention");
+            let tiled = matches!(
+                module.name,
+                "prefill_attention" | "decode_attention" | "latent"
+            );
             assert_eq!(has, tiled, "{}", module.name);
         }
     }

@@ -59,11 +59,10 @@ fn replay_matches_eager(cfg: &ModelConfig, batch: usize, prompt_lens: &[usize], 
     let max_model_len = prompt_lens.iter().max().expect("prompts") + steps + 1;
     let blocks = batch * max_model_len.div_ceil(BLOCK_TOKENS) + 1;
     let mut kv = KvCacheManager::new(blocks, BLOCK_TOKENS).expect("manager");
-    let spec = model.kv_cache_spec(blocks, BLOCK_TOKENS);
     let alloc = || -> Vec<CudaKvCache> {
-        (0..cfg.num_layers)
-            .map(|_| gpu.alloc_kv_cache(&spec).expect("cache"))
-            .collect()
+        model
+            .alloc_kv_caches(&gpu, blocks, BLOCK_TOKENS)
+            .expect("caches")
     };
     let (mut eager_caches, mut graph_caches) = (alloc(), alloc());
     let ids: Vec<SeqId> = (0..batch as u64).map(SeqId).collect();
@@ -94,6 +93,8 @@ fn replay_matches_eager(cfg: &ModelConfig, batch: usize, prompt_lens: &[usize], 
         block_size_tokens: BLOCK_TOKENS,
         num_cache_blocks: blocks,
         query_heads_per_kv_head: cfg.num_attention_heads / cfg.num_kv_heads.max(1),
+        num_kv_heads: cfg.num_kv_heads,
+        head_dim: cfg.head_dim,
     };
     // The concrete type (what `decode_graphs` boxes), for its census of recorded graphs.
     let mut graphs = CudaDecodeGraphs::new(&config).expect("graphs");

@@ -6,6 +6,7 @@ use starling_backend::{
     AttentionDims, Backend, BatchMeta, HostTensor, KvCacheSpec, RopeSpec, RopeStyle,
 };
 use starling_cuda::CudaBackend;
+use starling_kv::CacheDtype;
 use starling_kv::{KvCacheManager, SeqId};
 use starling_models::llama::LlamaModel;
 use starling_models::tokenizer::Tokenizer;
@@ -22,13 +23,7 @@ fn greedy<B: Backend>(
     let bs = 16;
     let blocks = (prompt.len() + steps).div_ceil(bs) + 1;
     let mut kv = KvCacheManager::new(blocks, bs).unwrap();
-    let mut caches: Vec<_> = (0..model.config().num_layers)
-        .map(|_| {
-            backend
-                .alloc_kv_cache(&model.kv_cache_spec(blocks, bs))
-                .unwrap()
-        })
-        .collect();
+    let mut caches = model.alloc_kv_caches(backend, blocks, bs).unwrap();
     let seq = SeqId(0);
     let mut ids = prompt.to_vec();
     let (mut tokens, mut all_logits) = (Vec::new(), Vec::new());
@@ -211,13 +206,7 @@ fn chunked_prefill_logits<B: Backend>(
     let table: Vec<u32> = (first_block..first_block + need)
         .map(|b| b as u32)
         .collect();
-    let mut caches: Vec<_> = (0..model.config().num_layers)
-        .map(|_| {
-            backend
-                .alloc_kv_cache(&model.kv_cache_spec(num_blocks, bs))
-                .unwrap()
-        })
-        .collect();
+    let mut caches = model.alloc_kv_caches(backend, num_blocks, bs).unwrap();
     let mut done = 0;
     let mut last = Vec::new();
     while done < prompt.len() {
@@ -342,13 +331,7 @@ fn engine_style_prefill<B: Backend>(
     let bs = 16;
     let blocks = prompt.len().div_ceil(bs) + 1;
     let mut kv = KvCacheManager::new(blocks, bs).unwrap();
-    let mut caches: Vec<_> = (0..model.config().num_layers)
-        .map(|_| {
-            backend
-                .alloc_kv_cache(&model.kv_cache_spec(blocks, bs))
-                .unwrap()
-        })
-        .collect();
+    let mut caches = model.alloc_kv_caches(backend, blocks, bs).unwrap();
     let seq = SeqId(0);
     let mut done = 0;
     let mut last = Vec::new();
@@ -522,12 +505,7 @@ fn zero_row_ops_leave_neighbouring_device_memory_intact() {
         inv_freqs: (0..64).map(|i| 1e6f32.powf(-(i as f32) / 64.0)).collect(),
         style: RopeStyle::Neox,
     };
-    let spec = KvCacheSpec {
-        num_blocks: 4,
-        block_size_tokens: 16,
-        num_kv_heads: 2,
-        head_dim: 128,
-    };
+    let spec = KvCacheSpec::full(4, 16, 2, 128, CacheDtype::BF16);
     let mut cache = gpu.alloc_kv_cache(&spec).unwrap();
     let empty_meta = BatchMeta {
         block_size_tokens: 16,

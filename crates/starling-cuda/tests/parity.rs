@@ -10,14 +10,19 @@ use rand::{seq::SliceRandom, Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use starling_backend::cpu::CpuBackend;
 use starling_backend::{
-    AttentionDims, Backend, BatchMeta, HostTensor, KeyScoreKind, KvCacheSpec, RopeSpec, RopeStyle,
-    SeqBatchMeta,
+    AttentionDims, Backend, BatchMeta, HostTensor, KeyScoreKind, KvCacheSpec, KvRows, RopeSpec,
+    RopeStyle, SeqBatchMeta,
 };
 use starling_cuda::CudaBackend;
+use starling_kv::CacheDtype;
 
 /// The device-side sampling op (one file, one job).
 #[path = "parity/sampling.rs"]
 mod sampling;
+
+/// STAR-KV latent layers.
+#[path = "parity/latent.rs"]
+mod latent;
 
 /// bf16 operand tolerance on ‖out − ref‖ / ‖ref‖.
 const BF16_REL_TOL: f64 = 1e-2;
@@ -258,12 +263,7 @@ fn rope_write_kv_and_paged_attention_match_cpu() {
         };
         let bs = 16;
         let num_blocks = 512;
-        let spec = KvCacheSpec {
-            num_blocks,
-            block_size_tokens: bs,
-            num_kv_heads: kv_heads,
-            head_dim: hd,
-        };
+        let spec = KvCacheSpec::full(num_blocks, bs, kv_heads, hd, CacheDtype::BF16);
         // Decode rows (1 new token, long and short contexts, incl. a split-K case) and prefill
         // chunks (several new tokens over earlier context).
         let seq_shapes: Vec<(usize, usize)> =
@@ -271,7 +271,9 @@ fn rope_write_kv_and_paged_attention_match_cpu() {
         let meta = random_batch(&mut rng, &seq_shapes, bs, num_blocks);
         let n = meta.num_tokens();
         // Fill the whole context first (earlier tokens) with random K/V through write_kv.
-        let mut cache_c = cpu.alloc_kv_cache(&spec).unwrap();
+        let mut cache_c = cpu
+            .alloc_kv_cache(&spec.with_dtype(CacheDtype::F32))
+            .unwrap();
         let mut cache_g = gpu.alloc_kv_cache(&spec).unwrap();
         let mut ctx_meta = BatchMeta {
             block_size_tokens: bs,
@@ -406,12 +408,14 @@ const KV_SHAPES: [(usize, usize); 4] = [(2, 64), (8, 128), (32, 128), (3, 36)];
 /// A cache geometry; the odd head width also gets an odd block size, so whole blocks are not a
 /// multiple of 8 elements either (the block copy's element-wise fallback).
 fn kv_spec(num_kv_heads: usize, head_dim: usize, num_blocks: usize) -> KvCacheSpec {
-    KvCacheSpec {
+    let block_size_tokens = if head_dim.is_multiple_of(8) { 16 } else { 15 };
+    KvCacheSpec::full(
         num_blocks,
-        block_size_tokens: if head_dim.is_multiple_of(8) { 16 } else { 15 },
+        block_size_tokens,
         num_kv_heads,
         head_dim,
-    }
+        CacheDtype::BF16,
+    )
 }
 
 /// A CPU and a GPU cache holding the same random bf16-exact K and V in every slot. Keys get a
@@ -426,10 +430,11 @@ fn filled_caches(
     <CpuBackend as Backend>::KvCache,
     <CudaBackend as Backend>::KvCache,
 ) {
+    let (heads, head_dim) = spec.full_heads().expect("a full layout");
     let dims = AttentionDims {
-        num_heads: spec.num_kv_heads,
-        num_kv_heads: spec.num_kv_heads,
-        head_dim: spec.head_dim,
+        num_heads: heads,
+        num_kv_heads: heads,
+        head_dim,
         scale: 1.0,
     };
     let (n, kv, width) = (spec.num_slots(), dims.kv_size(), dims.qkv_size());
@@ -456,7 +461,9 @@ fn filled_caches(
         spec.block_size_tokens,
         Vec::new(),
     );
-    let mut cache_c = cpu.alloc_kv_cache(spec).unwrap();
+    let mut cache_c = cpu
+        .alloc_kv_cache(&spec.with_dtype(CacheDtype::F32))
+        .unwrap();
     let mut cache_g = gpu.alloc_kv_cache(spec).unwrap();
     let batch_c = cpu.prepare_batch(&meta, spec.num_blocks).unwrap();
     let batch_g = gpu.prepare_batch(&meta, spec.num_blocks).unwrap();
@@ -474,10 +481,22 @@ fn whole_cache<B: Backend>(
     spec: &KvCacheSpec,
 ) -> (HostTensor, HostTensor) {
     let all: Vec<u32> = (0..spec.num_blocks as u32).collect();
-    let (k, v) = backend
+    let rows = backend
         .gather_kv(cache, &all, spec.block_size_tokens, spec.num_slots())
         .unwrap();
-    (backend.to_host(&k).unwrap(), backend.to_host(&v).unwrap())
+    (
+        backend.to_host(&rows.keys).unwrap(),
+        backend.to_host(&rows.values).unwrap(),
+    )
+}
+
+/// The rows of a full layer (no positions).
+fn kv_rows<T>(keys: T, values: T) -> KvRows<T> {
+    KvRows {
+        keys,
+        values,
+        positions: Vec::new(),
+    }
 }
 
 /// Bit-for-bit equality, naming the first differing element.
@@ -582,10 +601,10 @@ fn gather_scatter_and_read_keys_match_cpu() {
         let bs = spec.block_size_tokens;
         for (table, &len) in tables.iter().zip(&lens) {
             let name = format!("gather_kv {nkv}x{hd} len {len}");
-            let (kg, vg) = gpu.gather_kv(&cache_g, table, bs, len).unwrap();
-            let (kc, vc) = cpu.gather_kv(&cache_c, table, bs, len).unwrap();
-            assert_same(&name, &gpu.to_host(&kg).unwrap(), &kc);
-            assert_same(&name, &gpu.to_host(&vg).unwrap(), &vc);
+            let g = gpu.gather_kv(&cache_g, table, bs, len).unwrap();
+            let c = cpu.gather_kv(&cache_c, table, bs, len).unwrap();
+            assert_same(&name, &gpu.to_host(&g.keys).unwrap(), &c.keys);
+            assert_same(&name, &gpu.to_host(&g.values).unwrap(), &c.values);
             let keys_g = gpu.read_keys(&cache_g, table, bs, len).unwrap();
             let keys_c = cpu.read_keys(&cache_c, table, bs, len).unwrap();
             assert_same(&format!("read_keys {nkv}x{hd} len {len}"), &keys_g, &keys_c);
@@ -596,9 +615,11 @@ fn gather_scatter_and_read_keys_match_cpu() {
             let width = nkv * hd;
             let k = rand_host(&mut rng, vec![len, width], 1.0);
             let v = rand_host(&mut rng, vec![len, width], 1.0);
-            cpu.scatter_kv(&mut cache_c, table, bs, &k, &v).unwrap();
             let (kd, vd) = (gpu.upload(&k).unwrap(), gpu.upload(&v).unwrap());
-            gpu.scatter_kv(&mut cache_g, table, bs, &kd, &vd).unwrap();
+            cpu.scatter_kv(&mut cache_c, table, bs, &kv_rows(k, v))
+                .unwrap();
+            gpu.scatter_kv(&mut cache_g, table, bs, &kv_rows(kd, vd))
+                .unwrap();
             let name = format!("scatter_kv {nkv}x{hd} len {len}");
             assert_caches_equal(&name, &gpu, &cache_g, &cpu, &cache_c, &spec);
         }
@@ -607,13 +628,12 @@ fn gather_scatter_and_read_keys_match_cpu() {
         // A table listing a block twice (scatter would write it twice at once) and rows that do
         // not fit the table are refused and write nothing.
         let (before_k, before_v) = whole_cache(&gpu, &cache_g, &spec);
-        let k = gpu
-            .upload(&rand_host(&mut rng, vec![20, nkv * hd], 1.0))
-            .unwrap();
+        let k = rand_host(&mut rng, vec![20, nkv * hd], 1.0);
+        let rows = kv_rows(gpu.upload(&k).unwrap(), gpu.upload(&k).unwrap());
         let twice = [tables[3][0], tables[3][0]];
-        assert!(gpu.scatter_kv(&mut cache_g, &twice, bs, &k, &k).is_err());
+        assert!(gpu.scatter_kv(&mut cache_g, &twice, bs, &rows).is_err());
         assert!(gpu
-            .scatter_kv(&mut cache_g, &tables[3][..1], bs, &k, &k)
+            .scatter_kv(&mut cache_g, &tables[3][..1], bs, &rows)
             .is_err());
         let (after_k, after_v) = whole_cache(&gpu, &cache_g, &spec);
         assert_same("refused scatter (K)", &after_k, &before_k);
@@ -842,12 +862,13 @@ fn check_prefill_batch(
     let bs = 16;
     let span = |s: &PrefillSeq| s.earlier.max(s.kept.unwrap_or(s.earlier) + s.new);
     let num_blocks = seqs.iter().map(|s| span(s).div_ceil(bs)).sum::<usize>() + 3;
-    let spec = KvCacheSpec {
+    let spec = KvCacheSpec::full(
         num_blocks,
-        block_size_tokens: bs,
-        num_kv_heads: dims.num_kv_heads,
-        head_dim: dims.head_dim,
-    };
+        bs,
+        dims.num_kv_heads,
+        dims.head_dim,
+        CacheDtype::BF16,
+    );
     let mut free: Vec<u32> = (0..num_blocks as u32).collect();
     free.shuffle(rng);
     let tables: Vec<Vec<u32>> = seqs
@@ -861,7 +882,9 @@ fn check_prefill_batch(
     let slot = |table: &[u32], t: usize| table[t / bs] * bs as u32 + (t % bs) as u32;
 
     // Earlier context, through write_kv on both sides (identical bf16 values).
-    let mut cache_c = cpu.alloc_kv_cache(&spec).unwrap();
+    let mut cache_c = cpu
+        .alloc_kv_cache(&spec.with_dtype(CacheDtype::F32))
+        .unwrap();
     let mut cache_g = gpu.alloc_kv_cache(&spec).unwrap();
     let mut ctx = BatchMeta {
         block_size_tokens: bs,

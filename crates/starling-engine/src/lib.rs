@@ -5,5 +5,6 @@
 pub mod engine;
 pub mod sampling;
 pub mod scheduler;
+pub mod testing;
 
 pub use engine::{Engine, EngineConfig, EngineError, EngineStats, RequestOptions, RequestOutput};

@@ -21,6 +21,7 @@ fn config(method: CompressionMethod, ratio: f64, every_n_tokens: usize) -> Compr
         window_tokens: 4,
         every_n_tokens,
         seed: 7,
+        head_wise: true,
     }
 }
 

@@ -122,6 +122,7 @@ fn smollm2_engine_greedy_continuations_match_hf_and_paris() {
         },
         kv_cache_memory_bytes: 64 << 20,
         compression: Default::default(),
+        star_kv: None,
     };
     let text = Arc::new(TokenizerText(tokenizer.clone()));
     let mut engine = Engine::new(CpuBackend::new(), model, Some(text), engine_config).unwrap();

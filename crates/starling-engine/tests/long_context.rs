@@ -20,10 +20,9 @@ fn long_prompt_through_the_engine_equals_one_direct_forward() {
     let blocks = len.div_ceil(BLOCK_TOKENS);
     let mut kv = KvCacheManager::new(blocks, BLOCK_TOKENS).unwrap();
     kv.allocate_slots(SeqId(0), len).unwrap();
-    let spec = model.kv_cache_spec(blocks, BLOCK_TOKENS);
-    let mut caches: Vec<_> = (0..model.config().num_layers)
-        .map(|_| backend.alloc_kv_cache(&spec).unwrap())
-        .collect();
+    let mut caches = model
+        .alloc_kv_caches(&backend, blocks, BLOCK_TOKENS)
+        .unwrap();
     let meta = BatchMeta::single_sequence(
         0,
         len,

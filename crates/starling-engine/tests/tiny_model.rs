@@ -19,10 +19,7 @@ fn prefill_in_chunks(model: &LlamaModel<CpuBackend>, ids: &[u32], chunks: &[usiz
     let backend = CpuBackend::new();
     let block_size = 4;
     let mut kv = KvCacheManager::new(64, block_size).unwrap();
-    let spec = model.kv_cache_spec(64, block_size);
-    let mut caches: Vec<_> = (0..model.config().num_layers)
-        .map(|_| backend.alloc_kv_cache(&spec).unwrap())
-        .collect();
+    let mut caches = model.alloc_kv_caches(&backend, 64, block_size).unwrap();
     let seq = SeqId(0);
     let mut done = 0;
     let mut last = Vec::new();

@@ -3,10 +3,11 @@
 //!
 //! Two kinds share the `--kv-compression` flag ([`KvCompression`]): token eviction
 //! ([`CompressionConfig`], per request) and STAR-KV (`{"method":"star_kv","checkpoint":DIR,
-//! "rank_profile":"balanced"}`, [`StarKvSelection`]). STAR-KV replaces the model's K/V
-//! projections, so it is fixed when the engine loads the model; a request can never select it
-//! ([`CompressionConfig::from_value`], the per-request parser, refuses it), and it is not token
-//! eviction, so the engine's eviction policy stays `none` under it.
+//! "rank_profile":"balanced"}`, [`StarKvSelection`]), alone or together
+//! (`{"star_kv":{...},"eviction":{...}}`). STAR-KV changes what the model caches, so it is fixed
+//! when the engine loads the model; a request can never select it
+//! ([`CompressionConfig::from_value`], the per-request parser, refuses it), but it may choose
+//! its own eviction on top of it.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -83,6 +84,10 @@ pub struct CompressionConfig {
     pub every_n_tokens: usize,
     /// Seed of the `random` scorer.
     pub seed: u64,
+    /// Whether each KV head of a full layer keeps its own tokens (kvpress's default), or every
+    /// head the same ones (the heads' scores averaged). A STAR-KV latent layer always keeps the
+    /// same tokens for every head: they share one value latent.
+    pub head_wise: bool,
 }
 
 impl Default for CompressionConfig {
@@ -95,24 +100,29 @@ impl Default for CompressionConfig {
             window_tokens: 32,
             every_n_tokens: 64,
             seed: 0,
+            head_wise: true,
         }
     }
 }
 
-const FIELDS: [&str; 6] = [
+const FIELDS: [&str; 7] = [
     "method",
     "ratio",
     "sink_tokens",
     "window_tokens",
     "every_n_tokens",
     "seed",
+    "head_wise",
 ];
 
 /// The `method` name of STAR-KV in `--kv-compression` JSON.
 pub const STAR_KV_METHOD: &str = "star_kv";
 
 /// The fields only STAR-KV takes.
-const STAR_KV_FIELDS: [&str; 3] = ["checkpoint", "rank_profile", "factors"];
+const STAR_KV_FIELDS: [&str; 4] = ["checkpoint", "rank_profile", "factors", "cache"];
+
+/// The keys of the composed form `{"star_kv":{...},"eviction":{...}}`.
+const COMPOSED_FIELDS: [&str; 2] = ["star_kv", "eviction"];
 
 fn invalid(field: &'static str, reason: impl Into<String>) -> EvictError {
     EvictError::InvalidField {
@@ -207,6 +217,12 @@ impl CompressionConfig {
             window_tokens: read_usize(map, "window_tokens")?.unwrap_or(defaults.window_tokens),
             every_n_tokens: read_usize(map, "every_n_tokens")?.unwrap_or(defaults.every_n_tokens),
             seed: read_count(map, "seed")?.unwrap_or(defaults.seed),
+            head_wise: match map.get("head_wise") {
+                None => defaults.head_wise,
+                Some(v) => v.as_bool().ok_or_else(|| {
+                    invalid("head_wise", format!("expected true or false, got {v}"))
+                })?,
+            },
         };
         config.validate()?;
         Ok(config)
@@ -252,6 +268,7 @@ impl CompressionConfig {
             "window_tokens": self.window_tokens,
             "every_n_tokens": self.every_n_tokens,
             "seed": self.seed,
+            "head_wise": self.head_wise,
         })
     }
 }
@@ -268,6 +285,35 @@ pub struct StarKvSelection {
     /// Which of the checkpoint's factors to apply (`"factors"`, default both): keys or values
     /// alone are ablations that show which side of a profile costs the quality.
     pub factors: StarKvFactors,
+    /// What the cache holds (`"cache"`, default `latent`).
+    pub cache: StarKvCache,
+}
+
+/// How a STAR-KV checkpoint runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StarKvCache {
+    /// The cache stores the latents: the bytes the profile saves become blocks (the method).
+    #[default]
+    Latent,
+    /// The reference path: K/V weights replaced by their low-rank reconstructions, full K/V
+    /// cached. Same outputs (the oracle of the latent path), no memory saved.
+    Reference,
+}
+
+impl StarKvCache {
+    /// The name in `--kv-compression` JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Latent => "latent",
+            Self::Reference => "reference",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Self> {
+        [Self::Latent, Self::Reference]
+            .into_iter()
+            .find(|c| c.name() == name)
+    }
 }
 
 /// The sides of a STAR-KV checkpoint a run applies.
@@ -299,27 +345,21 @@ impl StarKvFactors {
     }
 }
 
-/// The engine-wide `--kv-compression` setting: token eviction, or STAR-KV.
-#[derive(Clone, Debug, PartialEq)]
-pub enum KvCompression {
-    /// Token eviction (or none); requests may override it.
-    Eviction(CompressionConfig),
-    /// STAR-KV low-rank K/V projections from a checkpoint, applied to the model when it loads.
-    /// The engine's eviction policy is `none` under it; requests cannot change it.
-    StarKv(StarKvSelection),
-}
-
-impl Default for KvCompression {
-    /// No compression.
-    fn default() -> Self {
-        Self::Eviction(CompressionConfig::default())
-    }
+/// The engine-wide `--kv-compression` setting: STAR-KV (what the cache stores), token eviction
+/// (which tokens it keeps), or both.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct KvCompression {
+    /// A STAR-KV checkpoint the model runs with; `None` caches full K/V.
+    pub star_kv: Option<StarKvSelection>,
+    /// The eviction policy of requests that do not choose their own (default: none).
+    pub eviction: CompressionConfig,
 }
 
 impl KvCompression {
     /// Parses `--kv-compression` JSON: `{"method":"star_kv","checkpoint":DIR,
-    /// "rank_profile":NAME}` (both fields required, nothing else allowed), or any eviction
-    /// config [`CompressionConfig::from_json`] accepts.
+    /// "rank_profile":NAME}` (both fields required; optional `factors` and `cache`, nothing
+    /// else), any eviction config [`CompressionConfig::from_json`] accepts, or both as
+    /// `{"star_kv":{"checkpoint":DIR,...},"eviction":{"method":...}}` (either key optional).
     pub fn from_json(text: &str) -> Result<Self, EvictError> {
         Self::from_value(&parse_json(text)?)
     }
@@ -327,8 +367,75 @@ impl KvCompression {
     /// As [`from_json`](Self::from_json), from a parsed value.
     pub fn from_value(value: &Value) -> Result<Self, EvictError> {
         let map = json_object(value)?;
+        if COMPOSED_FIELDS.iter().any(|k| map.contains_key(*k)) {
+            if let Some(unknown) = map.keys().find(|k| !COMPOSED_FIELDS.contains(&k.as_str())) {
+                return Err(EvictError::Json(format!(
+                    "unknown field `{unknown}` beside star_kv/eviction (expected one of \
+                     {COMPOSED_FIELDS:?})"
+                )));
+            }
+            let star_kv = match map.get("star_kv") {
+                None => None,
+                Some(v) => Some(StarKvSelection::from_map(json_object(v)?)?),
+            };
+            let eviction = match map.get("eviction") {
+                None => CompressionConfig::default(),
+                Some(v) => CompressionConfig::from_value(v)?,
+            };
+            return Ok(Self { star_kv, eviction });
+        }
         if map.get("method").and_then(Value::as_str) != Some(STAR_KV_METHOD) {
-            return CompressionConfig::from_value(value).map(Self::Eviction);
+            return Ok(Self {
+                star_kv: None,
+                eviction: CompressionConfig::from_value(value)?,
+            });
+        }
+        Ok(Self {
+            star_kv: Some(StarKvSelection::from_map(map)?),
+            eviction: CompressionConfig::default(),
+        })
+    }
+
+    /// Whether this setting changes the model itself (STAR-KV), so that it can only be chosen
+    /// when the model is loaded, never per request.
+    pub fn requires_model_reload(&self) -> bool {
+        self.star_kv.is_some()
+    }
+
+    /// The token-eviction policy the engine applies to requests that do not choose their own.
+    pub fn eviction(&self) -> CompressionConfig {
+        self.eviction.clone()
+    }
+
+    /// The STAR-KV selection, if any.
+    pub fn star_kv(&self) -> Option<&StarKvSelection> {
+        self.star_kv.as_ref()
+    }
+
+    /// The setting as a JSON object (what [`from_value`](Self::from_value) reads back): the
+    /// flat form of whichever part is set, the composed form when both are.
+    pub fn to_json(&self) -> Value {
+        match (&self.star_kv, self.eviction.evicts()) {
+            (None, _) => self.eviction.to_json(),
+            (Some(s), false) if self.eviction == CompressionConfig::default() => s.to_json(),
+            (Some(s), _) => {
+                let mut star_kv = s.to_json();
+                if let Some(map) = star_kv.as_object_mut() {
+                    map.remove("method");
+                }
+                serde_json::json!({ "star_kv": star_kv, "eviction": self.eviction.to_json() })
+            }
+        }
+    }
+}
+
+impl StarKvSelection {
+    /// Reads a selection's fields (`method`, when present, must be `star_kv`).
+    fn from_map(map: &Map<String, Value>) -> Result<Self, EvictError> {
+        match map.get("method") {
+            None => {}
+            Some(Value::String(m)) if m == STAR_KV_METHOD => {}
+            Some(v) => return Err(invalid("method", format!("expected \"star_kv\", got {v}"))),
         }
         if let Some(unknown) = map
             .keys()
@@ -336,7 +443,7 @@ impl KvCompression {
         {
             return Err(EvictError::Json(format!(
                 "unknown field `{unknown}` for star_kv (expected method, checkpoint, \
-                 rank_profile, factors)"
+                 rank_profile, factors, cache)"
             )));
         }
         let text_field = |field: &'static str| -> Result<String, EvictError> {
@@ -355,47 +462,29 @@ impl KvCompression {
                 .ok_or_else(|| invalid("factors", "expected \"both\", \"keys\" or \"values\""))?,
             Some(v) => return Err(invalid("factors", format!("expected a string, got {v}"))),
         };
-        Ok(Self::StarKv(StarKvSelection {
+        let cache = match map.get("cache") {
+            None => StarKvCache::Latent,
+            Some(Value::String(name)) => StarKvCache::from_name(name)
+                .ok_or_else(|| invalid("cache", "expected \"latent\" or \"reference\""))?,
+            Some(v) => return Err(invalid("cache", format!("expected a string, got {v}"))),
+        };
+        Ok(Self {
             checkpoint: PathBuf::from(text_field("checkpoint")?),
             rank_profile: text_field("rank_profile")?,
             factors,
-        }))
+            cache,
+        })
     }
 
-    /// Whether this setting changes the model itself (STAR-KV), so that it can only be chosen
-    /// when the model is loaded, never per request.
-    pub fn requires_model_reload(&self) -> bool {
-        matches!(self, Self::StarKv(_))
-    }
-
-    /// The token-eviction policy the engine runs: the config itself, or `none` under STAR-KV
-    /// (which is not eviction: every token keeps its (reconstructed) K/V).
-    pub fn eviction(&self) -> CompressionConfig {
-        match self {
-            Self::Eviction(config) => config.clone(),
-            Self::StarKv(_) => CompressionConfig::default(),
-        }
-    }
-
-    /// The STAR-KV selection, if this is one.
-    pub fn star_kv(&self) -> Option<&StarKvSelection> {
-        match self {
-            Self::Eviction(_) => None,
-            Self::StarKv(selection) => Some(selection),
-        }
-    }
-
-    /// The setting as a JSON object (what [`from_value`](Self::from_value) reads back).
+    /// The selection in the flat `--kv-compression` form.
     pub fn to_json(&self) -> Value {
-        match self {
-            Self::Eviction(config) => config.to_json(),
-            Self::StarKv(s) => serde_json::json!({
-                "method": STAR_KV_METHOD,
-                "checkpoint": s.checkpoint.to_string_lossy(),
-                "rank_profile": s.rank_profile,
-                "factors": s.factors.name(),
-            }),
-        }
+        serde_json::json!({
+            "method": STAR_KV_METHOD,
+            "checkpoint": self.checkpoint.to_string_lossy(),
+            "rank_profile": self.rank_profile,
+            "factors": self.factors.name(),
+            "cache": self.cache.name(),
+        })
     }
 }
 
@@ -593,6 +682,45 @@ mod tests {
             ),
             Err(EvictError::Json(_))
         ));
+    }
+
+    #[test]
+    fn star_kv_and_eviction_compose() {
+        let text = r#"{"star_kv":{"checkpoint":"/ck","rank_profile":"balanced"},
+                       "eviction":{"method":"keydiff","ratio":0.5}}"#;
+        let setting = KvCompression::from_json(text).unwrap();
+        assert!(setting.requires_model_reload());
+        assert_eq!(setting.eviction().method, CompressionMethod::KeyDiff);
+        let selection = setting.star_kv().unwrap();
+        assert_eq!(selection.cache, StarKvCache::Latent);
+        assert_eq!(
+            KvCompression::from_value(&setting.to_json()).unwrap(),
+            setting
+        );
+        let reference = KvCompression::from_json(
+            r#"{"method":"star_kv","checkpoint":"/ck","rank_profile":"balanced","cache":"reference"}"#,
+        )
+        .unwrap();
+        assert_eq!(reference.star_kv().unwrap().cache, StarKvCache::Reference);
+        assert_eq!(
+            KvCompression::from_value(&reference.to_json()).unwrap(),
+            reference
+        );
+        // Either half alone, and the errors name what is wrong.
+        let only_eviction =
+            KvCompression::from_json(r#"{"eviction":{"method":"knorm","ratio":0.25}}"#).unwrap();
+        assert!(only_eviction.star_kv().is_none());
+        for bad in [
+            r#"{"star_kv":{"checkpoint":"/ck","rank_profile":"b"},"ratio":0.5}"#,
+            r#"{"star_kv":{"method":"keydiff","checkpoint":"/ck","rank_profile":"b"}}"#,
+            r#"{"star_kv":{"checkpoint":"/ck","rank_profile":"b","cache":"dense"}}"#,
+            r#"{"eviction":{"method":"star_kv","checkpoint":"/ck","rank_profile":"b"}}"#,
+            r#"{"star_kv":7}"#,
+        ] {
+            assert!(KvCompression::from_json(bad).is_err(), "{bad}");
+        }
+        // A request cannot pick the cache path either.
+        assert!(CompressionConfig::from_json(r#"{"method":"none","cache":"latent"}"#).is_err());
     }
 
     #[test]

@@ -15,8 +15,8 @@ pub mod scorer;
 mod select;
 
 pub use config::{
-    CompressionConfig, CompressionMethod, KvCompression, StarKvFactors, StarKvSelection,
-    STAR_KV_METHOD,
+    CompressionConfig, CompressionMethod, KvCompression, StarKvCache, StarKvFactors,
+    StarKvSelection, STAR_KV_METHOD,
 };
 pub use error::EvictError;
 pub use input::{split_heads, HeadKeys, ScoreInput, WindowQueries};

@@ -11,14 +11,16 @@ use starling_backend::cpu::{CpuBackend, CpuKvCache};
 use starling_backend::{AttentionDims, Backend, HostTensor, KeyScoreKind, KvCacheSpec};
 use starling_evict::scorer::{KNorm, KeyDiff};
 use starling_evict::{split_heads, HeadKeys, ScoreInput, Scorer};
+use starling_kv::CacheDtype;
 
 /// A cache of random keys around a per-channel offset (keys share a mean direction, as real
 /// ones do), with every 11th slot a zero key, and a shuffled block table for `len` tokens.
 fn random_sequence(rng: &mut ChaCha8Rng, spec: &KvCacheSpec, len: usize) -> (CpuKvCache, Vec<u32>) {
+    let (heads, head_dim) = spec.full_heads().expect("a full layout");
     let dims = AttentionDims {
-        num_heads: spec.num_kv_heads,
-        num_kv_heads: spec.num_kv_heads,
-        head_dim: spec.head_dim,
+        num_heads: heads,
+        num_kv_heads: heads,
+        head_dim,
         scale: 1.0,
     };
     let (n, kv, width) = (spec.num_slots(), dims.kv_size(), dims.qkv_size());
@@ -34,7 +36,7 @@ fn random_sequence(rng: &mut ChaCha8Rng, spec: &KvCacheSpec, len: usize) -> (Cpu
             row[2 * kv + i] = rng.gen_range(-1.0..1.0);
         }
     }
-    let mut cache = CpuKvCache::new(*spec).unwrap();
+    let mut cache = CpuKvCache::new(spec.clone()).unwrap();
     let qkv = HostTensor::new(vec![n, width], data).unwrap();
     cache
         .write(&qkv, &dims, &(0..n as u32).collect::<Vec<_>>())
@@ -51,12 +53,7 @@ fn cpu_key_scores_equal_the_evict_scorers_bit_for_bit() {
     let mut rng = ChaCha8Rng::seed_from_u64(21);
     // (KV heads, head_dim, tokens): GQA- and MHA-like head counts, partial last blocks, one token.
     for (nkv, hd, len) in [(2, 64, 301), (8, 128, 77), (12, 16, 1), (3, 5, 40)] {
-        let spec = KvCacheSpec {
-            num_blocks: 40,
-            block_size_tokens: 8,
-            num_kv_heads: nkv,
-            head_dim: hd,
-        };
+        let spec = KvCacheSpec::full(40, 8, nkv, hd, CacheDtype::F32);
         let (cache, table) = random_sequence(&mut rng, &spec, len);
         let keys = backend.read_keys(&cache, &table, 8, len).unwrap();
         let heads = split_heads(keys.data(), nkv, hd).unwrap();

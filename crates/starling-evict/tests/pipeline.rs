@@ -10,6 +10,7 @@ use starling_backend::{AttentionDims, Backend, BatchMeta, HostTensor, KvCacheSpe
 use starling_evict::{
     scorer_for, select_keep, split_heads, CompressionConfig, HeadKeys, ScoreInput,
 };
+use starling_kv::CacheDtype;
 use starling_kv::{KvCacheManager, SeqId};
 
 const BLOCK_TOKENS: usize = 4;
@@ -30,12 +31,13 @@ fn keydiff_eviction_frees_blocks_and_attention_reads_only_kept_tokens() {
     let n = 30;
     manager.allocate_slots(other, 5).unwrap();
     manager.allocate_slots(seq, n).unwrap();
-    let spec = KvCacheSpec {
-        num_blocks: 16,
-        block_size_tokens: BLOCK_TOKENS,
-        num_kv_heads: DIMS.num_kv_heads,
-        head_dim: DIMS.head_dim,
-    };
+    let spec = KvCacheSpec::full(
+        16,
+        BLOCK_TOKENS,
+        DIMS.num_kv_heads,
+        DIMS.head_dim,
+        CacheDtype::F32,
+    );
     let mut cache = backend.alloc_kv_cache(&spec).unwrap();
     let random_rows = |rng: &mut ChaCha8Rng, rows: usize| {
         let data = (0..rows * DIMS.qkv_size())

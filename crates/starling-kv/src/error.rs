@@ -57,19 +57,23 @@ pub enum KvError {
 
     /// The cache budget cannot hold one sequence of the maximum model length.
     #[error(
-        "KV cache needs {needed} for one {max_model_len_tokens}-token sequence, \
+        "KV cache needs {needed} for one {max_model_len_tokens}-token sequence{held}, \
          {available} available ({needed_bytes} vs {available_bytes} bytes); \
          lower max_model_len or raise the KV-cache memory budget",
         needed = crate::sizing::format_bytes(*.needed_bytes),
-        available = crate::sizing::format_bytes_in_unit_of(*.available_bytes, *.needed_bytes)
+        available = crate::sizing::format_bytes_in_unit_of(*.available_bytes, *.needed_bytes),
+        held = crate::sizing::peak_note(*.peak_tokens, *.max_model_len_tokens)
     )]
     InsufficientMemory {
-        /// Bytes one `max_model_len_tokens` sequence needs (whole blocks).
+        /// Bytes one `max_model_len_tokens` sequence needs at its peak (whole blocks).
         needed_bytes: u64,
         /// Bytes of the budget.
         available_bytes: u64,
         /// The maximum model length the check was made for.
         max_model_len_tokens: usize,
+        /// Token slots such a sequence holds at its peak (`max_model_len_tokens` unless token
+        /// eviction keeps fewer).
+        peak_tokens: usize,
     },
 
     /// A configuration value that cannot work (block size 0, empty layout, ...).

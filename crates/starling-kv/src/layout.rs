@@ -45,9 +45,15 @@ pub enum LayerLayout {
         dtype: CacheDtype,
     },
     /// STAR-KV low-rank latents: one key latent per KV head (ranks may
-    /// differ per head) plus one value latent shared by the layer.
+    /// differ per head) plus one value latent shared by the layer, and each
+    /// token's RoPE position ([`POSITION_BYTES`]): keys are cached before
+    /// RoPE and rotated when attended, at the position the slot holds (after
+    /// eviction a slot's index is no longer its position).
+    ///
+    /// Ranks are the *stored* ranks: [`LowRank::padded`](LayerLayout::low_rank_padded)
+    /// rounds a checkpoint's ranks up to [`LATENT_RANK_MULTIPLE`].
     LowRank {
-        /// Latent rank of each KV head's keys.
+        /// Stored latent rank of each KV head's keys.
         key_rank_per_head: Vec<usize>,
         /// Rank of the layer's value latent.
         value_rank: usize,
@@ -56,8 +62,54 @@ pub enum LayerLayout {
     },
 }
 
+/// Bytes of the RoPE position a latent layer stores per token (`u32`).
+pub const POSITION_BYTES: u64 = 4;
+
+/// Latent ranks are stored in multiples of this many elements, so every head's latent starts
+/// and ends on a 16-byte boundary in a bf16 cache (what a GPU's 16-byte loads and its matrix
+/// instructions need). The padding components are zero; they cost bytes, which the layout
+/// counts.
+pub const LATENT_RANK_MULTIPLE: usize = 8;
+
+/// `rank` rounded up to the stored multiple ([`LATENT_RANK_MULTIPLE`]).
+pub fn stored_rank(rank: usize) -> usize {
+    rank.div_ceil(LATENT_RANK_MULTIPLE) * LATENT_RANK_MULTIPLE
+}
+
 impl LayerLayout {
-    /// Elements one token stores in this layer.
+    /// A latent layer storing the given (effective) ranks, each rounded up to
+    /// [`LATENT_RANK_MULTIPLE`].
+    pub fn low_rank_padded(key_ranks: &[usize], value_rank: usize, dtype: CacheDtype) -> Self {
+        LayerLayout::LowRank {
+            key_rank_per_head: key_ranks.iter().map(|&r| stored_rank(r)).collect(),
+            value_rank: stored_rank(value_rank),
+            dtype,
+        }
+    }
+
+    /// Whether this layer holds latents (STAR-KV) rather than full K/V.
+    pub fn is_low_rank(&self) -> bool {
+        matches!(self, LayerLayout::LowRank { .. })
+    }
+
+    /// Elements of the key plane and of the value plane per token: `num_kv_heads * head_dim`
+    /// each for a full layer, `(Σ key ranks, value rank)` for a latent one.
+    pub fn plane_widths(&self) -> (usize, usize) {
+        match self {
+            LayerLayout::Full {
+                num_kv_heads,
+                head_dim,
+                ..
+            } => (num_kv_heads * head_dim, num_kv_heads * head_dim),
+            LayerLayout::LowRank {
+                key_rank_per_head,
+                value_rank,
+                ..
+            } => (key_rank_per_head.iter().sum(), *value_rank),
+        }
+    }
+
+    /// Elements one token stores in this layer (positions excluded).
     pub fn elements_per_token(&self) -> u64 {
         match self {
             LayerLayout::Full {
@@ -84,11 +136,16 @@ impl LayerLayout {
         }
     }
 
-    /// Bytes one token occupies in this layer (saturating: absurd configs
+    /// Bytes one token occupies in this layer, positions included (saturating: absurd configs
     /// become "too big", never wrap around).
     pub fn bytes_per_token(&self) -> u64 {
-        self.elements_per_token()
-            .saturating_mul(self.dtype().bytes())
+        let elements = self
+            .elements_per_token()
+            .saturating_mul(self.dtype().bytes());
+        match self {
+            LayerLayout::Full { .. } => elements,
+            LayerLayout::LowRank { .. } => elements.saturating_add(POSITION_BYTES),
+        }
     }
 }
 
@@ -114,6 +171,11 @@ impl CacheLayout {
             .fold(0u64, |acc, l| acc.saturating_add(l.bytes_per_token()))
     }
 
+    /// Layers that hold latents.
+    pub fn num_low_rank_layers(&self) -> usize {
+        self.layers.iter().filter(|l| l.is_low_rank()).count()
+    }
+
     /// Bytes one block of `block_size_tokens` slots occupies across all layers.
     pub fn bytes_per_block(&self, block_size_tokens: usize) -> u64 {
         self.bytes_per_token()
@@ -126,7 +188,7 @@ impl CacheLayout {
         if self.layers.is_empty() {
             return Err(KvError::InvalidConfig("cache layout has no layers".into()));
         }
-        if let Some(i) = self.layers.iter().position(|l| l.bytes_per_token() == 0) {
+        if let Some(i) = self.layers.iter().position(|l| l.elements_per_token() == 0) {
             return Err(KvError::InvalidConfig(format!(
                 "layer {i} of the cache layout stores 0 bytes per token"
             )));
@@ -164,7 +226,26 @@ mod tests {
             value_rank: 64,
             dtype: CacheDtype::F16,
         };
-        assert_eq!(l.bytes_per_token(), (16 + 32 + 8 + 24 + 64) * 2);
+        assert_eq!(
+            l.bytes_per_token(),
+            (16 + 32 + 8 + 24 + 64) * 2 + POSITION_BYTES
+        );
+        assert_eq!(l.plane_widths(), (80, 64));
+    }
+
+    #[test]
+    fn padded_ranks_round_up_to_the_stored_multiple() {
+        let l = LayerLayout::low_rank_padded(&[1, 8, 9, 0], 17, CacheDtype::BF16);
+        assert_eq!(
+            l,
+            LayerLayout::LowRank {
+                key_rank_per_head: vec![8, 8, 16, 0],
+                value_rank: 24,
+                dtype: CacheDtype::BF16,
+            }
+        );
+        assert_eq!(stored_rank(16), 16);
+        assert_eq!(l.bytes_per_token(), (32 + 24) * 2 + POSITION_BYTES);
     }
 
     #[test]
@@ -183,8 +264,9 @@ mod tests {
                 },
             ],
         };
-        assert_eq!(layout.bytes_per_token(), 64 + 10);
-        assert_eq!(layout.bytes_per_block(16), 74 * 16);
+        assert_eq!(layout.bytes_per_token(), 64 + 10 + POSITION_BYTES);
+        assert_eq!(layout.bytes_per_block(16), (74 + POSITION_BYTES) * 16);
+        assert_eq!(layout.num_low_rank_layers(), 1);
         layout.validate().unwrap();
     }
 

@@ -27,6 +27,8 @@ mod sizing;
 pub use block_pool::{BlockId, BlockPool};
 pub use block_table::{BlockTable, SeqId};
 pub use error::KvError;
-pub use layout::{CacheDtype, CacheLayout, LayerLayout};
+pub use layout::{
+    stored_rank, CacheDtype, CacheLayout, LayerLayout, LATENT_RANK_MULTIPLE, POSITION_BYTES,
+};
 pub use manager::KvCacheManager;
-pub use sizing::{format_bytes, preflight, CacheSizing, Preflight};
+pub use sizing::{format_bytes, preflight, preflight_with_peak, CacheSizing, Preflight};

@@ -72,8 +72,12 @@ impl CacheSizing {
 pub struct Preflight {
     /// The block sizing to build the cache with.
     pub sizing: CacheSizing,
-    /// Token capacity divided by the maximum model length: how many
-    /// full-length sequences fit at once (as vLLM prints it; fractional).
+    /// Token slots one `max_model_len` sequence holds at its peak: the maximum model length,
+    /// or fewer when token eviction keeps fewer (kept tokens + one chunk in flight).
+    pub peak_tokens: usize,
+    /// Token capacity divided by [`peak_tokens`](Self::peak_tokens): how many
+    /// full-length sequences fit at once (as vLLM prints it, fractional; under eviction the
+    /// compressed sequences).
     pub max_concurrency: f64,
 }
 
@@ -86,24 +90,56 @@ pub fn preflight(
     block_size_tokens: usize,
     max_model_len_tokens: usize,
 ) -> Result<Preflight, KvError> {
+    preflight_with_peak(
+        budget_bytes,
+        layout,
+        block_size_tokens,
+        max_model_len_tokens,
+        max_model_len_tokens,
+    )
+}
+
+/// [`preflight`] for sequences that hold at most `peak_tokens` slots at once although they
+/// reach `max_model_len_tokens` positions (token eviction: the kept tokens plus what arrives
+/// between two compactions). `peak_tokens` is clamped to `1..=max_model_len_tokens`.
+pub fn preflight_with_peak(
+    budget_bytes: u64,
+    layout: &CacheLayout,
+    block_size_tokens: usize,
+    max_model_len_tokens: usize,
+    peak_tokens: usize,
+) -> Result<Preflight, KvError> {
     if max_model_len_tokens == 0 {
         return Err(KvError::InvalidConfig(
             "max_model_len must be > 0 tokens".into(),
         ));
     }
+    let peak_tokens = peak_tokens.clamp(1, max_model_len_tokens);
     let sizing = CacheSizing::from_budget(budget_bytes, layout, block_size_tokens)?;
-    let blocks_per_seq = sizing.blocks_for_tokens(max_model_len_tokens);
+    let blocks_per_seq = sizing.blocks_for_tokens(peak_tokens);
     if blocks_per_seq > sizing.num_blocks {
         return Err(KvError::InsufficientMemory {
             needed_bytes: (blocks_per_seq as u64).saturating_mul(sizing.bytes_per_block),
             available_bytes: budget_bytes,
             max_model_len_tokens,
+            peak_tokens,
         });
     }
     Ok(Preflight {
         sizing,
-        max_concurrency: sizing.capacity_tokens() as f64 / max_model_len_tokens as f64,
+        peak_tokens,
+        max_concurrency: sizing.capacity_tokens() as f64 / peak_tokens as f64,
     })
+}
+
+/// The "(holding N tokens at its peak)" part of the preflight refusal, empty when the sequence
+/// holds every token.
+pub(crate) fn peak_note(peak_tokens: usize, max_model_len_tokens: usize) -> String {
+    if peak_tokens >= max_model_len_tokens {
+        String::new()
+    } else {
+        format!(" holding {peak_tokens} tokens at its peak under eviction")
+    }
 }
 
 /// Human-readable size with two decimals: "1.50 GiB", "768.00 MiB",
@@ -141,6 +177,18 @@ mod tests {
         )
     }
 
+    /// Two fp8 bytes per token: a key and a value of one element (the smallest full layout).
+    fn two_bytes_per_token() -> CacheLayout {
+        CacheLayout::uniform(
+            1,
+            LayerLayout::Full {
+                num_kv_heads: 1,
+                head_dim: 1,
+                dtype: CacheDtype::Fp8,
+            },
+        )
+    }
+
     #[test]
     fn from_budget_counts_whole_blocks() {
         let layout = full(2); // 8 KiB per token
@@ -156,12 +204,12 @@ mod tests {
     fn low_rank_with_half_the_bytes_yields_twice_the_blocks() {
         let budget = 64 * MIB;
         let full_layout = full(4); // 4096 B per token per layer
-                                   // 16 heads * 48 + 256 = 1024 elements * 2 B = 2048 B per layer: half.
+                                   // 16 heads * 48 + 254 = 1022 elements * 2 B + 4 B of position = 2048 B per layer: half.
         let low_rank = CacheLayout::uniform(
             4,
             LayerLayout::LowRank {
                 key_rank_per_head: vec![48; 16],
-                value_rank: 256,
+                value_rank: 254,
                 dtype: CacheDtype::BF16,
             },
         );
@@ -176,6 +224,33 @@ mod tests {
     }
 
     #[test]
+    fn eviction_peak_boots_where_the_full_length_refuses() {
+        // 128 KiB per token; 8192 tokens need 1 GiB, a quarter of them 256 MiB.
+        let layout = full(32);
+        let budget = 300 * MIB;
+        assert!(matches!(
+            preflight(budget, &layout, 16, 8192),
+            Err(KvError::InsufficientMemory {
+                peak_tokens: 8192,
+                ..
+            })
+        ));
+        let ok = preflight_with_peak(budget, &layout, 16, 8192, 2048 + 64).unwrap();
+        assert_eq!(ok.peak_tokens, 2112);
+        assert!((ok.max_concurrency - ok.sizing.capacity_tokens() as f64 / 2112.0).abs() < 1e-12);
+        let err = preflight_with_peak(100 * MIB, &layout, 16, 8192, 2112).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("holding 2112 tokens at its peak"), "{msg}");
+        // The peak never exceeds the length itself.
+        assert_eq!(
+            preflight_with_peak(2 * GIB, &layout, 16, 8192, 1 << 20)
+                .unwrap()
+                .peak_tokens,
+            8192
+        );
+    }
+
+    #[test]
     fn preflight_refuses_with_the_right_numbers() {
         // 32 layers * 4096 B = 128 KiB per token; 8192 tokens = 1 GiB.
         let layout = full(32);
@@ -187,6 +262,7 @@ mod tests {
                 needed_bytes: GIB,
                 available_bytes: budget,
                 max_model_len_tokens: 8192,
+                peak_tokens: 8192,
             }
         );
         let msg = err.to_string();
@@ -194,29 +270,23 @@ mod tests {
         assert!(msg.contains("0.75 GiB"), "{msg}");
         assert!(msg.contains("8192-token"), "{msg}");
         assert!(msg.contains(&GIB.to_string()), "{msg}");
+        assert!(!msg.contains("peak"), "{msg}");
     }
 
     #[test]
     fn preflight_counts_the_partial_last_block() {
-        // 1 B per token; block of 16 tokens = 16 B. A 17-token sequence needs
-        // 2 blocks = 32 B, so a 31-byte budget (1 block) is not enough.
-        let layout = CacheLayout::uniform(
-            1,
-            LayerLayout::LowRank {
-                key_rank_per_head: vec![1],
-                value_rank: 0,
-                dtype: CacheDtype::Fp8,
-            },
-        );
+        // 2 B per token; block of 16 tokens = 32 B. A 17-token sequence needs
+        // 2 blocks = 64 B, so a 63-byte budget (1 block) is not enough.
+        let layout = two_bytes_per_token();
         assert!(matches!(
-            preflight(31, &layout, 16, 17),
+            preflight(63, &layout, 16, 17),
             Err(KvError::InsufficientMemory {
-                needed_bytes: 32,
-                available_bytes: 31,
+                needed_bytes: 64,
+                available_bytes: 63,
                 ..
             })
         ));
-        let ok = preflight(32, &layout, 16, 17).unwrap();
+        let ok = preflight(64, &layout, 16, 17).unwrap();
         assert_eq!(ok.sizing.num_blocks, 2);
     }
 
@@ -243,14 +313,7 @@ mod tests {
 
     #[test]
     fn slot_index_cap_applies() {
-        let layout = CacheLayout::uniform(
-            1,
-            LayerLayout::LowRank {
-                key_rank_per_head: vec![1],
-                value_rank: 0,
-                dtype: CacheDtype::Fp8,
-            },
-        );
+        let layout = two_bytes_per_token();
         let s = CacheSizing::from_budget(u64::MAX, &layout, 1 << 20).unwrap();
         assert_eq!(s.num_blocks, 1 << 12);
     }

@@ -3,8 +3,10 @@
 //! KV state.
 
 use starling_backend::{
-    AttentionDims, Backend, BatchMeta, HostTensor, KvCacheSpec, RopeSpec, RopeStyle as OpRopeStyle,
+    AttentionDims, Backend, BatchMeta, HostTensor, KvCacheSpec, LatentFactors, RopeSpec,
+    RopeStyle as OpRopeStyle,
 };
+use starling_kv::{CacheDtype, CacheLayout, LayerLayout, LATENT_RANK_MULTIPLE};
 
 use crate::config::{rope_inv_freqs, ModelConfig, RopeStyle};
 use crate::loader::WeightMap;
@@ -13,12 +15,112 @@ use crate::ModelError;
 /// One decoder layer's weights in backend memory (Q/K/V and gate/up fused at load).
 struct DecoderLayer<B: Backend> {
     input_norm: B::Tensor,
+    /// `[W_q; W_k; W_v]`, or for a latent layer `[W_q; A_k; A_v]` (the key latents of every
+    /// head, then the value latent).
     qkv_weight: B::Tensor,
     qkv_bias: Option<B::Tensor>,
+    /// A STAR-KV latent layer's ranks and up-projections; `None` for full K/V.
+    latent: Option<LatentLayer<B>>,
     o_proj: B::Tensor,
     post_attention_norm: B::Tensor,
     gate_up_proj: B::Tensor,
     down_proj: B::Tensor,
+}
+
+/// What a STAR-KV latent layer caches: the stored rank of each KV head's key latent and of the
+/// value latent (multiples of [`LATENT_RANK_MULTIPLE`]; padding components are zero).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LatentRanks {
+    /// Stored key rank per KV head.
+    pub key_ranks: Vec<usize>,
+    /// Stored value rank.
+    pub value_rank: usize,
+}
+
+impl LatentRanks {
+    /// Elements of a token's key latents (all heads).
+    pub fn key_width(&self) -> usize {
+        self.key_ranks.iter().sum()
+    }
+
+    /// The cache layout of a layer with these ranks.
+    pub fn layout(&self, dtype: CacheDtype) -> LayerLayout {
+        LayerLayout::LowRank {
+            key_rank_per_head: self.key_ranks.clone(),
+            value_rank: self.value_rank,
+            dtype,
+        }
+    }
+
+    fn validate(&self, config: &ModelConfig, layer: usize) -> Result<(), ModelError> {
+        let bad = |why: String| {
+            Err(ModelError::InvalidConfig(format!(
+                "STAR-KV latent ranks of layer {layer}: {why}"
+            )))
+        };
+        if self.key_ranks.len() != config.num_kv_heads {
+            return bad(format!(
+                "{} key ranks for {} KV heads",
+                self.key_ranks.len(),
+                config.num_kv_heads
+            ));
+        }
+        let ranks = self.key_ranks.iter().chain([&self.value_rank]);
+        if let Some(r) = ranks.clone().find(|&&r| r % LATENT_RANK_MULTIPLE != 0) {
+            return bad(format!(
+                "rank {r} is not a multiple of {LATENT_RANK_MULTIPLE} (stored ranks are padded)"
+            ));
+        }
+        if self.value_rank == 0 || self.key_width() == 0 {
+            return bad("a latent layer stores at least one key and one value component".into());
+        }
+        Ok(())
+    }
+}
+
+/// A latent layer's factors on the host, at the stored ranks (padding rows of the down- and
+/// columns of the up-projections zero): `key_down` `[Σ r_h, hidden]` (every head's `A_h`
+/// stacked in head order), `key_up` `[head_dim, Σ r_h]` (every head's `B_h` side by side),
+/// `value_down` `[r_v, hidden]`, `value_up` `[kv_heads * head_dim, r_v]`. The model's key and
+/// value biases stay where they are and are added after reconstruction.
+#[derive(Clone, Debug)]
+pub struct LatentLayerWeights {
+    /// The stored ranks.
+    pub ranks: LatentRanks,
+    /// `A_k` of every head.
+    pub key_down: HostTensor,
+    /// `B_k` of every head.
+    pub key_up: HostTensor,
+    /// `A_v`.
+    pub value_down: HostTensor,
+    /// `B_v`.
+    pub value_up: HostTensor,
+}
+
+/// A latent layer's ranks and up-projections in backend memory.
+struct LatentLayer<B: Backend> {
+    ranks: LatentRanks,
+    key_up: B::Tensor,
+    key_bias: Option<B::Tensor>,
+    value_up: B::Tensor,
+    value_bias: Option<B::Tensor>,
+}
+
+impl<B: Backend> LatentLayer<B> {
+    fn factors(&self) -> LatentFactors<'_, B::Tensor> {
+        LatentFactors {
+            key_up: &self.key_up,
+            key_bias: self.key_bias.as_ref(),
+            value_up: &self.value_up,
+            value_bias: self.value_bias.as_ref(),
+        }
+    }
+}
+
+/// Names under which a latent layer's factors enter the weight source (not checkpoint names:
+/// [`LlamaModel::load_latent`] puts them there).
+fn latent_tensor_name(layer: usize, what: &str) -> String {
+    format!("model.layers.{layer}.self_attn.star_kv.{what}")
 }
 
 /// Post-RoPE query rows copied to the host during a forward pass, per layer: what SnapKV's
@@ -196,21 +298,95 @@ impl<B: Backend> LlamaModel<B> {
         config: &ModelConfig,
         mut weights: WeightMap,
     ) -> Result<Self, ModelError> {
-        Self::build(backend, config, &mut weights)
+        Self::build(backend, config, &mut weights, &[])
     }
 
     /// A model of `config`'s shapes with random weights made directly in backend memory (vLLM's
     /// dummy load format): for performance runs, where weight values do not matter.
     pub fn synthetic(backend: &B, config: &ModelConfig, seed: u64) -> Result<Self, ModelError> {
-        Self::build(backend, config, &mut SyntheticSource { seed })
+        Self::build(backend, config, &mut SyntheticSource { seed }, &[])
+    }
+
+    /// [`LlamaModel::load`] with STAR-KV latent layers: layer `l` caches latents when
+    /// `latents[l]` is `Some` (its `W_k` and `W_v` are replaced by the factors and leave the
+    /// model; their shapes are still checked), full K/V otherwise. An empty `latents` is the
+    /// plain model.
+    pub fn load_latent(
+        backend: &B,
+        config: &ModelConfig,
+        mut weights: WeightMap,
+        latents: Vec<Option<LatentLayerWeights>>,
+    ) -> Result<Self, ModelError> {
+        if !latents.is_empty() && latents.len() != config.num_layers {
+            return Err(ModelError::InvalidConfig(format!(
+                "STAR-KV factors for {} layers, the model has {}",
+                latents.len(),
+                config.num_layers
+            )));
+        }
+        let mut ranks = Vec::with_capacity(latents.len());
+        for (layer, latent) in latents.into_iter().enumerate() {
+            let Some(latent) = latent else {
+                ranks.push(None);
+                continue;
+            };
+            latent.ranks.validate(config, layer)?;
+            let p = format!("model.layers.{layer}.self_attn");
+            let (d, kv) = (config.hidden_size, config.kv_size());
+            weights.take(&format!("{p}.k_proj.weight"), &[kv, d])?;
+            weights.take(&format!("{p}.v_proj.weight"), &[kv, d])?;
+            let LatentLayerWeights {
+                ranks: layer_ranks,
+                key_down,
+                key_up,
+                value_down,
+                value_up,
+            } = latent;
+            let width = layer_ranks.key_width() + layer_ranks.value_rank;
+            for (what, tensor) in [
+                ("key_down", key_down),
+                ("key_up", key_up),
+                ("value_down", value_down),
+                ("value_up", value_up),
+                ("zero_bias", HostTensor::zeros(vec![width])),
+            ] {
+                weights.insert(latent_tensor_name(layer, what), tensor);
+            }
+            ranks.push(Some(layer_ranks));
+        }
+        Self::build(backend, config, &mut weights, &ranks)
+    }
+
+    /// [`LlamaModel::synthetic`] with latent layers of the given stored ranks (`None`: full
+    /// K/V), for performance runs of a STAR-KV cache at real shapes.
+    pub fn synthetic_latent(
+        backend: &B,
+        config: &ModelConfig,
+        seed: u64,
+        ranks: &[Option<LatentRanks>],
+    ) -> Result<Self, ModelError> {
+        for (layer, r) in ranks.iter().enumerate() {
+            if let Some(r) = r {
+                r.validate(config, layer)?;
+            }
+        }
+        Self::build(backend, config, &mut SyntheticSource { seed }, ranks)
     }
 
     fn build(
         backend: &B,
         config: &ModelConfig,
         weights: &mut dyn WeightSource<B>,
+        latent_ranks: &[Option<LatentRanks>],
     ) -> Result<Self, ModelError> {
         config.validate()?;
+        if !latent_ranks.is_empty() && latent_ranks.len() != config.num_layers {
+            return Err(ModelError::InvalidConfig(format!(
+                "latent ranks for {} layers, the model has {}",
+                latent_ranks.len(),
+                config.num_layers
+            )));
+        }
         let (d, q, kv, f) = (
             config.hidden_size,
             config.q_size(),
@@ -230,21 +406,74 @@ impl<B: Backend> LlamaModel<B> {
         for l in 0..config.num_layers {
             let p = format!("model.layers.{l}");
             let attn = |t: &str| format!("{p}.self_attn.{t}");
-            let qkv_bias = if config.attention_bias {
-                let parts = [
-                    (attn("q_proj.bias"), vec![q]),
-                    (attn("k_proj.bias"), vec![kv]),
-                    (attn("v_proj.bias"), vec![kv]),
-                ];
-                Some(weights.fused(backend, &parts, false)?)
-            } else {
-                None
+            let ranks = latent_ranks.get(l).and_then(Option::as_ref);
+            let (qkv, qkv_bias, latent) = match ranks {
+                None => {
+                    let qkv_bias = if config.attention_bias {
+                        let parts = [
+                            (attn("q_proj.bias"), vec![q]),
+                            (attn("k_proj.bias"), vec![kv]),
+                            (attn("v_proj.bias"), vec![kv]),
+                        ];
+                        Some(weights.fused(backend, &parts, false)?)
+                    } else {
+                        None
+                    };
+                    let qkv = vec![
+                        (attn("q_proj.weight"), vec![q, d]),
+                        (attn("k_proj.weight"), vec![kv, d]),
+                        (attn("v_proj.weight"), vec![kv, d]),
+                    ];
+                    (qkv, qkv_bias, None)
+                }
+                Some(r) => {
+                    let (kw, vw) = (r.key_width(), r.value_rank);
+                    let star = |what: &str| latent_tensor_name(l, what);
+                    // Biases move after the reconstruction; the latents themselves get none.
+                    let (qkv_bias, key_bias, value_bias) = if config.attention_bias {
+                        let parts = [
+                            (attn("q_proj.bias"), vec![q]),
+                            (star("zero_bias"), vec![kw + vw]),
+                        ];
+                        (
+                            Some(weights.fused(backend, &parts, false)?),
+                            Some(weights.fused(
+                                backend,
+                                &one(attn("k_proj.bias"), vec![kv]),
+                                false,
+                            )?),
+                            Some(weights.fused(
+                                backend,
+                                &one(attn("v_proj.bias"), vec![kv]),
+                                false,
+                            )?),
+                        )
+                    } else {
+                        (None, None, None)
+                    };
+                    let latent = LatentLayer {
+                        ranks: r.clone(),
+                        key_up: weights.fused(
+                            backend,
+                            &one(star("key_up"), vec![config.head_dim, kw]),
+                            false,
+                        )?,
+                        key_bias,
+                        value_up: weights.fused(
+                            backend,
+                            &one(star("value_up"), vec![kv, vw]),
+                            false,
+                        )?,
+                        value_bias,
+                    };
+                    let qkv = vec![
+                        (attn("q_proj.weight"), vec![q, d]),
+                        (star("key_down"), vec![kw, d]),
+                        (star("value_down"), vec![vw, d]),
+                    ];
+                    (qkv, qkv_bias, Some(latent))
+                }
             };
-            let qkv = [
-                (attn("q_proj.weight"), vec![q, d]),
-                (attn("k_proj.weight"), vec![kv, d]),
-                (attn("v_proj.weight"), vec![kv, d]),
-            ];
             let gate_up = [
                 (format!("{p}.mlp.gate_proj.weight"), vec![f, d]),
                 (format!("{p}.mlp.up_proj.weight"), vec![f, d]),
@@ -257,6 +486,7 @@ impl<B: Backend> LlamaModel<B> {
                 )?,
                 qkv_weight: weights.fused(backend, &qkv, false)?,
                 qkv_bias,
+                latent,
                 o_proj: weights.fused(backend, &one(attn("o_proj.weight"), vec![d, q]), false)?,
                 post_attention_norm: weights.fused(
                     backend,
@@ -358,10 +588,7 @@ impl<B: Backend> LlamaModel<B> {
         }
         let n = ids.len();
         let blocks = n.div_ceil(BLOCK_TOKENS);
-        let spec = self.kv_cache_spec(blocks, BLOCK_TOKENS);
-        let mut caches = (0..self.layers.len())
-            .map(|_| backend.alloc_kv_cache(&spec))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut caches = self.alloc_kv_caches(backend, blocks, BLOCK_TOKENS)?;
         // Blocks 0.. in order, so token i lives in slot i.
         let every_row: Vec<u32> = (0..n as u32).collect();
         let meta = BatchMeta::single_sequence(
@@ -376,14 +603,83 @@ impl<B: Backend> LlamaModel<B> {
         self.forward_with_hooks(backend, ids, &meta, &batch, &mut caches, hooks)
     }
 
-    /// The per-layer cache geometry for a pool of `num_blocks` blocks.
-    pub fn kv_cache_spec(&self, num_blocks: usize, block_size_tokens: usize) -> KvCacheSpec {
-        KvCacheSpec {
-            num_blocks,
-            block_size_tokens,
-            num_kv_heads: self.config.num_kv_heads,
-            head_dim: self.config.head_dim,
-        }
+    /// What each layer caches per token with `dtype` elements: full K/V, or the latent ranks of
+    /// a STAR-KV layer. The one description the engine sizes, checks and allocates the cache
+    /// from.
+    pub fn cache_layout(&self, dtype: CacheDtype) -> CacheLayout {
+        let layers = self
+            .layers
+            .iter()
+            .map(|layer| match &layer.latent {
+                None => LayerLayout::Full {
+                    num_kv_heads: self.config.num_kv_heads,
+                    head_dim: self.config.head_dim,
+                    dtype,
+                },
+                Some(latent) => latent.ranks.layout(dtype),
+            })
+            .collect();
+        CacheLayout { layers }
+    }
+
+    /// Every layer's cache spec for a pool of `num_blocks` blocks (from
+    /// [`cache_layout`](Self::cache_layout)).
+    pub fn kv_cache_specs(
+        &self,
+        num_blocks: usize,
+        block_size_tokens: usize,
+        dtype: CacheDtype,
+    ) -> Vec<KvCacheSpec> {
+        self.cache_layout(dtype)
+            .layers
+            .into_iter()
+            .map(|layout| KvCacheSpec {
+                num_blocks,
+                block_size_tokens,
+                layout,
+            })
+            .collect()
+    }
+
+    /// Allocates every layer's cache (zero-filled) for a pool of `num_blocks` blocks in the
+    /// backend's cache dtype.
+    pub fn alloc_kv_caches(
+        &self,
+        backend: &B,
+        num_blocks: usize,
+        block_size_tokens: usize,
+    ) -> Result<Vec<B::KvCache>, ModelError> {
+        self.kv_cache_specs(num_blocks, block_size_tokens, backend.kv_cache_dtype())
+            .iter()
+            .map(|spec| Ok(backend.alloc_kv_cache(spec)?))
+            .collect()
+    }
+
+    /// The stored latent ranks of each layer (`None`: full K/V).
+    pub fn latent_ranks(&self) -> Vec<Option<LatentRanks>> {
+        self.layers
+            .iter()
+            .map(|l| l.latent.as_ref().map(|lat| lat.ranks.clone()))
+            .collect()
+    }
+
+    /// Whether any layer caches STAR-KV latents.
+    pub fn has_latent_layers(&self) -> bool {
+        self.layers.iter().any(|l| l.latent.is_some())
+    }
+
+    /// Layer `layer`'s up-projections when it caches latents (what reconstructing its keys and
+    /// values needs, e.g. to score them for eviction).
+    pub fn latent_factors(&self, layer: usize) -> Option<LatentFactors<'_, B::Tensor>> {
+        self.layers
+            .get(layer)
+            .and_then(|l| l.latent.as_ref())
+            .map(LatentLayer::factors)
+    }
+
+    /// The rotary embedding every layer applies.
+    pub fn rope(&self) -> &RopeSpec {
+        &self.rope
     }
 
     /// Runs the batch's tokens through the model, writing their K/V into `caches` (one per layer),
@@ -505,12 +801,27 @@ impl<B: Backend> LlamaModel<B> {
             }
             let mut qkv = backend.linear(&x, &layer.qkv_weight, layer.qkv_bias.as_ref())?;
             // The captured rows are read after the write: it leaves `qkv` as RoPE left it.
-            backend.rope_qk_write_kv(&mut qkv, cache, &self.dims, &self.rope, batch)?;
+            match &layer.latent {
+                None => backend.rope_qk_write_kv(&mut qkv, cache, &self.dims, &self.rope, batch)?,
+                Some(_) => {
+                    backend.rope_q_write_latents(&mut qkv, cache, &self.dims, &self.rope, batch)?
+                }
+            }
             if let Some(c) = capture.as_deref_mut().filter(|c| !c.rows.is_empty()) {
                 let rows = backend.to_host(&backend.gather_rows(&qkv, &c.rows)?)?;
                 c.push_layer(&rows, self.dims.q_size())?;
             }
-            let attn = backend.paged_attention(&qkv, cache, &self.dims, batch)?;
+            let attn = match &layer.latent {
+                None => backend.paged_attention(&qkv, cache, &self.dims, batch)?,
+                Some(latent) => backend.latent_attention(
+                    &qkv,
+                    cache,
+                    &latent.factors(),
+                    &self.dims,
+                    &self.rope,
+                    batch,
+                )?,
+            };
             let attn_out = backend.linear(&attn, &layer.o_proj, None)?;
             let x =
                 backend.add_rms_norm(&mut residual, &attn_out, &layer.post_attention_norm, eps)?;

@@ -97,6 +97,7 @@ impl ApiError {
             EngineError::Scheduler(
                 e @ (SchedulerError::PromptTooLong { .. }
                 | SchedulerError::PromptExceedsCache { .. }
+                | SchedulerError::PeakExceedsCache { .. }
                 | SchedulerError::EmptyPrompt(_)),
             ) => ApiError::bad_request(e.to_string(), Some("prompt")),
             other => ApiError::internal(format!("engine error: {other}")),

@@ -9,10 +9,10 @@
 //! written as a checkpoint ([`checkpoint`]) that refuses to load against another model.
 //!
 //! Everything here is host-side f32/f64; only the activation statistics run the model, on any
-//! backend, and read its activations back to the host. The reference execution path
-//! ([`load_and_apply`]) replaces a model's K/V projection weights by their low-rank
-//! reconstructions before upload (same outputs as caching latents; no KV memory saved yet);
-//! the distillation loop will build on these types.
+//! backend, and read its activations back to the host. A checkpoint runs two ways: the latent
+//! path ([`load_latent_layers`]: the model caches latents, the bytes the profile saves become
+//! blocks) and the reference path ([`load_and_apply`]: K/V weights replaced by their low-rank
+//! reconstructions, full K/V cached), the oracle of the first.
 #![deny(missing_docs)]
 
 mod activations;
@@ -23,6 +23,7 @@ pub mod checkpoint;
 pub mod distill;
 mod error;
 mod factorization;
+mod latent_path;
 mod matrix;
 mod model_factors;
 mod pipeline;
@@ -42,12 +43,14 @@ pub use budget::{BudgetTarget, CacheBudget, RankProfile};
 pub use calibration_text::calibration_windows;
 pub use error::StarKvError;
 pub use factorization::Factorization;
+pub use latent_path::{latent_layers, load_latent_layers};
 pub use matrix::Matrix;
 pub use model_factors::{FactorId, FactorKind, LayerFactors, ModelFactors};
 pub use pipeline::{svd_checkpoint, CalibrationPlan};
 pub use projections::{LayerProjections, ModelProjections};
 pub use reference_path::{
-    apply_projection_sides, apply_projections, load_and_apply, profile_dir, AppliedSides,
+    apply_projection_sides, apply_projections, load_and_apply, load_profile, profile_dir,
+    AppliedSides,
 };
 pub use report::CompressionReport;
 pub use shape::{KvShape, UncompressedLayers};

@@ -6,8 +6,8 @@
 //! `latent B_hᵀ + b_h` yields `x (B_h A_h)ᵀ + b_h`, exactly what the reconstructed weight
 //! computes (up to f32 summation order), and RoPE is applied after either. It therefore works
 //! on every backend (it happens on host weights) and is the oracle the latent paged layout and
-//! fused kernels will be tested against. It does **not** reduce KV memory: the cache still
-//! holds full K/V rows; the latent layout is the next step.
+//! latent path ([`crate::load_latent_layers`]) is tested against. It does not reduce KV memory:
+//! the cache holds full K/V rows.
 
 use std::path::{Path, PathBuf};
 
@@ -118,15 +118,12 @@ pub fn profile_dir(dir: &Path, profile: RankProfile) -> PathBuf {
 }
 
 /// Loads the `profile` checkpoint under `dir` for the model (`config`, `weights`), refusing one
-/// made for other weights or for another profile, and applies its `sides` with
-/// [`apply_projection_sides`].
-/// Returns the checkpoint (its manifest says what was applied).
-pub fn load_and_apply(
+/// made for other weights or for another profile.
+pub fn load_profile(
     dir: &Path,
     profile: RankProfile,
-    sides: AppliedSides,
     config: &ModelConfig,
-    weights: &mut WeightMap,
+    weights: &WeightMap,
 ) -> Result<StarKvCheckpoint, StarKvError> {
     let path = profile_dir(dir, profile);
     let identity = weights_identity(weights);
@@ -141,6 +138,19 @@ pub fn load_and_apply(
             path.display()
         )));
     }
+    Ok(checkpoint)
+}
+
+/// [`load_profile`], then [`apply_projection_sides`] of its `sides`. Returns the checkpoint
+/// (its manifest says what was applied).
+pub fn load_and_apply(
+    dir: &Path,
+    profile: RankProfile,
+    sides: AppliedSides,
+    config: &ModelConfig,
+    weights: &mut WeightMap,
+) -> Result<StarKvCheckpoint, StarKvError> {
+    let checkpoint = load_profile(dir, profile, config, weights)?;
     apply_projection_sides(config, weights, &checkpoint.projections, sides)?;
     Ok(checkpoint)
 }

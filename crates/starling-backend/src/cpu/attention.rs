@@ -1,113 +1,10 @@
-//! Paged K/V cache storage and causal attention over it (CPU reference).
+//! Causal attention over a full paged K/V cache (CPU reference).
 
 use rayon::prelude::*;
 
+use super::kv_cache::CpuKvCache;
 use super::matrix_dims;
-use crate::{AttentionDims, BackendError, BatchMeta, HostTensor, KvCacheSpec};
-
-/// One layer's K and V cache: `[num_slots, num_kv_heads, head_dim]` each, f32.
-#[derive(Clone, Debug)]
-pub struct CpuKvCache {
-    spec: KvCacheSpec,
-    keys: Vec<f32>,
-    values: Vec<f32>,
-}
-
-impl CpuKvCache {
-    /// A zero-filled cache.
-    pub fn new(spec: KvCacheSpec) -> Result<Self, BackendError> {
-        let len = spec
-            .num_slots()
-            .checked_mul(spec.num_kv_heads * spec.head_dim)
-            .ok_or_else(|| BackendError::OutOfMemory(format!("cache of {spec:?} overflows")))?;
-        // Fail cleanly on an impossible size before asking the allocator (which would abort).
-        if len.saturating_mul(2 * std::mem::size_of::<f32>()) > isize::MAX as usize {
-            return Err(BackendError::OutOfMemory(format!(
-                "KV cache of {len} f32 x2"
-            )));
-        }
-        // `vec![0.0; n]` maps zeroed pages lazily, so an unused budget costs no RSS.
-        Ok(Self {
-            spec,
-            keys: vec![0.0; len],
-            values: vec![0.0; len],
-        })
-    }
-
-    /// The cache geometry.
-    pub fn spec(&self) -> &KvCacheSpec {
-        &self.spec
-    }
-
-    fn slot_width(&self) -> usize {
-        self.spec.num_kv_heads * self.spec.head_dim
-    }
-
-    /// Key of `kv_head` at flat slot `slot`.
-    pub fn key(&self, slot: usize, kv_head: usize) -> &[f32] {
-        let hd = self.spec.head_dim;
-        let start = slot * self.slot_width() + kv_head * hd;
-        &self.keys[start..start + hd]
-    }
-
-    /// Value of `kv_head` at flat slot `slot`.
-    pub fn value(&self, slot: usize, kv_head: usize) -> &[f32] {
-        let hd = self.spec.head_dim;
-        let start = slot * self.slot_width() + kv_head * hd;
-        &self.values[start..start + hd]
-    }
-
-    /// Copies every slot of block `src` (K and V, all heads) over block `dst`. Ids are checked by
-    /// the caller (`kv_checks::check_block_copies`).
-    pub(super) fn copy_block(&mut self, src: usize, dst: usize) {
-        let block_elems = self.spec.block_size_tokens * self.slot_width();
-        let (from, to) = (src * block_elems, dst * block_elems);
-        self.keys.copy_within(from..from + block_elems, to);
-        self.values.copy_within(from..from + block_elems, to);
-    }
-
-    /// Overwrites flat slot `slot` with one `[num_kv_heads * head_dim]` K row and V row. The
-    /// caller checks the slot and the row widths.
-    pub(super) fn set_slot(&mut self, slot: usize, k: &[f32], v: &[f32]) {
-        let width = self.slot_width();
-        self.keys[slot * width..(slot + 1) * width].copy_from_slice(k);
-        self.values[slot * width..(slot + 1) * width].copy_from_slice(v);
-    }
-
-    /// Writes the K and V parts of each fused QKV row into its slot.
-    pub fn write(
-        &mut self,
-        qkv: &HostTensor,
-        dims: &AttentionDims,
-        slots: &[u32],
-    ) -> Result<(), BackendError> {
-        let (n, width) = matrix_dims(qkv, "write_kv input")?;
-        if width != dims.qkv_size()
-            || slots.len() != n
-            || dims.num_kv_heads != self.spec.num_kv_heads
-            || dims.head_dim != self.spec.head_dim
-        {
-            return Err(BackendError::Shape(format!(
-                "write_kv: [{n}, {width}] with {} slots into {:?} for {dims:?}",
-                slots.len(),
-                self.spec
-            )));
-        }
-        let kv = dims.kv_size();
-        let q = dims.q_size();
-        for (row, &slot) in qkv.data().chunks_exact(width).zip(slots) {
-            let slot = slot as usize;
-            if slot >= self.spec.num_slots() {
-                return Err(BackendError::Shape(format!(
-                    "write_kv: slot {slot} out of range"
-                )));
-            }
-            self.keys[slot * kv..(slot + 1) * kv].copy_from_slice(&row[q..q + kv]);
-            self.values[slot * kv..(slot + 1) * kv].copy_from_slice(&row[q + kv..q + 2 * kv]);
-        }
-        Ok(())
-    }
-}
+use crate::{AttentionDims, BackendError, BatchMeta, HostTensor};
 
 /// Causal paged attention over the batch; the CPU reference for the decode and prefill kernels.
 pub fn paged_attention(
@@ -122,6 +19,12 @@ pub fn paged_attention(
             "attention: [{n}, {width}] for {} tokens of width {}",
             batch.num_tokens(),
             dims.qkv_size()
+        )));
+    }
+    if cache.spec().full_heads() != Some((dims.num_kv_heads, dims.head_dim)) {
+        return Err(BackendError::Shape(format!(
+            "attention: {dims:?} over a cache of {:?}",
+            cache.spec().layout
         )));
     }
     let hd = dims.head_dim;
@@ -208,9 +111,10 @@ pub fn dense_causal_attention(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::SeqBatchMeta;
+    use crate::{KvCacheSpec, SeqBatchMeta};
     use rand::{seq::SliceRandom, Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
+    use starling_kv::CacheDtype;
 
     /// Two sequences written in chunks through shuffled block tables; the paged result for every
     /// query row must equal dense causal attention over the same tokens.
@@ -223,12 +127,7 @@ mod tests {
             scale: 0.35,
         };
         let bs = 4;
-        let spec = KvCacheSpec {
-            num_blocks: 16,
-            block_size_tokens: bs,
-            num_kv_heads: 2,
-            head_dim: 8,
-        };
+        let spec = KvCacheSpec::full(16, bs, 2, 8, CacheDtype::F32);
         let mut rng = ChaCha8Rng::seed_from_u64(7);
         let mut free: Vec<u32> = (0..16).collect();
         free.shuffle(&mut rng);
@@ -313,12 +212,7 @@ mod tests {
             head_dim: 2,
             scale: 1.0,
         };
-        let spec = KvCacheSpec {
-            num_blocks: 1,
-            block_size_tokens: 2,
-            num_kv_heads: 1,
-            head_dim: 2,
-        };
+        let spec = KvCacheSpec::full(1, 2, 1, 2, CacheDtype::F32);
         let mut cache = CpuKvCache::new(spec).unwrap();
         let qkv = HostTensor::zeros(vec![1, dims.qkv_size()]);
         assert!(cache.write(&qkv, &dims, &[2]).is_err());

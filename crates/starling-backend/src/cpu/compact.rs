@@ -1,19 +1,20 @@
-//! Token-eviction compaction of one sequence's paged K/V (CPU reference) and the key read-back
+//! Token-eviction compaction of one sequence's paged cache (CPU reference) and the key read-back
 //! that scorers need.
 //!
-//! Compaction moves, for every KV head independently, the kept rows to the front of the
-//! sequence's physical slots: physical index `i` of head `h` receives the `i`-th kept row of head
-//! `h`. Kept indices are ascending, so physical order stays chronological (attention relies on
-//! it). Slots past the kept count keep stale data; the caller shrinks the block table so they are
-//! no longer read and its tail blocks return to the pool.
+//! Compaction moves the kept rows to the front of the sequence's physical slots. In a full
+//! layer every KV head moves independently: physical index `i` of head `h` receives the `i`-th
+//! kept row of head `h`. In a latent layer (one list) whole slots move: key latents, value
+//! latent and position together. Kept indices are ascending, so physical order stays
+//! chronological (attention relies on it). Slots past the kept count keep stale data; the
+//! caller shrinks the block table so they are no longer read and its tail blocks return to the
+//! pool.
 
-use super::attention::CpuKvCache;
+use super::kv_cache::CpuKvCache;
 use super::kv_checks::{check_compaction, physical_slots};
-use crate::{AttentionDims, BackendError, HostTensor};
+use crate::{BackendError, HostTensor};
 
-/// Compacts one sequence's K and V in one layer: physical index `i` of head `h` gets the `i`-th
-/// kept row of head `h` (see the module docs). Validates everything before moving anything, so
-/// an error leaves the cache untouched.
+/// Compacts one sequence's cache rows in one layer (see the module docs). Validates everything
+/// before moving anything, so an error leaves the cache untouched.
 pub fn compact_kv(
     cache: &mut CpuKvCache,
     block_table: &[u32],
@@ -21,7 +22,7 @@ pub fn compact_kv(
     physical_len_tokens: usize,
     keep: &[Vec<u32>],
 ) -> Result<(), BackendError> {
-    let spec = *cache.spec();
+    let spec = cache.spec().clone();
     let count = check_compaction(
         &spec,
         block_table,
@@ -36,31 +37,37 @@ pub fn compact_kv(
         physical_len_tokens,
         "compact_kv",
     )?;
-    let (hd, nkv) = (spec.head_dim, spec.num_kv_heads);
-    // Gather into a fused `[q | k | v]` scratch so the scatter is the cache's own write path;
-    // a one-query-head-per-KV-head geometry keeps the unused Q part as small as the K part.
-    let dims = AttentionDims {
-        num_heads: nkv,
-        num_kv_heads: nkv,
-        head_dim: hd,
-        scale: 1.0,
-    };
-    let (q_size, kv_size, width) = (dims.q_size(), dims.kv_size(), dims.qkv_size());
-    let mut scratch = vec![0.0f32; count * width];
-    for (i, row) in scratch.chunks_exact_mut(width).enumerate() {
+    // Each list moves one segment of both planes: a head of a full layer, the whole row of a
+    // latent one.
+    let (kw, vw) = spec.plane_widths();
+    let lists = keep.len().max(1);
+    let (k_seg, v_seg) = (kw / lists, vw / lists);
+    let mut k_rows = vec![0.0f32; count * kw];
+    let mut v_rows = vec![0.0f32; count * vw];
+    let mut positions = vec![0u32; count];
+    for i in 0..count {
         for (h, indices) in keep.iter().enumerate() {
             let src = slots[indices[i] as usize] as usize;
-            let k_at = q_size + h * hd;
-            let v_at = q_size + kv_size + h * hd;
-            row[k_at..k_at + hd].copy_from_slice(cache.key(src, h));
-            row[v_at..v_at + hd].copy_from_slice(cache.value(src, h));
+            k_rows[i * kw + h * k_seg..i * kw + (h + 1) * k_seg]
+                .copy_from_slice(&cache.key_row(src)[h * k_seg..(h + 1) * k_seg]);
+            v_rows[i * vw + h * v_seg..i * vw + (h + 1) * v_seg]
+                .copy_from_slice(&cache.value_row(src)[h * v_seg..(h + 1) * v_seg]);
+            positions[i] = cache.position(src);
         }
     }
-    let scratch = HostTensor::new(vec![count, width], scratch)?;
-    cache.write(&scratch, &dims, &slots[..count])
+    for (i, &slot) in slots[..count].iter().enumerate() {
+        cache.set_slot(
+            slot as usize,
+            &k_rows[i * kw..(i + 1) * kw],
+            &v_rows[i * vw..(i + 1) * vw],
+            positions[i],
+        );
+    }
+    Ok(())
 }
 
-/// One sequence's keys of one layer, `[len_tokens, num_kv_heads, head_dim]`, in physical order.
+/// One sequence's keys of one full layer, `[len_tokens, num_kv_heads, head_dim]` in physical
+/// order.
 pub fn read_keys(
     cache: &CpuKvCache,
     block_table: &[u32],
@@ -68,6 +75,7 @@ pub fn read_keys(
     len_tokens: usize,
 ) -> Result<HostTensor, BackendError> {
     let spec = cache.spec();
+    let (heads, head_dim) = spec.require_full("read_keys")?;
     let slots = physical_slots(
         spec,
         block_table,
@@ -75,23 +83,22 @@ pub fn read_keys(
         len_tokens,
         "read_keys",
     )?;
-    let mut data = Vec::with_capacity(len_tokens * spec.num_kv_heads * spec.head_dim);
+    let mut data = Vec::with_capacity(len_tokens * heads * head_dim);
     for &slot in &slots {
-        for h in 0..spec.num_kv_heads {
-            data.extend_from_slice(cache.key(slot as usize, h));
-        }
+        data.extend_from_slice(cache.key_row(slot as usize));
     }
-    HostTensor::new(vec![len_tokens, spec.num_kv_heads, spec.head_dim], data)
+    HostTensor::new(vec![len_tokens, heads, head_dim], data)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::KvCacheSpec;
+    use crate::cpu::test_geometry::Geometry;
+    use crate::AttentionDims;
     use rand::{seq::SliceRandom, Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
-    const SPEC: KvCacheSpec = KvCacheSpec {
+    const SPEC: Geometry = Geometry {
         num_blocks: 12,
         block_size_tokens: 4,
         num_kv_heads: 3,
@@ -100,7 +107,7 @@ mod tests {
 
     /// A cache whose every slot holds distinct random K and V.
     fn random_cache(rng: &mut ChaCha8Rng) -> CpuKvCache {
-        let mut cache = CpuKvCache::new(SPEC).unwrap();
+        let mut cache = CpuKvCache::new(SPEC.spec()).unwrap();
         let dims = AttentionDims {
             num_heads: SPEC.num_kv_heads,
             num_kv_heads: SPEC.num_kv_heads,

@@ -5,7 +5,7 @@
 //! (`starling-evict/tests/device_scores.rs` checks it); device kernels reduce in another order and
 //! are compared with a tolerance.
 
-use super::attention::CpuKvCache;
+use super::kv_cache::CpuKvCache;
 use super::kv_checks::physical_slots;
 use crate::{BackendError, HostTensor, KeyScoreKind};
 
@@ -17,23 +17,24 @@ pub fn key_scores(
     len_tokens: usize,
     kind: KeyScoreKind,
 ) -> Result<HostTensor, BackendError> {
-    let spec = *cache.spec();
+    let spec = cache.spec();
+    let (heads, head_dim) = spec.require_full("key_scores")?;
     let slots = physical_slots(
-        &spec,
+        spec,
         block_table,
         block_size_tokens,
         len_tokens,
         "key_scores",
     )?;
-    let mut data = Vec::with_capacity(spec.num_kv_heads * len_tokens);
-    for h in 0..spec.num_kv_heads {
+    let mut data = Vec::with_capacity(heads * len_tokens);
+    for h in 0..heads {
         let rows: Vec<&[f32]> = slots.iter().map(|&s| cache.key(s as usize, h)).collect();
         match kind {
             KeyScoreKind::KNorm => data.extend(rows.iter().map(|k| -l2_norm(k))),
-            KeyScoreKind::KeyDiff => data.extend(key_diff(&rows, spec.head_dim)),
+            KeyScoreKind::KeyDiff => data.extend(key_diff(&rows, head_dim)),
         }
     }
-    HostTensor::new(vec![spec.num_kv_heads, len_tokens], data)
+    HostTensor::new(vec![heads, len_tokens], data)
 }
 
 /// `−cos(k_i, m)`, `m` the mean of the unit keys (zero keys add nothing but count in the mean).
@@ -74,9 +75,10 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{AttentionDims, KvCacheSpec};
+    use crate::cpu::test_geometry::Geometry;
+    use crate::AttentionDims;
 
-    const SPEC: KvCacheSpec = KvCacheSpec {
+    const SPEC: Geometry = Geometry {
         num_blocks: 3,
         block_size_tokens: 2,
         num_kv_heads: 2,
@@ -85,7 +87,7 @@ mod tests {
 
     /// A cache holding `keys[i]` (`[head 0 | head 1]`) at physical index `i` of table `[2, 0]`.
     fn cache_with(keys: &[[f32; 4]]) -> CpuKvCache {
-        let mut cache = CpuKvCache::new(SPEC).unwrap();
+        let mut cache = CpuKvCache::new(SPEC.spec()).unwrap();
         let dims = AttentionDims {
             num_heads: 2,
             num_kv_heads: 2,

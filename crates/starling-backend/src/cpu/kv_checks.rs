@@ -98,19 +98,21 @@ pub fn check_compaction(
         op,
     )?;
     check_distinct_blocks(block_table, block_size_tokens, physical_len_tokens, op)?;
-    kept_count(keep, spec.num_kv_heads, physical_len_tokens)
+    kept_count(keep, spec.keep_lists(), physical_len_tokens)
 }
 
-/// Checks that `keep` has one strictly ascending, in-range index list per KV head, all of the
-/// same length, and returns that length (the kept count).
+/// Checks that `keep` has `num_lists` strictly ascending, in-range index lists (one per KV head
+/// of a full layer, one for a latent layer: [`KvCacheSpec::keep_lists`]), all of the same
+/// length, and returns that length (the kept count).
 pub fn kept_count(
     keep: &[Vec<u32>],
-    num_kv_heads: usize,
+    num_lists: usize,
     physical_len_tokens: usize,
 ) -> Result<usize, BackendError> {
-    if keep.len() != num_kv_heads {
+    if keep.len() != num_lists {
         return Err(BackendError::Shape(format!(
-            "compact_kv: {} kept-index lists for {num_kv_heads} KV heads",
+            "compact_kv: {} kept-index lists where the layer takes {num_lists} (one per KV head \
+             of a full layer, one for a latent layer)",
             keep.len()
         )));
     }
@@ -169,41 +171,50 @@ pub fn check_block_copies(num_blocks: usize, pairs: &[(u32, u32)]) -> Result<(),
     Ok(())
 }
 
-/// Checks the tensors given to `scatter_kv`: `k` and `v` both `[len, width]` (`width` =
-/// `num_kv_heads * head_dim`); returns `len`.
+/// Checks the rows given to `scatter_kv`: keys `[len, key_width]`, values `[len, value_width]`
+/// (the spec's plane widths) and, for a latent layer, `len` positions (none for a full one);
+/// returns `len`.
 pub fn scatter_len(
+    spec: &KvCacheSpec,
     k_shape: &[usize],
     v_shape: &[usize],
-    width: usize,
+    num_positions: usize,
 ) -> Result<usize, BackendError> {
-    match k_shape {
-        [len, w] if *w == width && k_shape == v_shape => Ok(*len),
-        _ => Err(BackendError::Shape(format!(
-            "scatter_kv: K {k_shape:?} and V {v_shape:?} must both be [len, {width}]"
-        ))),
+    let (kw, vw) = spec.plane_widths();
+    let len = match (k_shape, v_shape) {
+        ([len, k], [v_len, v]) if *k == kw && *v == vw && len == v_len => *len,
+        _ => {
+            return Err(BackendError::Shape(format!(
+                "scatter_kv: K {k_shape:?} and V {v_shape:?} must be [len, {kw}] and [len, {vw}]"
+            )))
+        }
+    };
+    let want_positions = if spec.is_latent() { len } else { 0 };
+    if num_positions != want_positions {
+        return Err(BackendError::Shape(format!(
+            "scatter_kv: {num_positions} positions for {len} rows of a {} layer",
+            if spec.is_latent() { "latent" } else { "full" }
+        )));
     }
+    Ok(len)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const SPEC: KvCacheSpec = KvCacheSpec {
-        num_blocks: 8,
-        block_size_tokens: 4,
-        num_kv_heads: 2,
-        head_dim: 3,
-    };
+    use starling_kv::CacheDtype;
 
     #[test]
     fn block_tables_are_checked() {
-        assert!(check_block_table(&SPEC, &[1, 7], 4, 8, "t").is_ok());
-        assert!(check_block_table(&SPEC, &[1, 7], 4, 9, "t").is_err());
-        assert!(check_block_table(&SPEC, &[1, 8], 4, 1, "t").is_err());
-        assert!(check_block_table(&SPEC, &[1], 2, 1, "t").is_err());
-        assert!(check_block_table(&SPEC, &[], 4, 0, "t").is_ok());
+        let spec = KvCacheSpec::full(8, 4, 2, 3, CacheDtype::F32);
+        let spec = &spec;
+        assert!(check_block_table(spec, &[1, 7], 4, 8, "t").is_ok());
+        assert!(check_block_table(spec, &[1, 7], 4, 9, "t").is_err());
+        assert!(check_block_table(spec, &[1, 8], 4, 1, "t").is_err());
+        assert!(check_block_table(spec, &[1], 2, 1, "t").is_err());
+        assert!(check_block_table(spec, &[], 4, 0, "t").is_ok());
         assert_eq!(
-            physical_slots(&SPEC, &[5, 2], 4, 6, "t").unwrap(),
+            physical_slots(spec, &[5, 2], 4, 6, "t").unwrap(),
             vec![20, 21, 22, 23, 8, 9]
         );
     }
@@ -214,6 +225,28 @@ mod tests {
         assert!(check_distinct_blocks(&[3, 1, 3], 4, 9, "t").is_err());
         assert!(check_distinct_blocks(&[3, 3], 4, 4, "t").is_ok());
         assert!(check_distinct_blocks(&[3, 3], 4, 5, "t").is_err());
+    }
+
+    #[test]
+    fn scatter_rows_match_the_layout() {
+        let full = KvCacheSpec::full(8, 4, 2, 3, CacheDtype::F32);
+        assert_eq!(scatter_len(&full, &[5, 6], &[5, 6], 0).unwrap(), 5);
+        assert!(scatter_len(&full, &[5, 6], &[4, 6], 0).is_err());
+        assert!(scatter_len(&full, &[5, 6], &[5, 6], 5).is_err());
+        let latent = KvCacheSpec {
+            num_blocks: 8,
+            block_size_tokens: 4,
+            layout: starling_kv::LayerLayout::LowRank {
+                key_rank_per_head: vec![8, 16],
+                value_rank: 8,
+                dtype: CacheDtype::F32,
+            },
+        };
+        assert_eq!(scatter_len(&latent, &[3, 24], &[3, 8], 3).unwrap(), 3);
+        assert!(scatter_len(&latent, &[3, 24], &[3, 8], 0).is_err());
+        assert!(scatter_len(&latent, &[3, 16], &[3, 8], 3).is_err());
+        assert_eq!(latent.keep_lists(), 1);
+        assert_eq!(full.keep_lists(), 2);
     }
 
     #[test]

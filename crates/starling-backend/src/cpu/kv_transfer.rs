@@ -2,12 +2,11 @@
 //! reference): whole-block copies (copy-on-write, forking, swapping) and one sequence's K/V
 //! gathered into `[len, num_kv_heads * head_dim]` tensors or scattered back from them.
 
-use super::attention::CpuKvCache;
+use super::kv_cache::CpuKvCache;
 use super::kv_checks::{check_block_copies, check_distinct_blocks, physical_slots, scatter_len};
-use crate::{BackendError, HostTensor};
+use crate::{BackendError, HostTensor, KvRows};
 
-/// Copies block `src` over block `dst` (K and V, every head) for each `(src, dst)` pair. All pairs
-/// are checked before anything is copied.
+/// Copies whole blocks (both planes, positions) for each `(src, dst)` pair.
 pub fn copy_kv_blocks(cache: &mut CpuKvCache, pairs: &[(u32, u32)]) -> Result<(), BackendError> {
     check_block_copies(cache.spec().num_blocks, pairs)?;
     for &(src, dst) in pairs {
@@ -16,48 +15,54 @@ pub fn copy_kv_blocks(cache: &mut CpuKvCache, pairs: &[(u32, u32)]) -> Result<()
     Ok(())
 }
 
-/// One sequence's K and V, each `[len_tokens, num_kv_heads * head_dim]`, in physical order.
+/// One sequence's rows (both planes, and a latent layer's positions) in physical order.
 pub fn gather_kv(
     cache: &CpuKvCache,
     block_table: &[u32],
     block_size_tokens: usize,
     len_tokens: usize,
-) -> Result<(HostTensor, HostTensor), BackendError> {
-    let spec = *cache.spec();
+) -> Result<KvRows<HostTensor>, BackendError> {
+    let spec = cache.spec();
     let slots = physical_slots(
-        &spec,
+        spec,
         block_table,
         block_size_tokens,
         len_tokens,
         "gather_kv",
     )?;
-    let width = spec.num_kv_heads * spec.head_dim;
-    let mut k = Vec::with_capacity(len_tokens * width);
-    let mut v = Vec::with_capacity(len_tokens * width);
+    let (kw, vw) = spec.plane_widths();
+    let mut k = Vec::with_capacity(len_tokens * kw);
+    let mut v = Vec::with_capacity(len_tokens * vw);
     for &slot in &slots {
-        for h in 0..spec.num_kv_heads {
-            k.extend_from_slice(cache.key(slot as usize, h));
-            v.extend_from_slice(cache.value(slot as usize, h));
-        }
+        k.extend_from_slice(cache.key_row(slot as usize));
+        v.extend_from_slice(cache.value_row(slot as usize));
     }
-    Ok((
-        HostTensor::new(vec![len_tokens, width], k)?,
-        HostTensor::new(vec![len_tokens, width], v)?,
-    ))
+    let positions = if spec.is_latent() {
+        slots.iter().map(|&s| cache.position(s as usize)).collect()
+    } else {
+        Vec::new()
+    };
+    Ok(KvRows {
+        keys: HostTensor::new(vec![len_tokens, kw], k)?,
+        values: HostTensor::new(vec![len_tokens, vw], v)?,
+        positions,
+    })
 }
 
-/// Writes `k` and `v` (each `[len, num_kv_heads * head_dim]`) to physical indices `0..len` of the
-/// sequence. Everything is checked before anything is written.
+/// Writes `rows` to physical indices `0..len` of one sequence (the inverse of [`gather_kv`]).
 pub fn scatter_kv(
     cache: &mut CpuKvCache,
     block_table: &[u32],
     block_size_tokens: usize,
-    k: &HostTensor,
-    v: &HostTensor,
+    rows: &KvRows<HostTensor>,
 ) -> Result<(), BackendError> {
-    let spec = *cache.spec();
-    let width = spec.num_kv_heads * spec.head_dim;
-    let len_tokens = scatter_len(k.shape(), v.shape(), width)?;
+    let spec = cache.spec().clone();
+    let len_tokens = scatter_len(
+        &spec,
+        rows.keys.shape(),
+        rows.values.shape(),
+        rows.positions.len(),
+    )?;
     let slots = physical_slots(
         &spec,
         block_table,
@@ -66,13 +71,14 @@ pub fn scatter_kv(
         "scatter_kv",
     )?;
     check_distinct_blocks(block_table, block_size_tokens, len_tokens, "scatter_kv")?;
-    let rows = k.data().chunks_exact(width.max(1));
-    for ((&slot, k_row), v_row) in slots
-        .iter()
-        .zip(rows)
-        .zip(v.data().chunks_exact(width.max(1)))
-    {
-        cache.set_slot(slot as usize, k_row, v_row);
+    let (kw, vw) = spec.plane_widths();
+    for (i, &slot) in slots.iter().enumerate() {
+        cache.set_slot(
+            slot as usize,
+            &rows.keys.data()[i * kw..(i + 1) * kw],
+            &rows.values.data()[i * vw..(i + 1) * vw],
+            rows.positions.get(i).copied().unwrap_or(0),
+        );
     }
     Ok(())
 }
@@ -80,9 +86,10 @@ pub fn scatter_kv(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{AttentionDims, KvCacheSpec};
+    use crate::cpu::test_geometry::Geometry;
+    use crate::AttentionDims;
 
-    const SPEC: KvCacheSpec = KvCacheSpec {
+    const SPEC: Geometry = Geometry {
         num_blocks: 6,
         block_size_tokens: 2,
         num_kv_heads: 2,
@@ -91,7 +98,7 @@ mod tests {
 
     /// K of flat slot `s`, head `h`, element `e` is `100s + 10h + e`; V is its negation.
     fn labelled_cache() -> CpuKvCache {
-        let mut cache = CpuKvCache::new(SPEC).unwrap();
+        let mut cache = CpuKvCache::new(SPEC.spec()).unwrap();
         let dims = AttentionDims {
             num_heads: SPEC.num_kv_heads,
             num_kv_heads: SPEC.num_kv_heads,
@@ -147,7 +154,9 @@ mod tests {
     #[test]
     fn gather_kv_follows_the_block_table() {
         let cache = labelled_cache();
-        let (k, v) = gather_kv(&cache, &[4, 1, 3], 2, 5).unwrap();
+        let KvRows {
+            keys: k, values: v, ..
+        } = gather_kv(&cache, &[4, 1, 3], 2, 5).unwrap();
         assert_eq!(k.shape(), &[5, 6]);
         // Physical indices 0..5 live in slots 8, 9, 2, 3, 6.
         let firsts: Vec<f32> = k.data().chunks_exact(6).map(|r| r[0]).collect();
@@ -157,8 +166,9 @@ mod tests {
             &[900.0, 901.0, 902.0, 910.0, 911.0, 912.0]
         );
         assert_eq!(&v.data()[24..27], &[-600.0, -601.0, -602.0]);
-        let (empty, _) = gather_kv(&cache, &[], 2, 0).unwrap();
-        assert_eq!(empty.shape(), &[0, 6]);
+        let empty = gather_kv(&cache, &[], 2, 0).unwrap();
+        assert_eq!(empty.keys.shape(), &[0, 6]);
+        assert!(empty.positions.is_empty());
         assert!(gather_kv(&cache, &[4, 1], 2, 5).is_err());
         assert!(gather_kv(&cache, &[4, 6], 2, 3).is_err());
     }
@@ -166,9 +176,9 @@ mod tests {
     #[test]
     fn scatter_kv_writes_exactly_the_sequence_slots() {
         let mut cache = labelled_cache();
-        let (k, v) = gather_kv(&cache, &[0, 1], 2, 3).unwrap();
+        let rows = gather_kv(&cache, &[0, 1], 2, 3).unwrap();
         // Slots 0, 1, 2 (blocks 0 and 1) land in slots 10, 11, 6 (blocks 5 and 3).
-        scatter_kv(&mut cache, &[5, 3], 2, &k, &v).unwrap();
+        scatter_kv(&mut cache, &[5, 3], 2, &rows).unwrap();
         let labels: Vec<f32> = (0..SPEC.num_slots()).map(|s| k_label(&cache, s)).collect();
         assert_eq!(
             labels,
@@ -180,14 +190,24 @@ mod tests {
     #[test]
     fn invalid_scatters_write_nothing() {
         let mut cache = labelled_cache();
-        let (k, v) = gather_kv(&cache, &[0, 1], 2, 3).unwrap();
-        let short = HostTensor::zeros(vec![2, 6]);
-        let narrow = HostTensor::zeros(vec![3, 5]);
-        assert!(scatter_kv(&mut cache, &[5, 5], 2, &k, &v).is_err());
-        assert!(scatter_kv(&mut cache, &[5], 2, &k, &v).is_err());
-        assert!(scatter_kv(&mut cache, &[5, 3], 2, &k, &short).is_err());
-        assert!(scatter_kv(&mut cache, &[5, 3], 2, &narrow, &narrow).is_err());
-        assert!(scatter_kv(&mut cache, &[5, 3], 3, &k, &v).is_err());
+        let rows = gather_kv(&cache, &[0, 1], 2, 3).unwrap();
+        let with = |keys: HostTensor, values: HostTensor| KvRows {
+            keys,
+            values,
+            positions: Vec::new(),
+        };
+        let short = with(rows.keys.clone(), HostTensor::zeros(vec![2, 6]));
+        let narrow = with(HostTensor::zeros(vec![3, 5]), HostTensor::zeros(vec![3, 5]));
+        let positioned = KvRows {
+            positions: vec![0, 1, 2],
+            ..with(rows.keys.clone(), rows.values.clone())
+        };
+        assert!(scatter_kv(&mut cache, &[5, 5], 2, &rows).is_err());
+        assert!(scatter_kv(&mut cache, &[5], 2, &rows).is_err());
+        assert!(scatter_kv(&mut cache, &[5, 3], 2, &short).is_err());
+        assert!(scatter_kv(&mut cache, &[5, 3], 2, &narrow).is_err());
+        assert!(scatter_kv(&mut cache, &[5, 3], 2, &positioned).is_err());
+        assert!(scatter_kv(&mut cache, &[5, 3], 3, &rows).is_err());
         for s in 0..SPEC.num_slots() {
             assert_eq!(k_label(&cache, s), 100.0 * s as f32);
         }

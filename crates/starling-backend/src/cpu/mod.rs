@@ -7,24 +7,30 @@ mod attention;
 mod compact;
 mod elementwise;
 mod key_scores;
+mod kv_cache;
 mod kv_checks;
 mod kv_transfer;
+mod latent;
 mod linear;
+#[cfg(test)]
+mod test_geometry;
 
 use crate::sampling::{sample_host_rows, select_host_rows, RowOutcome, RowSamplingParams};
 use crate::{
-    AttentionDims, Backend, BackendError, BatchMeta, HostTensor, KeyScoreKind, KvCacheSpec,
-    RopeSpec, RopeStyle,
+    AttentionDims, Backend, BackendError, BatchMeta, HostTensor, KeyScoreKind, KvCacheSpec, KvRows,
+    LatentFactors, RopeSpec, RopeStyle,
 };
 
-pub use attention::{dense_causal_attention, CpuKvCache};
+pub use attention::dense_causal_attention;
 pub use compact::{compact_kv, read_keys};
 pub use key_scores::key_scores;
+pub use kv_cache::CpuKvCache;
 pub use kv_checks::{
     check_block_copies, check_block_table, check_compaction, check_distinct_blocks, kept_count,
     physical_slots, scatter_len,
 };
 pub use kv_transfer::{copy_kv_blocks, gather_kv, scatter_kv};
+pub use latent::{latent_attention, reconstruct_kv, rope_q_write_latents};
 
 /// f32 CPU backend. Tensors are [`HostTensor`]s, so "upload" is a copy.
 #[derive(Clone, Debug, Default)]
@@ -90,7 +96,13 @@ impl Backend for CpuBackend {
     }
 
     fn alloc_kv_cache(&self, spec: &KvCacheSpec) -> Result<CpuKvCache, BackendError> {
-        CpuKvCache::new(*spec)
+        if spec.layout.dtype() != starling_kv::CacheDtype::F32 {
+            return Err(BackendError::Shape(format!(
+                "the CPU backend caches f32, not {:?}",
+                spec.layout.dtype()
+            )));
+        }
+        CpuKvCache::new(spec.clone())
     }
 
     fn prepare_batch(
@@ -181,6 +193,52 @@ impl Backend for CpuBackend {
         attention::paged_attention(qkv, cache, dims, batch)
     }
 
+    fn rope_q_write_latents(
+        &self,
+        qkv: &mut HostTensor,
+        cache: &mut CpuKvCache,
+        dims: &AttentionDims,
+        rope: &RopeSpec,
+        batch: &BatchMeta,
+    ) -> Result<(), BackendError> {
+        latent::rope_q_write_latents(qkv, cache, dims, rope, batch)
+    }
+
+    fn latent_attention(
+        &self,
+        qkv: &HostTensor,
+        cache: &CpuKvCache,
+        factors: &LatentFactors<'_, HostTensor>,
+        dims: &AttentionDims,
+        rope: &RopeSpec,
+        batch: &BatchMeta,
+    ) -> Result<HostTensor, BackendError> {
+        latent::latent_attention(qkv, cache, factors, dims, rope, batch)
+    }
+
+    fn reconstruct_kv(
+        &self,
+        latent: &CpuKvCache,
+        factors: &LatentFactors<'_, HostTensor>,
+        dims: &AttentionDims,
+        rope: &RopeSpec,
+        block_table: &[u32],
+        len_tokens: usize,
+        dense: &mut CpuKvCache,
+        dense_table: &[u32],
+    ) -> Result<(), BackendError> {
+        latent::reconstruct_kv(
+            latent,
+            factors,
+            dims,
+            rope,
+            block_table,
+            len_tokens,
+            dense,
+            dense_table,
+        )
+    }
+
     fn compact_kv(
         &self,
         cache: &mut CpuKvCache,
@@ -222,7 +280,7 @@ impl Backend for CpuBackend {
         block_table: &[u32],
         block_size_tokens: usize,
         len_tokens: usize,
-    ) -> Result<(HostTensor, HostTensor), BackendError> {
+    ) -> Result<KvRows<HostTensor>, BackendError> {
         kv_transfer::gather_kv(cache, block_table, block_size_tokens, len_tokens)
     }
 
@@ -231,10 +289,9 @@ impl Backend for CpuBackend {
         cache: &mut CpuKvCache,
         block_table: &[u32],
         block_size_tokens: usize,
-        k: &HostTensor,
-        v: &HostTensor,
+        rows: &KvRows<HostTensor>,
     ) -> Result<(), BackendError> {
-        kv_transfer::scatter_kv(cache, block_table, block_size_tokens, k, v)
+        kv_transfer::scatter_kv(cache, block_table, block_size_tokens, rows)
     }
 
     fn key_scores(

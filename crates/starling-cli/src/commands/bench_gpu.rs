@@ -203,12 +203,9 @@ pub fn decode(args: DecodeArgs) -> Result<()> {
                 // One new token per sequence after `ctx` cached ones.
                 let meta = attention_meta(batch, ctx + 1, 1, block_size);
                 let num_blocks = batch * (ctx + 1).div_ceil(block_size);
-                let spec = model.kv_cache_spec(num_blocks, block_size);
-                let mut caches = Vec::with_capacity(config.num_layers);
-                for l in 0..config.num_layers {
-                    let mut c = gpu.alloc_kv_cache(&spec)?;
-                    fill_cache(&gpu, &mut c, l as u64)?;
-                    caches.push(c);
+                let mut caches = model.alloc_kv_caches(&gpu, num_blocks, block_size)?;
+                for (l, c) in caches.iter_mut().enumerate() {
+                    fill_cache(&gpu, c, l as u64)?;
                 }
                 let ids: Vec<u32> = (0..batch as u32)
                     .map(|i| (i * 7919) % config.vocab_size as u32)
@@ -247,6 +244,8 @@ pub fn decode(args: DecodeArgs) -> Result<()> {
                     block_size_tokens: block_size,
                     num_cache_blocks: num_blocks,
                     query_heads_per_kv_head: config.num_attention_heads / config.num_kv_heads,
+                    num_kv_heads: config.num_kv_heads,
+                    head_dim: config.head_dim,
                 };
                 let mut graphs = gpu
                     .decode_graphs(&graph_config)?

@@ -5,7 +5,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use starling_kv::{format_bytes, preflight, CacheDtype, CacheLayout, LayerLayout};
+use starling_kv::{
+    format_bytes, preflight, preflight_with_peak, CacheDtype, CacheLayout, CacheSizing,
+    LayerLayout, LATENT_RANK_MULTIPLE,
+};
 use starling_models::{ModelConfig, RopeStyle};
 use starling_starkv::checkpoint::{read_manifest, MANIFEST_FILE};
 use starling_starkv::{
@@ -125,42 +128,110 @@ pub fn run(args: InfoArgs) -> Result<()> {
         &full,
         sched.block_size_tokens,
         sched.max_model_len_tokens,
-    )?;
-    println!(
-        "budget:        {} ({dtype_name}) → {} blocks × {} tokens = {} tokens; max concurrency {:.2} at {} tokens",
-        format_bytes(engine.kv_cache_memory_bytes),
-        pf.sizing.num_blocks,
-        pf.sizing.block_size_tokens,
-        pf.sizing.capacity_tokens(),
-        pf.max_concurrency,
-        sched.max_model_len_tokens
     );
+    let dense_blocks = match &pf {
+        Ok(pf) => {
+            println!(
+                "budget:        {} ({dtype_name}) → {} blocks × {} tokens = {} tokens; max concurrency {:.2} at {} tokens; longest bootable context {} tokens",
+                format_bytes(engine.kv_cache_memory_bytes),
+                pf.sizing.num_blocks,
+                pf.sizing.block_size_tokens,
+                pf.sizing.capacity_tokens(),
+                pf.max_concurrency,
+                sched.max_model_len_tokens,
+                longest_context(pf.sizing.capacity_tokens(), c)
+            );
+            pf.sizing.num_blocks
+        }
+        // Under eviction or STAR-KV a context the dense cache refuses may still boot: say so
+        // and keep going.
+        Err(e) => {
+            println!("budget:        full K/V: {e}");
+            CacheSizing::from_budget(engine.kv_cache_memory_bytes, &full, sched.block_size_tokens)?
+                .num_blocks
+        }
+    };
+    print_eviction_fit(&engine, &full, c)?;
     let rows = star_kv_rows(&args, c)?;
     if !rows.is_empty() {
         println!(
-            "STAR-KV latent layout ({dtype_name}; not yet what the engine allocates: the reference path caches full K/V):"
+            "STAR-KV latent layout ({dtype_name}; what the engine allocates: ranks stored in multiples of {LATENT_RANK_MULTIPLE}, plus each token's position):"
         );
     }
     for row in rows {
         let layout = row.allocation.cache_layout(dtype);
         let bytes = layout.bytes_per_token();
-        let sized = preflight(
+        let ranks_bytes = row.allocation.elements_per_token() * dtype.bytes();
+        let sized = CacheSizing::from_budget(
             engine.kv_cache_memory_bytes,
             &layout,
             sched.block_size_tokens,
-            sched.max_model_len_tokens,
         )?;
         println!(
-            "  {:<13} {} per token vs {} ({:.1}% removed) → {} blocks vs {} ({:.2}×); {}",
+            "  {:<13} {} per token vs {} ({:.1}% removed; the ranks alone {}) → {} blocks vs {} ({:.2}×), longest bootable context {} tokens; {}",
             row.profile.name(),
             format_bytes(bytes),
             format_bytes(full.bytes_per_token()),
             100.0 * (1.0 - bytes as f64 / full.bytes_per_token().max(1) as f64),
-            sized.sizing.num_blocks,
-            pf.sizing.num_blocks,
-            sized.sizing.num_blocks as f64 / pf.sizing.num_blocks.max(1) as f64,
+            format_bytes(ranks_bytes),
+            sized.num_blocks,
+            dense_blocks,
+            sized.num_blocks as f64 / dense_blocks.max(1) as f64,
+            longest_context(sized.capacity_tokens(), c),
             row.source
         );
+    }
+    Ok(())
+}
+
+/// The longest context a cache of `capacity_tokens` slots boots (one sequence, every token
+/// held), within the model's window.
+fn longest_context(capacity_tokens: usize, config: &ModelConfig) -> usize {
+    capacity_tokens.min(config.max_position_embeddings)
+}
+
+/// Under an evicting `--kv-compression`, what one `max_model_len` sequence holds at its peak
+/// (kept tokens plus a chunk in flight) and whether the budget boots it, as the engine's
+/// preflight decides.
+fn print_eviction_fit(
+    engine: &starling_engine::EngineConfig,
+    layout: &starling_kv::CacheLayout,
+    config: &ModelConfig,
+) -> Result<()> {
+    let policy = &engine.compression;
+    if !policy.evicts() {
+        return Ok(());
+    }
+    let sched = &engine.scheduler;
+    let max_len = sched.max_model_len_tokens;
+    let peak = starling_engine::engine::eviction_peak_tokens(
+        policy,
+        max_len,
+        sched.max_num_batched_tokens,
+    );
+    match preflight_with_peak(
+        engine.kv_cache_memory_bytes,
+        layout,
+        sched.block_size_tokens,
+        max_len,
+        peak,
+    ) {
+        Ok(pf) => println!(
+            "eviction:      {} at ratio {}: a {max_len}-token sequence holds at most {peak} tokens (kept + one {}-token chunk) → boots; max concurrency {:.2}; longest bootable context {} tokens",
+            policy.method,
+            policy.ratio,
+            sched.max_num_batched_tokens,
+            pf.max_concurrency,
+            longest_context(
+                starling_engine::engine::longest_evicting_context(
+                    policy,
+                    pf.sizing.capacity_tokens(),
+                    sched.max_num_batched_tokens
+                ),
+                config
+            )
+        ),
+        Err(e) => println!("eviction:      {} at ratio {}: {e}", policy.method, policy.ratio),
     }
     Ok(())
 }

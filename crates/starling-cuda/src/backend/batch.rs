@@ -30,6 +30,10 @@ pub(crate) struct BatchLayout {
     pub(crate) prefill_tiles: Range<usize>,
     /// `[sequences, max_blocks]`, row-major.
     pub(crate) block_tables: Range<usize>,
+    /// `rows + 1` prefix sums, in `row_order`'s order, of the context positions each row sees:
+    /// where each row's attention scores start in the latent kernels' scratch (entry `i` for
+    /// `row_order[i]`; the last entry is the total).
+    pub(crate) score_offsets: Range<usize>,
     /// Replay batches only (empty otherwise): the token ids the embedding gathers.
     pub(crate) token_ids: Range<usize>,
     /// Replay batches only (empty otherwise): `{splits, split_len}` of this step's attention.
@@ -52,6 +56,7 @@ impl BatchLayout {
             row_order: take(rows),
             prefill_tiles: take(tiles),
             block_tables: take(seqs * max_blocks),
+            score_offsets: take(rows + 1),
             token_ids: take(if replay { rows } else { 0 }),
             plan: take(if replay { 2 } else { 0 }),
         }
@@ -74,6 +79,9 @@ pub(crate) struct ReplayShape {
     pub(crate) max_splits: usize,
     /// KV heads of the model the graph was recorded for (the plan depends on it).
     pub(crate) num_kv_heads: usize,
+    /// Token slots of the cache: the most context positions all rows of a step can see
+    /// together (sizes the latent kernels' score scratch; padding rows see none).
+    pub(crate) num_cache_slots: usize,
     /// Tokens per cache block.
     pub(crate) block_size_tokens: usize,
 }
@@ -91,6 +99,15 @@ pub struct CudaBatch {
     /// `Some` for a replay batch: launches are sized by it and read the split plan and the
     /// token ids from the buffer.
     pub(crate) replay: Option<ReplayShape>,
+    /// Context positions the latent kernels' score scratch must hold for every row of the
+    /// batch (an eager batch's exact total; a replay batch's bound, the cache's slots).
+    pub(crate) score_capacity: usize,
+    /// The same for the decode rows alone (the front of `row_order`), when prefill chunks take
+    /// the reconstruction path.
+    pub(crate) decode_score_capacity: usize,
+    /// A latent prefill's reconstruction plan, made on first use (one per step, shared by
+    /// every latent layer).
+    pub(crate) latent_prefill: std::sync::OnceLock<super::latent::PrefillScratchPlan>,
 }
 
 impl CudaBatch {
@@ -127,6 +144,8 @@ impl CudaBatch {
                 row += 1;
             }
         }
+        let score_capacity = fill_score_offsets(&mut host, &layout, &rows.row_order)?;
+        let decode_score_capacity = host[layout.score_offsets.start + rows.num_decode] as usize;
         Ok(Self {
             meta: meta.clone(),
             buf: stream.clone_htod(&host)?,
@@ -135,6 +154,9 @@ impl CudaBatch {
             max_visible,
             rows,
             replay: None,
+            score_capacity,
+            decode_score_capacity,
+            latent_prefill: std::sync::OnceLock::new(),
         })
     }
 
@@ -153,6 +175,9 @@ impl CudaBatch {
             max_blocks: shape.max_blocks,
             max_visible: 0,
             replay: Some(shape),
+            score_capacity: shape.num_cache_slots,
+            decode_score_capacity: shape.num_cache_slots,
+            latent_prefill: std::sync::OnceLock::new(),
         })
     }
 
@@ -199,12 +224,35 @@ impl CudaBatch {
     pub(crate) fn block_tables(&self) -> CudaView<'_, u32> {
         self.view(&self.layout.block_tables)
     }
+    /// Entries `first..=first + count` of the score offsets.
+    pub(crate) fn score_offsets(&self, first: usize, count: usize) -> CudaView<'_, u32> {
+        let start = self.layout.score_offsets.start;
+        self.view(&(start + first..start + first + count + 1))
+    }
     pub(crate) fn token_ids(&self) -> CudaView<'_, u32> {
         self.view(&self.layout.token_ids)
     }
     pub(crate) fn plan(&self) -> CudaView<'_, u32> {
         self.view(&self.layout.plan)
     }
+}
+
+/// Writes the score offsets of rows listed in `order` (prefix sums of `tok_visible`) and returns
+/// their total.
+fn fill_score_offsets(
+    host: &mut [u32],
+    layout: &BatchLayout,
+    order: &[u32],
+) -> Result<usize, CudaError> {
+    let mut total = 0usize;
+    for (i, &row) in order.iter().enumerate() {
+        host[layout.score_offsets.start + i] = u32::try_from(total)
+            .map_err(|_| CudaError::Shape("score offsets exceed u32".into()))?;
+        total += host[layout.tok_visible.start + row as usize] as usize;
+    }
+    host[layout.score_offsets.start + order.len()] =
+        u32::try_from(total).map_err(|_| CudaError::Shape("score offsets exceed u32".into()))?;
+    Ok(total)
 }
 
 /// The host-side meta of a replay batch: `rows` one-token sequences wanting every row's logits
@@ -268,6 +316,14 @@ pub(crate) fn replay_inputs(
         host[layout.tok_seq.start + i] = i as u32;
         host[layout.row_order.start + i] = i as u32;
     }
+    // Rows are in order and padding rows see nothing, so the total is the step's contexts,
+    // within the cache's slots (the replay buffer's bound).
+    let mut total = 0u32;
+    for i in 0..rows {
+        host[layout.score_offsets.start + i] = total;
+        total = total.saturating_add(host[layout.tok_visible.start + i]);
+    }
+    host[layout.score_offsets.start + rows] = total;
     host[layout.plan.start] = plan.splits as u32;
     host[layout.plan.start + 1] = plan.split_len as u32;
     host
@@ -326,6 +382,7 @@ mod tests {
             max_blocks: 3,
             max_splits: 2,
             num_kv_heads: 2,
+            num_cache_slots: 64,
             block_size_tokens: 4,
         };
         let layout = replay_layout(&shape);
@@ -347,6 +404,7 @@ mod tests {
             vec![0, 1, 0, 10, 11, 12, 20, 0, 0, 0, 0, 0]
         );
         assert_eq!(at(&layout.plan), vec![2, 5]);
+        assert_eq!(at(&layout.score_offsets), vec![0, 5, 14, 15, 15]);
         assert!(layout.prefill_tiles.is_empty());
     }
 
@@ -358,6 +416,7 @@ mod tests {
             max_blocks: 1,
             max_splits: 1,
             num_kv_heads: 1,
+            num_cache_slots: 8,
             block_size_tokens: 4,
         };
         let layout = replay_layout(&shape);
@@ -381,6 +440,7 @@ mod tests {
             &l.row_order,
             &l.prefill_tiles,
             &l.block_tables,
+            &l.score_offsets,
             &l.token_ids,
             &l.plan,
         ];
@@ -388,7 +448,7 @@ mod tests {
             assert_eq!(w[0].end, w[1].start);
         }
         assert!(l.token_ids.is_empty() && l.plan.is_empty());
-        assert_eq!(l.len(), 5 * 5 + 6 + 6);
+        assert_eq!(l.len(), 5 * 5 + 6 + 6 + 6);
         assert_eq!(BatchLayout::new(0, 0, 0, 1, false).len(), 1);
     }
 

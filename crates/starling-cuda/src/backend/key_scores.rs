@@ -26,15 +26,15 @@ impl CudaBackend {
         len_tokens: usize,
         kind: KeyScoreKind,
     ) -> Result<HostTensor, CudaError> {
-        let spec = cache.spec;
+        let spec = &cache.spec;
         check_block_table(
-            &spec,
+            spec,
             block_table,
             block_size_tokens,
             len_tokens,
             "key_scores",
         )?;
-        let (nkv, hd) = (spec.num_kv_heads, spec.head_dim);
+        let (nkv, hd) = cache.full_dims("key_scores")?;
         if hd == 0 || hd > MAX_HEAD_DIM || nkv > 65_535 {
             return Err(CudaError::Shape(format!(
                 "key_scores: head_dim {hd} with {nkv} KV heads unsupported on CUDA \

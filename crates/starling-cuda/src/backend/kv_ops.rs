@@ -9,8 +9,9 @@ use half::bf16;
 use starling_backend::cpu::{
     check_block_copies, check_block_table, check_compaction, check_distinct_blocks, scatter_len,
 };
-use starling_backend::HostTensor;
+use starling_backend::{HostTensor, KvRows};
 
+use super::kv_cache::POSITION_WORDS;
 use super::{grid_for, CudaBackend, CudaKvCache};
 use crate::{CudaError, CudaTensor, DeviceBuf};
 
@@ -33,6 +34,33 @@ fn rows_grid(rows: usize, row_elems: usize) -> LaunchConfig {
     grid_for(units)
 }
 
+/// The cache's planes as `(buffer, elements per slot)`: keys, values and, for a latent layer,
+/// the positions (two bf16 words per slot, moved bit for bit like any row).
+fn planes(cache: &CudaKvCache) -> Vec<(&CudaSlice<bf16>, usize)> {
+    let (kw, vw) = cache.plane_widths();
+    let mut planes = vec![(&cache.keys, kw), (&cache.values, vw)];
+    if let Some(p) = &cache.positions {
+        planes.push((p, POSITION_WORDS));
+    }
+    planes
+}
+
+/// [`planes`], mutably.
+fn planes_mut(cache: &mut CudaKvCache) -> Vec<(&mut CudaSlice<bf16>, usize)> {
+    let (kw, vw) = cache.plane_widths();
+    let CudaKvCache {
+        keys,
+        values,
+        positions,
+        ..
+    } = cache;
+    let mut planes = vec![(keys, kw), (values, vw)];
+    if let Some(p) = positions.as_mut() {
+        planes.push((p, POSITION_WORDS));
+    }
+    planes
+}
+
 impl CudaBackend {
     pub(super) fn copy_kv_blocks_impl(
         &self,
@@ -47,23 +75,25 @@ impl CudaBackend {
         let num_pairs = int_arg(pairs.len(), "copy_kv_blocks: pair count")? as u32;
         let flat: Vec<u32> = pairs.iter().flat_map(|&(s, d)| [s, d]).collect();
         let dev_pairs = self.upload_u32(&flat)?;
-        let spec = cache.spec;
-        let block_elems = spec.block_size_tokens * spec.num_kv_heads * spec.head_dim;
-        let cfg = LaunchConfig {
-            grid_dim: (num_pairs, 2, 1),
-            block_dim: (COPY_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let CudaKvCache { keys, values, .. } = cache;
-        launch!(
-            self,
-            &self.kernels.copy_kv_blocks,
-            cfg,
-            keys,
-            values,
-            &dev_pairs,
-            &block_elems
-        )
+        let bs = cache.spec.block_size_tokens;
+        // One launch per plane: their widths differ in a latent layer.
+        for (plane, width) in planes_mut(cache) {
+            let block_elems = bs * width;
+            let cfg = LaunchConfig {
+                grid_dim: (num_pairs, 1, 1),
+                block_dim: (COPY_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(
+                self,
+                &self.kernels.copy_kv_blocks,
+                cfg,
+                plane,
+                &dev_pairs,
+                &block_elems
+            )?;
+        }
+        Ok(())
     }
 
     /// Rows `0..len` of one sequence (`table` on the device) out of one cache tensor, `[len,
@@ -96,7 +126,7 @@ impl CudaBackend {
     }
 
     /// Writes `rows` (`[len, row_elems]`) to rows `0..len` of one sequence in one cache tensor.
-    fn scatter_rows_of(
+    pub(super) fn scatter_rows_of(
         &self,
         dst: &mut CudaSlice<bf16>,
         table: &CudaSlice<u32>,
@@ -129,7 +159,7 @@ impl CudaBackend {
         block_table: &[u32],
         block_size_tokens: usize,
         len_tokens: usize,
-    ) -> Result<(CudaTensor, CudaTensor), CudaError> {
+    ) -> Result<KvRows<CudaTensor>, CudaError> {
         check_block_table(
             &cache.spec,
             block_table,
@@ -137,14 +167,36 @@ impl CudaBackend {
             len_tokens,
             "gather_kv",
         )?;
-        let width = cache.spec.num_kv_heads * cache.spec.head_dim;
         let table = self.upload_u32(block_table)?;
-        let k = self.gather_rows_of(&cache.keys, &table, block_size_tokens, len_tokens, width)?;
-        let v = self.gather_rows_of(&cache.values, &table, block_size_tokens, len_tokens, width)?;
-        Ok((
-            self.tensor(DeviceBuf::Bf16(k), vec![len_tokens, width]),
-            self.tensor(DeviceBuf::Bf16(v), vec![len_tokens, width]),
-        ))
+        let mut gathered = Vec::with_capacity(3);
+        for (plane, width) in planes(cache) {
+            gathered.push((
+                self.gather_rows_of(plane, &table, block_size_tokens, len_tokens, width)?,
+                width,
+            ));
+        }
+        let positions = match gathered.get(2) {
+            Some((words, _)) => {
+                let raw: Vec<bf16> = self.stream.clone_dtoh(words)?;
+                raw.chunks_exact(POSITION_WORDS)
+                    .take(len_tokens)
+                    .map(|w| u32::from(w[0].to_bits()) | (u32::from(w[1].to_bits()) << 16))
+                    .collect()
+            }
+            None => Vec::new(),
+        };
+        let mut planes = gathered.into_iter();
+        let mut next = |what: &str| {
+            planes
+                .next()
+                .map(|(buf, width)| self.tensor(DeviceBuf::Bf16(buf), vec![len_tokens, width]))
+                .ok_or_else(|| CudaError::Shape(format!("gather_kv: no {what} plane")))
+        };
+        Ok(KvRows {
+            keys: next("key")?,
+            values: next("value")?,
+            positions,
+        })
     }
 
     pub(super) fn read_keys_impl(
@@ -161,7 +213,7 @@ impl CudaBackend {
             len_tokens,
             "read_keys",
         )?;
-        let (nkv, hd) = (cache.spec.num_kv_heads, cache.spec.head_dim);
+        let (nkv, hd) = cache.full_dims("read_keys")?;
         let table = self.upload_u32(block_table)?;
         let k =
             self.gather_rows_of(&cache.keys, &table, block_size_tokens, len_tokens, nkv * hd)?;
@@ -178,11 +230,14 @@ impl CudaBackend {
         cache: &mut CudaKvCache,
         block_table: &[u32],
         block_size_tokens: usize,
-        k: &CudaTensor,
-        v: &CudaTensor,
+        rows: &KvRows<CudaTensor>,
     ) -> Result<(), CudaError> {
-        let width = cache.spec.num_kv_heads * cache.spec.head_dim;
-        let len = scatter_len(k.shape(), v.shape(), width)?;
+        let len = scatter_len(
+            &cache.spec,
+            rows.keys.shape(),
+            rows.values.shape(),
+            rows.positions.len(),
+        )?;
         check_block_table(
             &cache.spec,
             block_table,
@@ -191,15 +246,39 @@ impl CudaBackend {
             "scatter_kv",
         )?;
         check_distinct_blocks(block_table, block_size_tokens, len, "scatter_kv")?;
-        let (kb, vb) = (k.bf16()?, v.bf16()?);
+        let words: Vec<bf16> = rows
+            .positions
+            .iter()
+            .flat_map(|&p| {
+                [
+                    bf16::from_bits((p & 0xffff) as u16),
+                    bf16::from_bits((p >> 16) as u16),
+                ]
+            })
+            .collect();
+        let positions = match words.is_empty() {
+            true => None,
+            false => Some(self.stream.clone_htod(&words)?),
+        };
         let table = self.upload_u32(block_table)?;
-        self.scatter_rows_of(&mut cache.keys, &table, block_size_tokens, kb, len, width)?;
-        self.scatter_rows_of(&mut cache.values, &table, block_size_tokens, vb, len, width)
+        let sources = [
+            Some(rows.keys.bf16()?),
+            Some(rows.values.bf16()?),
+            positions.as_ref(),
+        ];
+        for ((plane, width), src) in planes_mut(cache).into_iter().zip(sources) {
+            if let Some(src) = src {
+                self.scatter_rows_of(plane, &table, block_size_tokens, src, len, width)?;
+            }
+        }
+        Ok(())
     }
 
-    /// Gathers each head's kept rows into a scratch copy, then scatters the scratch to physical
-    /// tokens `0..count`: two launches on one stream, so sources that overlap destinations are
-    /// read before anything is written.
+    /// Gathers each list's kept rows into a scratch copy, then scatters the scratch to physical
+    /// tokens `0..count`: two launches per plane on one stream, so sources that overlap
+    /// destinations are read before anything is written. A full layer has one list per head
+    /// (each head's segment of both planes moves on its own); a latent layer has one list, and
+    /// its key row, value row and position move together.
     pub(super) fn compact_kv_impl(
         &self,
         cache: &mut CudaKvCache,
@@ -208,58 +287,45 @@ impl CudaBackend {
         physical_len_tokens: usize,
         keep: &[Vec<u32>],
     ) -> Result<(), CudaError> {
-        let spec = cache.spec;
         let count = check_compaction(
-            &spec,
+            &cache.spec,
             block_table,
             block_size_tokens,
             physical_len_tokens,
             keep,
         )?;
-        let (nkv, hd) = (spec.num_kv_heads, spec.head_dim);
-        let width = nkv * hd;
-        if count * width == 0 {
+        if count == 0 {
             return Ok(());
         }
         let table = self.upload_u32(block_table)?;
+        let lists = keep.len();
         let kept = self.upload_u32(&keep.concat())?;
         let bs = int_arg(block_size_tokens, "block size")?;
-        let (nkv_i, hd_i) = (int_arg(nkv, "KV heads")?, int_arg(hd, "head_dim")?);
-        let mut scratch_k = self.alloc_bf16(count * width)?;
-        let mut scratch_v = self.alloc_bf16(count * width)?;
-        for (src, scratch) in [
-            (&cache.keys, &mut scratch_k),
-            (&cache.values, &mut scratch_v),
-        ] {
+        let lists_i = int_arg(lists, "kept-index lists")?;
+        let mut scratches = Vec::with_capacity(3);
+        for (plane, width) in planes(cache) {
+            // Each list moves a `width / lists` segment of the row (positions: one list).
+            let segment = width / lists;
+            let mut scratch = self.alloc_bf16(count * width)?;
+            let segment_i = int_arg(segment, "row segment")?;
             launch!(
                 self,
                 &self.kernels.gather_kept_rows,
-                rows_grid(count * nkv, hd),
-                src,
+                rows_grid(count * lists, segment),
+                plane,
                 &table,
                 &bs,
                 &kept,
-                scratch,
+                &mut scratch,
                 &count,
-                &nkv_i,
-                &hd_i
+                &lists_i,
+                &segment_i
             )?;
+            scratches.push((scratch, width));
         }
-        self.scatter_rows_of(
-            &mut cache.keys,
-            &table,
-            block_size_tokens,
-            &scratch_k,
-            count,
-            width,
-        )?;
-        self.scatter_rows_of(
-            &mut cache.values,
-            &table,
-            block_size_tokens,
-            &scratch_v,
-            count,
-            width,
-        )
+        for ((plane, width), (scratch, _)) in planes_mut(cache).into_iter().zip(&scratches) {
+            self.scatter_rows_of(plane, &table, block_size_tokens, scratch, count, width)?;
+        }
+        Ok(())
     }
 }

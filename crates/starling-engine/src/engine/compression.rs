@@ -9,12 +9,12 @@
 //! bounded by target + one chunk) and once more when a prompt completes, so decoding starts
 //! exactly at the target.
 
-use starling_backend::{Backend, HostTensor, KeyScoreKind};
+use starling_backend::{Backend, HostTensor, KeyScoreKind, KvCacheSpec};
 use starling_evict::{
     scorer_for, select_keep, split_heads, CompressionConfig, CompressionMethod, HeadKeys,
     ScoreInput, Scorer, WindowQueries,
 };
-use starling_models::llama::QueryCapture;
+use starling_models::llama::{LlamaModel, QueryCapture};
 
 use super::EngineError;
 
@@ -83,44 +83,132 @@ pub(crate) struct CompressionJob<'a> {
     pub(crate) query_rows: Option<(&'a QueryCapture, std::ops::Range<usize>)>,
 }
 
-/// Compacts every layer of one request to `job.target_tokens` per KV head. Returns the tokens
+/// Compacts every layer of one request to `job.target_tokens` (per KV head in a full layer;
+/// for a STAR-KV latent layer, whose value latent every head shares, the same tokens for all
+/// heads: scored on its reconstructed keys, the heads' scores averaged). Returns the tokens
 /// evicted per layer. The caller then shrinks the request's block table.
 pub(crate) fn compress_layers<B: Backend>(
     backend: &B,
+    model: &LlamaModel<B>,
     caches: &mut [B::KvCache],
     policy: &SeqCompression,
-    shape: HeadShape,
     job: &CompressionJob<'_>,
 ) -> Result<usize, EngineError> {
     let n = job.physical_tokens;
     let config = &policy.config;
-    // KeyDiff and KNorm are scored where the cache lives (only the scores cross to the host);
-    // the backend's version equals the evict crate's (tested there).
-    let device_kind = match config.method {
+    let cfg = model.config();
+    let shape = HeadShape {
+        num_kv_heads: cfg.num_kv_heads,
+        head_dim: cfg.head_dim,
+        group: cfg.num_attention_heads / cfg.num_kv_heads.max(1),
+    };
+    // A latent layer is scored on its keys reconstructed into a private full cache of the
+    // sequence's length (physical index i in slot i), allocated once for all its layers.
+    let mut scratch: Option<(B::KvCache, Vec<u32>)> = None;
+    for (layer, cache) in caches.iter_mut().enumerate() {
+        let Some(factors) = model.latent_factors(layer) else {
+            let scores = layer_scores(backend, cache, job.block_table, policy, shape, job, layer)?;
+            let keep = if config.head_wise {
+                select_keep(
+                    &scores,
+                    n,
+                    job.target_tokens,
+                    config.sink_tokens,
+                    config.window_tokens,
+                )?
+            } else {
+                let keep = layer_wide_keep(&scores, n, job, config)?;
+                vec![keep; shape.num_kv_heads]
+            };
+            backend.compact_kv(cache, job.block_table, job.block_size_tokens, n, &keep)?;
+            continue;
+        };
+        if scratch.is_none() {
+            let blocks = n.div_ceil(job.block_size_tokens).max(1);
+            let spec = KvCacheSpec::full(
+                blocks,
+                job.block_size_tokens,
+                shape.num_kv_heads,
+                shape.head_dim,
+                backend.kv_cache_dtype(),
+            );
+            scratch = Some((backend.alloc_kv_cache(&spec)?, (0..blocks as u32).collect()));
+        }
+        let Some((dense, dense_table)) = scratch.as_mut() else {
+            continue;
+        };
+        backend.reconstruct_kv(
+            cache,
+            &factors,
+            model.attention_dims(),
+            model.rope(),
+            job.block_table,
+            n,
+            dense,
+            dense_table,
+        )?;
+        let scores = layer_scores(backend, dense, dense_table, policy, shape, job, layer)?;
+        let keep = layer_wide_keep(&scores, n, job, config)?;
+        backend.compact_kv(cache, job.block_table, job.block_size_tokens, n, &[keep])?;
+    }
+    Ok(n - job.target_tokens)
+}
+
+/// One kept-index list for every head of a layer: the heads' scores averaged per token.
+fn layer_wide_keep(
+    scores: &[Vec<f32>],
+    n: usize,
+    job: &CompressionJob<'_>,
+    config: &CompressionConfig,
+) -> Result<Vec<u32>, EngineError> {
+    let mut keep = select_keep(
+        &[mean_over_heads(scores, n)],
+        n,
+        job.target_tokens,
+        config.sink_tokens,
+        config.window_tokens,
+    )?;
+    Ok(keep.pop().unwrap_or_default())
+}
+
+/// One score vector per KV head of a full cache holding the sequence through `block_table`.
+/// KeyDiff and KNorm are scored where the cache lives (only the scores cross to the host; the
+/// backend's version equals the evict crate's, tested there), the others by the host scorer.
+fn layer_scores<B: Backend>(
+    backend: &B,
+    cache: &B::KvCache,
+    block_table: &[u32],
+    policy: &SeqCompression,
+    shape: HeadShape,
+    job: &CompressionJob<'_>,
+    layer: usize,
+) -> Result<Vec<Vec<f32>>, EngineError> {
+    let n = job.physical_tokens;
+    let device_kind = match policy.config.method {
         CompressionMethod::KeyDiff => Some(KeyScoreKind::KeyDiff),
         CompressionMethod::KNorm => Some(KeyScoreKind::KNorm),
         _ => None,
     };
-    for (layer, cache) in caches.iter_mut().enumerate() {
-        let scores = match device_kind {
-            Some(kind) => backend
-                .key_scores(cache, job.block_table, job.block_size_tokens, n, kind)?
-                .data()
-                .chunks_exact(n.max(1))
-                .map(<[f32]>::to_vec)
-                .collect(),
-            None => host_scores(backend, cache, policy, shape, job, layer)?,
-        };
-        let keep = select_keep(
-            &scores,
-            n,
-            job.target_tokens,
-            config.sink_tokens,
-            config.window_tokens,
-        )?;
-        backend.compact_kv(cache, job.block_table, job.block_size_tokens, n, &keep)?;
+    match device_kind {
+        Some(kind) => Ok(backend
+            .key_scores(cache, block_table, job.block_size_tokens, n, kind)?
+            .data()
+            .chunks_exact(n.max(1))
+            .map(<[f32]>::to_vec)
+            .collect()),
+        None => host_scores(backend, cache, block_table, policy, shape, job, layer),
     }
-    Ok(n - job.target_tokens)
+}
+
+/// The per-token mean of every head's scores: one layer-wide ranking.
+fn mean_over_heads(scores: &[Vec<f32>], n: usize) -> Vec<f32> {
+    let mut mean = vec![0.0f32; n];
+    for head in scores {
+        mean.iter_mut().zip(head).for_each(|(m, s)| *m += s);
+    }
+    let heads = scores.len().max(1) as f32;
+    mean.iter_mut().for_each(|m| *m /= heads);
+    mean
 }
 
 /// Scores of one layer by the policy's host scorer, one vector per KV head (keys copied off
@@ -128,6 +216,7 @@ pub(crate) fn compress_layers<B: Backend>(
 fn host_scores<B: Backend>(
     backend: &B,
     cache: &B::KvCache,
+    block_table: &[u32],
     policy: &SeqCompression,
     shape: HeadShape,
     job: &CompressionJob<'_>,
@@ -135,7 +224,7 @@ fn host_scores<B: Backend>(
 ) -> Result<Vec<Vec<f32>>, EngineError> {
     let n = job.physical_tokens;
     let heads = if policy.scorer.needs_keys() {
-        let keys = backend.read_keys(cache, job.block_table, job.block_size_tokens, n)?;
+        let keys = backend.read_keys(cache, block_table, job.block_size_tokens, n)?;
         split_heads(keys.data(), shape.num_kv_heads, shape.head_dim)?
     } else {
         vec![vec![0.0; n * shape.head_dim]; shape.num_kv_heads]
@@ -205,6 +294,7 @@ mod tests {
             window_tokens: 8,
             every_n_tokens,
             seed: 0,
+            head_wise: true,
         })
         .expect("evicting config")
     }

@@ -1,6 +1,6 @@
 //! Engine configuration: scheduler limits plus the KV-cache memory budget.
 
-use starling_evict::CompressionConfig;
+use starling_evict::{CompressionConfig, StarKvSelection};
 
 use crate::scheduler::{AdmissionPolicy, SchedulerConfig};
 
@@ -14,6 +14,9 @@ pub struct EngineConfig {
     /// Token eviction applied to every request that does not choose its own
     /// ([`crate::RequestOptions::compression`]); the default evicts nothing.
     pub compression: CompressionConfig,
+    /// The STAR-KV checkpoint the model runs with ([`crate::Engine::from_weights`] builds the
+    /// model for it: latent layers, or the reference path); `None` caches full K/V.
+    pub star_kv: Option<StarKvSelection>,
 }
 
 impl EngineConfig {
@@ -31,6 +34,7 @@ impl EngineConfig {
             },
             kv_cache_memory_bytes,
             compression: CompressionConfig::default(),
+            star_kv: None,
         }
     }
 }

@@ -26,6 +26,9 @@ pub enum EngineError {
     /// Token eviction failed (invalid compression configuration or scorer input).
     #[error("kv compression: {0}")]
     Compression(#[from] starling_evict::EvictError),
+    /// A STAR-KV checkpoint could not be loaded or does not fit the model.
+    #[error("STAR-KV: {0}")]
+    StarKv(#[from] starling_starkv::StarKvError),
     /// A prompt that cannot be served (empty, too long, token ids outside the vocabulary).
     #[error("invalid request: {0}")]
     InvalidRequest(String),

@@ -13,13 +13,14 @@ mod error;
 mod output;
 mod row_sampling;
 mod sequence;
+mod star_kv;
 mod text;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use starling_backend::{Backend, DecodeGraphConfig, DecodeGraphs, DecodeStep};
-use starling_kv::{preflight, CacheLayout, KvCacheManager, LayerLayout, Preflight, SeqId};
+use starling_kv::{preflight_with_peak, CacheLayout, KvCacheManager, Preflight, SeqId};
 use starling_models::llama::{LlamaModel, QueryCapture};
 
 use crate::sampling::{FinishReason, Finished, SamplingParams, SequenceRng, StopChecker};
@@ -28,9 +29,53 @@ use crate::scheduler::{Footprint, Scheduler, SchedulerError, StepStats};
 pub use config::EngineConfig;
 pub use error::EngineError;
 pub use output::{RequestOptions, RequestOutput, TokenLogprob};
+pub use star_kv::{load_model, StarKvInfo};
+
+/// The most token slots one sequence of `total_tokens` holds at once under `policy` (all of
+/// them when it does not evict): its kept tokens plus what arrives between compactions and one
+/// prefill chunk of `chunk_tokens` in flight. The engine's preflight and admission count this.
+pub fn eviction_peak_tokens(
+    policy: &starling_evict::CompressionConfig,
+    total_tokens: usize,
+    chunk_tokens: usize,
+) -> usize {
+    match SeqCompression::new(policy) {
+        None => total_tokens,
+        Some(c) => {
+            Footprint::compressed(c.peak_tokens(total_tokens), total_tokens, chunk_tokens)
+                .max_held_tokens
+        }
+    }
+}
+
+/// The longest sequence whose peak under `policy` ([`eviction_peak_tokens`]) fits
+/// `capacity_tokens` slots (the peak grows with the length, so a bisection finds it).
+pub fn longest_evicting_context(
+    policy: &starling_evict::CompressionConfig,
+    capacity_tokens: usize,
+    chunk_tokens: usize,
+) -> usize {
+    let fits = |len: usize| eviction_peak_tokens(policy, len, chunk_tokens) <= capacity_tokens;
+    if !policy.evicts() {
+        return capacity_tokens;
+    }
+    let (mut lo, mut hi) = (capacity_tokens, capacity_tokens.saturating_mul(64).max(1));
+    if fits(hi) {
+        return hi;
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
 pub use text::{TextDecoder, TextStream, TokenizerText};
 
-use compression::{CompressionJob, HeadShape, SeqCompression};
+use compression::{CompressionJob, SeqCompression};
 use row_sampling::{RowSample, SamplerPool};
 use sequence::Sequence;
 
@@ -87,6 +132,10 @@ pub struct Engine<B: Backend> {
     seqs: HashMap<SeqId, Sequence>,
     next_seq_id: u64,
     preflight: Preflight,
+    /// What every layer caches per token (the description the cache was sized from).
+    layout: CacheLayout,
+    /// The STAR-KV checkpoint the model was built with, if any.
+    star_kv: Option<StarKvInfo>,
     compression: starling_evict::CompressionConfig,
     counters: EngineCounters,
     last_step: Option<StepStats>,
@@ -96,29 +145,79 @@ pub struct Engine<B: Backend> {
 
 impl<B: Backend> Engine<B> {
     /// Sizes the KV cache from the memory budget (refusing when one `max_model_len` sequence does
-    /// not fit), allocates it and starts an empty scheduler. `text` enables detokenised output and
-    /// stop strings; without it outputs carry token ids only.
+    /// not fit at its peak: all its tokens, or under an evicting engine-wide policy the kept
+    /// tokens plus one chunk in flight), allocates it and starts an empty scheduler. The cache
+    /// holds what the model's layers cache ([`LlamaModel::cache_layout`]: full K/V, or STAR-KV
+    /// latents), so a latent model gets more blocks from the same budget. `text` enables
+    /// detokenised output and stop strings; without it outputs carry token ids only.
     pub fn new(
         backend: B,
         model: LlamaModel<B>,
         text: Option<Arc<dyn TextDecoder>>,
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
-        let layout = Self::cache_layout(&backend, &model);
+        if config.star_kv.is_some() {
+            return Err(EngineError::InvalidRequest(
+                "a STAR-KV checkpoint changes how the model is built: start the engine with \
+                 Engine::from_weights"
+                    .into(),
+            ));
+        }
+        Self::with_loaded_model(backend, model, None, text, config)
+    }
+
+    /// Builds the model from `weights` as `config` asks (with its STAR-KV checkpoint: latent
+    /// layers, or the reference path; see [`load_model`]) and starts the engine on it
+    /// ([`Engine::new`]).
+    pub fn from_weights(
+        backend: B,
+        model_config: &starling_models::ModelConfig,
+        weights: starling_models::WeightMap,
+        text: Option<Arc<dyn TextDecoder>>,
+        config: EngineConfig,
+    ) -> Result<Self, EngineError> {
+        let (model, star_kv) =
+            load_model(&backend, model_config, weights, config.star_kv.as_ref())?;
+        Self::with_loaded_model(backend, model, star_kv, text, config)
+    }
+
+    /// [`Engine::new`] on a model [`load_model`] built for `config.star_kv` (with the
+    /// [`StarKvInfo`] it returned), for callers that must size the cache after the weights
+    /// are resident (a GPU's free memory).
+    pub fn with_loaded_model(
+        backend: B,
+        model: LlamaModel<B>,
+        star_kv: Option<StarKvInfo>,
+        text: Option<Arc<dyn TextDecoder>>,
+        config: EngineConfig,
+    ) -> Result<Self, EngineError> {
+        if config.star_kv.is_some() != star_kv.is_some() {
+            return Err(EngineError::InvalidRequest(
+                "the engine's STAR-KV selection and the model it was given disagree (build the \
+                 model with load_model for the same selection)"
+                    .into(),
+            ));
+        }
+        config.compression.validate()?;
+        let dtype = backend.kv_cache_dtype();
+        let layout = model.cache_layout(dtype);
         let sched = &config.scheduler;
-        let preflight = preflight(
+        let max_len = sched.max_model_len_tokens;
+        let peak = eviction_peak_tokens(&config.compression, max_len, sched.max_num_batched_tokens);
+        let preflight = preflight_with_peak(
             config.kv_cache_memory_bytes,
             &layout,
             sched.block_size_tokens,
-            sched.max_model_len_tokens,
+            max_len,
+            peak,
         )?;
         let num_blocks = preflight.sizing.num_blocks;
-        let spec = model.kv_cache_spec(num_blocks, sched.block_size_tokens);
-        let caches = (0..model.config().num_layers)
-            .map(|_| backend.alloc_kv_cache(&spec))
+        let caches = model
+            .kv_cache_specs(num_blocks, sched.block_size_tokens, dtype)
+            .iter()
+            .map(|spec| backend.alloc_kv_cache(spec))
             .collect::<Result<Vec<_>, _>>()?;
         let kv = KvCacheManager::new(num_blocks, sched.block_size_tokens)?;
-        config.compression.validate()?;
         let scheduler = Scheduler::new(config.scheduler, kv)?;
         let eos_token_ids = model.config().eos_token_ids.clone();
         Ok(Self {
@@ -131,6 +230,8 @@ impl<B: Backend> Engine<B> {
             seqs: HashMap::new(),
             next_seq_id: 0,
             preflight,
+            layout,
+            star_kv,
             compression: config.compression,
             counters: EngineCounters::default(),
             last_step: None,
@@ -153,6 +254,8 @@ impl<B: Backend> Engine<B> {
                 let cfg = self.model.config();
                 cfg.num_attention_heads / cfg.num_kv_heads.max(1)
             },
+            num_kv_heads: self.model.config().num_kv_heads,
+            head_dim: self.model.config().head_dim,
         };
         self.graphs = self.backend.decode_graphs(&config)?;
         Ok(self.graphs.is_some())
@@ -163,17 +266,20 @@ impl<B: Backend> Engine<B> {
         self.graphs.is_some()
     }
 
-    /// The uncompressed cache layout of `model` on `backend` (one full K/V layer per model layer).
-    pub fn cache_layout(backend: &B, model: &LlamaModel<B>) -> CacheLayout {
-        let cfg = model.config();
-        CacheLayout::uniform(
-            cfg.num_layers,
-            LayerLayout::Full {
-                num_kv_heads: cfg.num_kv_heads,
-                head_dim: cfg.head_dim,
-                dtype: backend.kv_cache_dtype(),
-            },
-        )
+    /// The cache layout `model` would get on `backend` (full K/V or latents per layer, in the
+    /// backend's cache dtype): what [`Engine::new`] sizes the cache from.
+    pub fn cache_layout_of(backend: &B, model: &LlamaModel<B>) -> CacheLayout {
+        model.cache_layout(backend.kv_cache_dtype())
+    }
+
+    /// What every layer of this engine's cache stores per token.
+    pub fn cache_layout(&self) -> &CacheLayout {
+        &self.layout
+    }
+
+    /// The STAR-KV checkpoint the model runs with, if any.
+    pub fn star_kv(&self) -> Option<&StarKvInfo> {
+        self.star_kv.as_ref()
     }
 
     /// The cache sizing chosen at start-up (block count, bytes per token, max concurrency).
@@ -269,10 +375,11 @@ impl<B: Backend> Engine<B> {
         let total_tokens = prompt_ids.len() + max_output;
         let footprint = match &compression {
             None => Footprint::uncompressed(total_tokens),
-            Some(c) => Footprint {
-                peak_tokens: c.peak_tokens(total_tokens),
-                compresses: true,
-            },
+            Some(c) => Footprint::compressed(
+                c.peak_tokens(total_tokens),
+                total_tokens,
+                self.scheduler.config().max_num_batched_tokens,
+            ),
         };
         self.scheduler
             .add_request_with_footprint(seq_id, prompt_ids.len(), footprint)?;
@@ -468,12 +575,6 @@ impl<B: Backend> Engine<B> {
         due: &DueCompression,
         capture: Option<&QueryCapture>,
     ) -> Result<usize, EngineError> {
-        let cfg = self.model.config();
-        let shape = HeadShape {
-            num_kv_heads: cfg.num_kv_heads,
-            head_dim: cfg.head_dim,
-            group: cfg.num_attention_heads / cfg.num_kv_heads.max(1),
-        };
         let table = self
             .scheduler
             .kv()
@@ -502,8 +603,13 @@ impl<B: Backend> Engine<B> {
             query_rows,
         };
         let started = std::time::Instant::now();
-        let evicted =
-            compression::compress_layers(&self.backend, &mut self.caches, policy, shape, &job)?;
+        let evicted = compression::compress_layers(
+            &self.backend,
+            &self.model,
+            &mut self.caches,
+            policy,
+            &job,
+        )?;
         self.counters.compression_micros += started.elapsed().as_micros() as u64;
         let freed = self
             .scheduler

@@ -46,6 +46,10 @@ pub struct Footprint {
     pub peak_tokens: usize,
     /// Whether it compresses, and so briefly holds a prefill chunk uncompressed on top of that.
     pub compresses: bool,
+    /// Most slots a compressing request ever holds, the prefill chunk in flight included: it
+    /// is refused when queued if that exceeds the whole cache (its own policy could never
+    /// run). An uncompressed request is refused when its prompt alone exceeds the cache.
+    pub max_held_tokens: usize,
 }
 
 impl Footprint {
@@ -54,6 +58,19 @@ impl Footprint {
         Self {
             peak_tokens: total_tokens,
             compresses: false,
+            max_held_tokens: total_tokens,
+        }
+    }
+
+    /// A compressing request that holds `peak_tokens` after compaction, never more than
+    /// `total_tokens` (prompt plus output), and up to one prefill chunk of `chunk_tokens` more
+    /// between compactions.
+    pub fn compressed(peak_tokens: usize, total_tokens: usize, chunk_tokens: usize) -> Self {
+        let peak_tokens = peak_tokens.min(total_tokens);
+        Self {
+            peak_tokens,
+            compresses: true,
+            max_held_tokens: peak_tokens.saturating_add(chunk_tokens).min(total_tokens),
         }
     }
 }

@@ -44,6 +44,21 @@ pub enum SchedulerError {
         capacity_tokens: usize,
     },
 
+    /// A compressing request would hold more token slots at its peak than the whole KV cache
+    /// has (its kept tokens plus a prefill chunk in flight).
+    #[error(
+        "{seq_id} holds up to {max_held_tokens} tokens at its peak under its compression \
+         policy (kept tokens plus a prefill chunk), the KV cache holds only {capacity_tokens}"
+    )]
+    PeakExceedsCache {
+        /// The request.
+        seq_id: SeqId,
+        /// Slots it would hold at its peak.
+        max_held_tokens: usize,
+        /// Token slots of the whole pool.
+        capacity_tokens: usize,
+    },
+
     /// `append_token` while the sequence still has known tokens to compute
     /// (a token is appended only after its predecessor's step sampled it).
     #[error("{seq_id} cannot take a token: {num_computed_tokens} of {num_tokens} tokens computed")]

@@ -124,7 +124,19 @@ impl Scheduler {
             });
         }
         let capacity_tokens = self.kv.num_total_blocks() * self.kv.block_size_tokens();
-        if num_prompt_tokens > capacity_tokens {
+        if footprint.compresses {
+            // Whole blocks, as the allocator hands them out.
+            let blocks = footprint
+                .max_held_tokens
+                .div_ceil(self.kv.block_size_tokens());
+            if blocks > self.kv.num_total_blocks() {
+                return Err(SchedulerError::PeakExceedsCache {
+                    seq_id,
+                    max_held_tokens: footprint.max_held_tokens,
+                    capacity_tokens,
+                });
+            }
+        } else if num_prompt_tokens > capacity_tokens {
             return Err(SchedulerError::PromptExceedsCache {
                 seq_id,
                 num_prompt_tokens,

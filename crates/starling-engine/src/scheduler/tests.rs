@@ -570,6 +570,7 @@ fn reserve_peak_admits_a_lone_request_and_reserves_the_compression_transient() {
     let small = Footprint {
         peak_tokens: 4,
         compresses: true,
+        max_held_tokens: 12,
     };
     s.add_request_with_footprint(SeqId(2), 4, small).unwrap();
     assert!(
@@ -584,6 +585,31 @@ fn reserve_peak_admits_a_lone_request_and_reserves_the_compression_transient() {
     assert_eq!(s.kv().num_free_blocks(), 9);
     assert_eq!(s.schedule().scheduled.len(), 1);
     assert_eq!(s.num_running(), 2);
+}
+
+#[test]
+fn a_compressing_request_is_refused_only_when_its_own_peak_exceeds_the_cache() {
+    // 10 blocks of 4 = 40 slots. A 60-token prompt fits when it compresses to a peak of 36
+    // (its chunk included), and is refused when its peak is 44 — or when it does not compress.
+    let mut s = Scheduler::new(config(4, 8, 4), KvCacheManager::new(10, 4).unwrap()).unwrap();
+    let fits = Footprint::compressed(28, 80, 8);
+    assert_eq!(fits.max_held_tokens, 36);
+    s.add_request_with_footprint(SeqId(1), 60, fits).unwrap();
+    let too_big = Footprint::compressed(36, 80, 8);
+    assert!(matches!(
+        s.add_request_with_footprint(SeqId(2), 60, too_big),
+        Err(SchedulerError::PeakExceedsCache {
+            max_held_tokens: 44,
+            capacity_tokens: 40,
+            ..
+        })
+    ));
+    assert!(matches!(
+        s.add_request_with_footprint(SeqId(3), 60, Footprint::uncompressed(80)),
+        Err(SchedulerError::PromptExceedsCache { .. })
+    ));
+    // A short request's peak is its length.
+    assert_eq!(Footprint::compressed(28, 10, 8).max_held_tokens, 10);
 }
 
 proptest! {

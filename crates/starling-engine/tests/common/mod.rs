@@ -76,7 +76,7 @@ pub fn engine_with_admission(
 ) -> Engine<CpuBackend> {
     let model = tiny_model();
     let bytes_per_block =
-        Engine::cache_layout(&CpuBackend::new(), &model).bytes_per_block(BLOCK_TOKENS);
+        Engine::cache_layout_of(&CpuBackend::new(), &model).bytes_per_block(BLOCK_TOKENS);
     let config = EngineConfig {
         scheduler: SchedulerConfig {
             max_num_seqs: 16,
@@ -87,6 +87,7 @@ pub fn engine_with_admission(
         },
         kv_cache_memory_bytes: bytes_per_block * kv_blocks as u64,
         compression,
+        star_kv: None,
     };
     Engine::new(CpuBackend::new(), model, None, config).unwrap()
 }

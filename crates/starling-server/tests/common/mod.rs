@@ -60,6 +60,7 @@ pub fn start_server(
         },
         kv_cache_memory_bytes: kv_blocks * SMOLLM2_BLOCK_BYTES,
         compression: Default::default(),
+        star_kv: None,
     };
     let text_tokenizer = tokenizer.clone();
     let handle = EngineHandle::spawn(move || {

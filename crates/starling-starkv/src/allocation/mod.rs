@@ -133,7 +133,9 @@ impl RankAllocation {
             .sum()
     }
 
-    /// The paged-cache layout of this allocation with `dtype` elements, for sizing.
+    /// The paged-cache layout of this allocation with `dtype` elements, for sizing: what the
+    /// engine allocates for a model loaded with these ranks (each rank stored in multiples of
+    /// [`starling_kv::LATENT_RANK_MULTIPLE`], plus each token's position).
     pub fn cache_layout(&self, dtype: CacheDtype) -> CacheLayout {
         let layers = self
             .layers
@@ -144,11 +146,7 @@ impl RankAllocation {
                     head_dim: self.shape.head_dim,
                     dtype,
                 },
-                Some(r) => LayerLayout::LowRank {
-                    key_rank_per_head: r.key_ranks.clone(),
-                    value_rank: r.value_rank,
-                    dtype,
-                },
+                Some(r) => LayerLayout::low_rank_padded(&r.key_ranks, r.value_rank, dtype),
             })
             .collect();
         CacheLayout { layers }

@@ -1,0 +1,576 @@
+// STAR-KV latent layers (CPU references: starling-backend cpu::latent). The host prepends
+// pdl.cuh and mma_common.cuh.
+//
+// A latent layer's cache holds, per slot, every KV head's key latent z_h (rank r_h, pre-RoPE),
+// one value latent u (rank r_v, shared by all heads) and the token's position. Keys are
+// RoPE(B_h z_h + b_h, position), values B_v u + b_v. Decode rows attend in four launches:
+//
+//   latent_scores_d{D}   grid (row, KV head, split): the split's key latents are turned into keys
+//                        on the tensor cores (Z·B_hᵀ, mma.sync), biased and rotated at each
+//                        slot's position (RoPE table), and dotted with the group's queries
+//                        (Kᵀ·Q on the tensor cores); scores (log2 units) go to a per-row range of
+//                        a scratch buffer, each head's split maximum to part_m.
+//   latent_values_mt{MT} grid (row, split, value chunk): P = 2^(S − m) for every head at once
+//                        (MT m-tiles of 16 heads), O_latent += P·U on the tensor cores: the value
+//                        latent is read once per (row, split), whatever the head count.
+//   latent_combine_bf16  grid (row, head): the splits merged, normalised → W [head][row][r_v].
+//   (cuBLAS)             per KV head: W_g · B_v,gᵀ, all the group's rows at once (B_v read once).
+//   latent_value_out_bf16 bias added, rows back in the layer's output order.
+//
+// Prefill chunks are reconstructed instead (latent_gather_rows_bf16 → cuBLAS → latent_finish_kv)
+// into a scratch full cache that the tiled prefill kernel attends: a chunk amortises the
+// reconstruction over its rows.
+
+#define LS_THREADS 128
+#define LS_WARPS 4
+#define LS_BN 64      // keys per tile of latent_scores (16 per warp)
+#define LS_STAGES 2   // key-latent tiles in flight
+#define LV_THREADS 128
+#define LV_BN 16      // tokens per tile of latent_values (one k-step; its U ring fits static
+                      // shared memory at 512 columns: 2 × 16 × 520 × 2 B)
+#define LV_STAGES 2
+
+// Bits of the slot's position (stored as two bf16 words: the row-moving kernels copy it as data).
+__device__ __forceinline__ unsigned slot_position(const unsigned* __restrict__ positions,
+                                                  unsigned slot) {
+    return positions[slot];
+}
+
+// Backend::rope_q_write_latents: RoPE on the Q heads of each [q | key latents | value latent] row
+// (rope_qk_bf16's expressions), the latents copied unrotated to the row's slot and its position
+// stored. Grid (token, item chunk): an item is a Q pair, a 16-byte chunk (8 elements) of the
+// latents, or the position. Padding rows (slot 0xffffffff) are rotated but store nothing.
+extern "C" __global__ void rope_q_write_latents_bf16(
+    bf16* __restrict__ qkv, const unsigned* __restrict__ positions,
+    const float* __restrict__ inv_freq, const unsigned* __restrict__ slots,
+    bf16* __restrict__ key_plane, bf16* __restrict__ value_plane, unsigned* __restrict__ pos_plane,
+    int width, int num_heads, int head_dim, int key_width, int value_width, int interleaved) {
+    pdl_entry();
+    const int half = head_dim / 2;
+    const int q_pairs = num_heads * half;
+    const int q_size = num_heads * head_dim;
+    const int chunks = (key_width + value_width) / 8;
+    const int idx = blockIdx.y * blockDim.x + threadIdx.x;
+    if (idx >= q_pairs + chunks + 1) return;
+    bf16* row = qkv + (size_t)blockIdx.x * width;
+    if (idx < q_pairs) {
+        const int h = idx / half, i = idx % half;
+        const float pos = (float)positions[blockIdx.x];
+        float s, c;
+        sincosf(pos * inv_freq[i], &s, &c);
+        const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+        bf16* head = row + h * head_dim;
+        const float x0 = __bfloat162float(head[a]), x1 = __bfloat162float(head[b]);
+        head[a] = __float2bfloat16(x0 * c - x1 * s);
+        head[b] = __float2bfloat16(x0 * s + x1 * c);
+        return;
+    }
+    const unsigned slot = slots[blockIdx.x];
+    if (slot == 0xffffffffu) return;
+    const int c = idx - q_pairs;
+    if (c == chunks) {
+        pos_plane[slot] = positions[blockIdx.x];
+        return;
+    }
+    // Latent widths are multiples of 8 (stored ranks); the row start is 16-byte aligned when the
+    // row width and q_size are, else the copy goes element by element.
+    const bf16* src = row + q_size + 8 * c;
+    bf16* dst = 8 * c < key_width
+                    ? key_plane + (size_t)slot * key_width + 8 * c
+                    : value_plane + (size_t)slot * value_width + (8 * c - key_width);
+    if (((width | q_size) & 7) == 0) {
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++) dst[e] = src[e];
+    }
+}
+
+// cos/sin of position p and frequency i, as rope_qk_bf16 computes them: table[p * half + i].
+extern "C" __global__ void latent_rope_table_f32(float2* __restrict__ table,
+                                                 const float* __restrict__ inv_freq, int half,
+                                                 unsigned first, unsigned count) {
+    pdl_entry();
+    const size_t n = (size_t)count * half;
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < n;
+         k += (size_t)gridDim.x * blockDim.x) {
+        const unsigned p = first + (unsigned)(k / half);
+        const int i = (int)(k % half);
+        float s, c;
+        sincosf((float)p * inv_freq[i], &s, &c);
+        table[(size_t)first * half + k] = make_float2(c, s);
+    }
+}
+
+// Scores of one (decode row, KV head, context split). Dynamic shared memory: B_h as
+// [D][rs] bf16 (rs = the host's padded row stride ≥ rank rounded up to 16, plus 8 so ldmatrix rows
+// fall in distinct banks), then LS_STAGES key-latent tiles [LS_BN][rs], then the bias (f32 [D])
+// and the warps' maxima.
+template <int D>
+__device__ void latent_scores_impl(
+    float* __restrict__ scores,            // [score_offsets[i] + token][num_q_heads], log2 units
+    float* __restrict__ part_m,            // [rows, Hq, splits]: each head's split maximum
+    const bf16* __restrict__ qkv, int qkv_width, const bf16* __restrict__ key_plane,
+    int key_width, const unsigned* __restrict__ pos_plane, const int* __restrict__ latent_heads,
+    const bf16* __restrict__ key_up,       // [D][key_width]
+    const bf16* __restrict__ key_bias,     // [kv_heads * D] or null
+    const float2* __restrict__ rope_table, int interleaved, int rs,
+    const unsigned* __restrict__ rows, const unsigned* __restrict__ tok_seq,
+    const unsigned* __restrict__ tok_visible, const unsigned* __restrict__ score_offsets,
+    const unsigned* __restrict__ block_tables, int max_blocks, int block_size, int num_kv_heads,
+    int group, float scale, int splits, int split_len, const unsigned* __restrict__ plan) {
+    if (plan != nullptr) {
+        splits = (int)plan[0];
+        split_len = (int)plan[1];
+        if ((int)blockIdx.z >= splits) return;
+    }
+    constexpr int NT = D / 8;    // 8-wide n-tiles of a reconstructed key row
+    constexpr int KS = D / 16;   // k-steps of the score over the head dim
+    constexpr int HALF = D / 2;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    bf16* b_s = reinterpret_cast<bf16*>(smem_raw);                 // [D][rs]
+    bf16* z_ring = b_s + D * rs;                                   // [LS_STAGES][LS_BN][rs]
+    float* bias_s = reinterpret_cast<float*>(z_ring + LS_STAGES * LS_BN * rs);  // [D]
+    float* max_s = bias_s + D;                                     // [LS_WARPS][8]
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, q4 = lane & 3;
+    const int i_row = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+    const int t = (int)rows[i_row];
+    const int num_q_heads = num_kv_heads * group;
+    const int offset = latent_heads[2 * kvh], rank = latent_heads[2 * kvh + 1];
+    const int r16 = (rank + 15) & ~15;
+    const int kv_start = split * split_len;
+    const int kv_end = min((int)tok_visible[t], kv_start + split_len);
+    const int n_tiles = kv_end > kv_start ? (kv_end - kv_start + LS_BN - 1) / LS_BN : 0;
+    const unsigned* table = block_tables + (size_t)tok_seq[t] * max_blocks;
+    float* row_scores = scores + (size_t)score_offsets[i_row] * num_q_heads;
+
+    // B_h, zero past the rank (the k-steps cover r16).
+    const int cpr = r16 / 8;  // 16-byte chunks per row
+    for (int k = tid; k < D * cpr; k += LS_THREADS) {
+        const int d = k / cpr, c = k % cpr;
+        const bool valid = 8 * c < rank;
+        cp_async16(b_s + d * rs + 8 * c, valid ? key_up + (size_t)d * key_width + offset + 8 * c
+                                               : key_up, valid);
+    }
+    for (int d = tid; d < D; d += LS_THREADS)
+        bias_s[d] = key_bias != nullptr ? __bfloat162float(key_bias[kvh * D + d]) : 0.f;
+    cp_async_commit();
+
+    auto load_tile = [&](int tile, int stage) {
+        bf16* z = z_ring + stage * LS_BN * rs;
+        for (int k = tid; k < LS_BN * cpr; k += LS_THREADS) {
+            const int r = k / cpr, c = k % cpr;
+            const int j = kv_start + tile * LS_BN + r;
+            const bool valid = j < kv_end && 8 * c < rank;
+            const bf16* src = key_plane;
+            if (valid) src = key_plane + (size_t)paged_slot(table, j, block_size) * key_width +
+                             offset + 8 * c;
+            cp_async16(z + r * rs + 8 * c, src, valid);
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < LS_STAGES - 1; s++) {
+        if (s < n_tiles) load_tile(s, s);
+        cp_async_commit();
+    }
+
+    // The group's queries as the B operand of Kᵀ·Q: column n = head n of the group (zero past
+    // the group), k = the head dim.
+    unsigned qb[KS][2];
+    {
+        const bool ok = g < group;
+        const bf16* q = qkv + (size_t)t * qkv_width + (size_t)(kvh * group + (ok ? g : 0)) * D;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            qb[ks][0] = ok ? *reinterpret_cast<const unsigned*>(q + 16 * ks + 2 * q4) : 0u;
+            qb[ks][1] = ok ? *reinterpret_cast<const unsigned*>(q + 16 * ks + 8 + 2 * q4) : 0u;
+        }
+    }
+    const float scale_log2 = scale * LOG2E;
+    float run_max[2] = {NEG_INF, NEG_INF};  // heads 2·q4 and 2·q4 + 1 of the group
+
+    for (int it = 0; it < n_tiles; it++) {
+        cp_async_wait<LS_STAGES - 2>();
+        __syncthreads();
+        {
+            const int next = it + LS_STAGES - 1;
+            if (next < n_tiles) load_tile(next, next % LS_STAGES);
+            cp_async_commit();
+        }
+        const bf16* z = z_ring + (it % LS_STAGES) * LS_BN * rs;
+        const int wk = warp * 16;
+        float acc[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+        // Keys = Z · B_hᵀ over the rank (k-steps of 16).
+        for (int ks = 0; ks < r16 / 16; ks++) {
+            unsigned a[4];
+            ldmatrix_x4(a, z + (wk + (lane & 15)) * rs + 16 * ks + 8 * (lane >> 4));
+#pragma unroll
+            for (int p = 0; p < NT / 2; p++) {
+                unsigned b[4];
+                ldmatrix_x4(b, b_s + (16 * p + (lane & 7) + ((lane >> 4) << 3)) * rs + 16 * ks +
+                                   8 * ((lane >> 3) & 1));
+                mma_bf16(acc[2 * p], a, b[0], b[1]);
+                mma_bf16(acc[2 * p + 1], a, b[2], b[3]);
+            }
+        }
+        // Bias, then RoPE at each row's position (rows wk + g and wk + g + 8 of the tile).
+        const int j0 = kv_start + it * LS_BN + wk + g, j1 = j0 + 8;
+        const unsigned p0 = j0 < kv_end ? slot_position(pos_plane, paged_slot(table, j0, block_size)) : 0u;
+        const unsigned p1 = j1 < kv_end ? slot_position(pos_plane, paged_slot(table, j1, block_size)) : 0u;
+        const float2* cs0 = rope_table + (size_t)p0 * HALF;
+        const float2* cs1 = rope_table + (size_t)p1 * HALF;
+        if (interleaved) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const int col = nt * 8 + 2 * q4, i = col / 2;
+                const float b0 = bias_s[col], b1 = bias_s[col + 1];
+                const float2 r0 = cs0[i], r1 = cs1[i];
+                float x0 = acc[nt][0] + b0, x1 = acc[nt][1] + b1;
+                acc[nt][0] = x0 * r0.x - x1 * r0.y;
+                acc[nt][1] = x0 * r0.y + x1 * r0.x;
+                x0 = acc[nt][2] + b0;
+                x1 = acc[nt][3] + b1;
+                acc[nt][2] = x0 * r1.x - x1 * r1.y;
+                acc[nt][3] = x0 * r1.y + x1 * r1.x;
+            }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < NT / 2; nt++) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int i = nt * 8 + 2 * q4 + e;  // frequency; its partner is i + HALF
+                    const float ba = bias_s[i], bb = bias_s[i + HALF];
+                    const float2 r0 = cs0[i], r1 = cs1[i];
+                    float x0 = acc[nt][e] + ba, x1 = acc[nt + NT / 2][e] + bb;
+                    acc[nt][e] = x0 * r0.x - x1 * r0.y;
+                    acc[nt + NT / 2][e] = x0 * r0.y + x1 * r0.x;
+                    x0 = acc[nt][e + 2] + ba;
+                    x1 = acc[nt + NT / 2][e + 2] + bb;
+                    acc[nt][e + 2] = x0 * r1.x - x1 * r1.y;
+                    acc[nt + NT / 2][e + 2] = x0 * r1.y + x1 * r1.x;
+                }
+            }
+        }
+        // Sᵀ[16 keys × 8 heads] = K · Qᵀ: the key accumulators are the A fragments.
+        float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            const unsigned a[4] = {pack_bf16(acc[2 * ks][0], acc[2 * ks][1]),
+                                   pack_bf16(acc[2 * ks][2], acc[2 * ks][3]),
+                                   pack_bf16(acc[2 * ks + 1][0], acc[2 * ks + 1][1]),
+                                   pack_bf16(acc[2 * ks + 1][2], acc[2 * ks + 1][3])};
+            mma_bf16(s, a, qb[ks][0], qb[ks][1]);
+        }
+        // s[0], s[1]: key j0, heads 2q4, 2q4 + 1; s[2], s[3]: key j1.
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int j = e < 2 ? j0 : j1, h = 2 * q4 + (e & 1);
+            const float v = j < kv_end ? s[e] * scale_log2 : NEG_INF;
+            if (j < kv_end && h < group)
+                row_scores[(size_t)j * num_q_heads + kvh * group + h] = v;
+            run_max[e & 1] = fmaxf(run_max[e & 1], v);
+        }
+    }
+    // Each head's maximum over the split: over the lanes that share q4, then over the warps.
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1)
+            run_max[e] = fmaxf(run_max[e], __shfl_xor_sync(0xffffffffu, run_max[e], o));
+    }
+    cp_async_wait<0>();
+    if (g == 0) {
+        max_s[warp * 8 + 2 * q4] = run_max[0];
+        max_s[warp * 8 + 2 * q4 + 1] = run_max[1];
+    }
+    __syncthreads();
+    if (tid < group) {
+        float m = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < LS_WARPS; w++) m = fmaxf(m, max_s[w * 8 + tid]);
+        part_m[((size_t)i_row * num_q_heads + kvh * group + tid) * splits + split] = m;
+    }
+}
+
+#define INSTANTIATE_SCORES(D)                                                                    \
+    extern "C" __global__ void __launch_bounds__(LS_THREADS) latent_scores_d##D##_bf16(          \
+        float* scores, float* part_m, const bf16* qkv, int qkv_width, const bf16* key_plane,     \
+        int key_width, const unsigned* pos_plane, const int* latent_heads, const bf16* key_up,   \
+        const bf16* key_bias, const float2* rope_table, int interleaved, int rs,                 \
+        const unsigned* rows, const unsigned* tok_seq, const unsigned* tok_visible,              \
+        const unsigned* score_offsets, const unsigned* block_tables, int max_blocks,             \
+        int block_size, int num_kv_heads, int group, float scale, int splits, int split_len,     \
+        const unsigned* plan) {                                                                  \
+        pdl_entry();                                                                             \
+        latent_scores_impl<D>(scores, part_m, qkv, qkv_width, key_plane, key_width, pos_plane,   \
+                              latent_heads, key_up, key_bias, rope_table, interleaved, rs, rows, \
+                              tok_seq, tok_visible, score_offsets, block_tables, max_blocks,     \
+                              block_size, num_kv_heads, group, scale, splits, split_len, plan);  \
+    }
+INSTANTIATE_SCORES(64)
+INSTANTIATE_SCORES(128)
+
+// Weighted value latents of one (row, split, chunk of CH = 512 / MT value columns) for all
+// MT·16 ≥ Hq heads: P = 2^(S − m_split) in shared memory, O += P · U on the tensor cores (each
+// warp owns CH / 4 columns). Writes the unnormalised partial and, from chunk 0, each head's sum.
+template <int MT>
+__device__ void latent_values_impl(
+    float* __restrict__ part_acc,          // [rows, Hq, splits, value_width]
+    float* __restrict__ part_l,            // [rows, Hq, splits]
+    const float* __restrict__ scores, const float* __restrict__ part_m,
+    const bf16* __restrict__ value_plane, int value_width, const unsigned* __restrict__ rows,
+    const unsigned* __restrict__ tok_seq, const unsigned* __restrict__ tok_visible,
+    const unsigned* __restrict__ score_offsets, const unsigned* __restrict__ block_tables,
+    int max_blocks, int block_size, int num_q_heads, int splits, int split_len,
+    const unsigned* __restrict__ plan) {
+    if (plan != nullptr) {
+        splits = (int)plan[0];
+        split_len = (int)plan[1];
+        if ((int)blockIdx.y >= splits) return;
+    }
+    constexpr int CH = 512 / MT;       // value columns of this block
+    constexpr int WN = CH / 4;         // ... of each warp
+    constexpr int NTW = WN / 8;        // n-tiles per warp
+    constexpr int HP = 16 * MT;        // padded head rows
+    constexpr int PS = LV_BN + 8;      // P row stride (bf16)
+    constexpr int US = CH + 8;         // U row stride (bf16)
+    __shared__ __align__(16) bf16 p_s[HP * PS];
+    __shared__ __align__(16) bf16 u_s[LV_STAGES * LV_BN * US];
+    __shared__ float m_s[HP];
+    __shared__ float l_s[HP];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, q4 = lane & 3;
+    const int i_row = blockIdx.x, split = blockIdx.y, c0 = blockIdx.z * CH;
+    const int t = (int)rows[i_row];
+    const int kv_start = split * split_len;
+    const int kv_end = min((int)tok_visible[t], kv_start + split_len);
+    const int n_tiles = kv_end > kv_start ? (kv_end - kv_start + LV_BN - 1) / LV_BN : 0;
+    const unsigned* table = block_tables + (size_t)tok_seq[t] * max_blocks;
+    const float* row_scores = scores + (size_t)score_offsets[i_row] * num_q_heads;
+    for (int h = tid; h < HP; h += LV_THREADS) {
+        m_s[h] = h < num_q_heads ? part_m[((size_t)i_row * num_q_heads + h) * splits + split]
+                                 : NEG_INF;
+        l_s[h] = 0.f;
+    }
+
+    auto load_tile = [&](int tile, int stage) {
+        bf16* u = u_s + stage * LV_BN * US;
+        constexpr int CPR = CH / 8;
+        for (int k = tid; k < LV_BN * CPR; k += LV_THREADS) {
+            const int r = k / CPR, c = k % CPR;
+            const int j = kv_start + tile * LV_BN + r;
+            const bool valid = j < kv_end && c0 + 8 * c < value_width;
+            const bf16* src = value_plane;
+            if (valid) src = value_plane + (size_t)paged_slot(table, j, block_size) * value_width +
+                             c0 + 8 * c;
+            cp_async16(u + r * US + 8 * c, src, valid);
+        }
+    };
+    float acc[MT][NTW][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int n = 0; n < NTW; n++) acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.f;
+    if (n_tiles > 0) load_tile(0, 0);
+    cp_async_commit();
+    __syncthreads();  // m_s, l_s
+
+    for (int it = 0; it < n_tiles; it++) {
+        if (it + 1 < n_tiles) load_tile(it + 1, (it + 1) % LV_STAGES);
+        cp_async_commit();
+        // P tile: each half-warp takes one head (heads 2w + hw, then + 8, ...), lane & 15 = the
+        // token; each head's sum of the unrounded weights goes to l_s (one half-warp owns it).
+        const int j = kv_start + it * LV_BN + (lane & 15);
+        for (int h = 2 * warp + (lane >> 4); h < HP; h += 2 * LV_THREADS / 32) {
+            float p = 0.f;
+            const float m = m_s[h];
+            if (h < num_q_heads && j < kv_end && m != NEG_INF)
+                p = fast_exp2(row_scores[(size_t)j * num_q_heads + h] - m);
+            p_s[h * PS + (lane & 15)] = __float2bfloat16(p);
+            float sum = p;
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            if ((lane & 15) == 0) l_s[h] += sum;
+        }
+        cp_async_wait<LV_STAGES - 1>();  // tile it has landed (tile it + 1 may be in flight)
+        __syncthreads();
+        const bf16* u = u_s + (it % LV_STAGES) * LV_BN * US;
+#pragma unroll
+        for (int ks = 0; ks < LV_BN / 16; ks++) {
+            unsigned a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                ldmatrix_x4(a[mt], p_s + (16 * mt + (lane & 15)) * PS + 16 * ks + 8 * (lane >> 4));
+#pragma unroll
+            for (int dp = 0; dp < NTW / 2; dp++) {
+                unsigned b[4];
+                ldmatrix_x4_trans(b, u + (16 * ks + (lane & 7) + (((lane >> 3) & 1) << 3)) * US +
+                                         warp * WN + 16 * dp + 8 * (lane >> 4));
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_bf16(acc[mt][2 * dp], a[mt], b[0], b[1]);
+                    mma_bf16(acc[mt][2 * dp + 1], a[mt], b[2], b[3]);
+                }
+            }
+        }
+        __syncthreads();  // p_s and this stage are rewritten next
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int n = 0; n < NTW; n++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int h = 16 * mt + g + (e >= 2 ? 8 : 0);
+                const int col = c0 + warp * WN + 8 * n + 2 * q4 + (e & 1);
+                if (h < num_q_heads && col < value_width)
+                    part_acc[(((size_t)i_row * num_q_heads + h) * splits + split) * value_width +
+                             col] = acc[mt][n][e];
+            }
+        }
+    }
+    if (blockIdx.z == 0) {
+        for (int h = tid; h < num_q_heads; h += LV_THREADS)
+            part_l[((size_t)i_row * num_q_heads + h) * splits + split] = l_s[h];
+    }
+}
+
+#define INSTANTIATE_VALUES(MT)                                                                   \
+    extern "C" __global__ void __launch_bounds__(LV_THREADS) latent_values_mt##MT##_bf16(        \
+        float* part_acc, float* part_l, const float* scores, const float* part_m,                \
+        const bf16* value_plane, int value_width, const unsigned* rows, const unsigned* tok_seq, \
+        const unsigned* tok_visible, const unsigned* score_offsets,                              \
+        const unsigned* block_tables, int max_blocks, int block_size, int num_q_heads,           \
+        int splits, int split_len, const unsigned* plan) {                                       \
+        pdl_entry();                                                                             \
+        latent_values_impl<MT>(part_acc, part_l, scores, part_m, value_plane, value_width, rows, \
+                               tok_seq, tok_visible, score_offsets, block_tables, max_blocks,    \
+                               block_size, num_q_heads, splits, split_len, plan);                \
+    }
+INSTANTIATE_VALUES(1)
+INSTANTIATE_VALUES(2)
+INSTANTIATE_VALUES(4)
+
+// The splits of one (row, head) merged and normalised: w = Σ 2^(m_s − M) acc_s / Σ 2^(m_s − M) l_s,
+// written head-major (W[head][row][c]) for the per-KV-head up-projection GEMM. A row that saw no
+// key (a padding row) gets zeros.
+extern "C" __global__ void latent_combine_bf16(bf16* __restrict__ w, const float* __restrict__ part_acc,
+                                               const float* __restrict__ part_m,
+                                               const float* __restrict__ part_l, int num_rows,
+                                               int num_q_heads, int value_width, int splits,
+                                               const unsigned* __restrict__ plan) {
+    pdl_entry();
+    // A replayed step's split count (every latent kernel indexes the partials by it).
+    if (plan != nullptr) splits = (int)plan[0];
+    const int i_row = blockIdx.x, h = blockIdx.y;
+    const size_t base = ((size_t)i_row * num_q_heads + h) * splits;
+    float m = NEG_INF;
+    for (int s = 0; s < splits; s++) m = fmaxf(m, part_m[base + s]);
+    float den = 0.f;
+    for (int s = 0; s < splits; s++)
+        if (part_m[base + s] != NEG_INF) den += exp2f(part_m[base + s] - m) * part_l[base + s];
+    bf16* out = w + ((size_t)h * num_rows + i_row) * value_width;
+    for (int c = threadIdx.x; c < value_width; c += blockDim.x) {
+        float acc = 0.f;
+        for (int s = 0; s < splits; s++) {
+            const float ms = part_m[base + s];
+            if (ms == NEG_INF) continue;
+            acc += exp2f(ms - m) * part_acc[(base + s) * value_width + c];
+        }
+        out[c] = __float2bfloat16(den > 0.f ? acc / den : 0.f);
+    }
+}
+
+// out[rows[i]][h·D + d] = o[h][i][d] + b_v[(h / group)·D + d]: the up-projected values of the
+// decode rows, biased, back in the layer's row order.
+extern "C" __global__ void latent_value_out_bf16(bf16* __restrict__ out, const bf16* __restrict__ o,
+                                                 const bf16* __restrict__ value_bias,
+                                                 const unsigned* __restrict__ rows, int num_rows,
+                                                 int num_q_heads, int head_dim, int group) {
+    pdl_entry();
+    const int i_row = blockIdx.x, h = blockIdx.y;
+    const int t = (int)rows[i_row];
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float v = __bfloat162float(o[((size_t)h * num_rows + i_row) * head_dim + d]);
+        if (value_bias != nullptr) v += __bfloat162float(value_bias[(h / group) * head_dim + d]);
+        out[(size_t)t * num_q_heads * head_dim + (size_t)h * head_dim + d] = __float2bfloat16(v);
+    }
+}
+
+// rows[k] = plane[src_slots[k]] (a zero row where src_slots[k] == 0xffffffff): the latents of
+// the prefill sequences' contexts gathered in scratch-slot order, for the reconstruction GEMMs.
+// row_elems a multiple of 8 (stored ranks; positions are gathered by their own call, width 1).
+extern "C" __global__ void latent_gather_rows_bf16(bf16* __restrict__ out, const bf16* __restrict__ plane,
+                                                   const unsigned* __restrict__ src_slots,
+                                                   size_t count, int row_elems) {
+    pdl_entry();
+    const int vpr = row_elems / 8;
+    const size_t n = count * vpr;
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < n;
+         k += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = k / vpr, c = k % vpr;
+        const unsigned slot = src_slots[r];
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (slot != 0xffffffffu) v = reinterpret_cast<const uint4*>(plane)[(size_t)slot * vpr + c];
+        reinterpret_cast<uint4*>(out)[k] = v;
+    }
+}
+
+// positions[k] = pos_plane[src_slots[k]] (0 for a padding row).
+extern "C" __global__ void latent_gather_positions(unsigned* __restrict__ out,
+                                                   const unsigned* __restrict__ pos_plane,
+                                                   const unsigned* __restrict__ src_slots,
+                                                   size_t count) {
+    pdl_entry();
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < count;
+         k += (size_t)gridDim.x * blockDim.x) {
+        const unsigned slot = src_slots[k];
+        out[k] = slot != 0xffffffffu ? pos_plane[slot] : 0u;
+    }
+}
+
+// The reconstructed rows made keys and values: k += b_k then RoPE at the row's position (the
+// rope_qk_bf16 expressions and rounding), v += b_v. k and v are [count][kv_heads · D] bf16.
+extern "C" __global__ void latent_finish_kv_bf16(bf16* __restrict__ k, bf16* __restrict__ v,
+                                                 const unsigned* __restrict__ positions,
+                                                 const bf16* __restrict__ key_bias,
+                                                 const bf16* __restrict__ value_bias,
+                                                 const float* __restrict__ inv_freq, size_t count,
+                                                 int num_kv_heads, int head_dim, int interleaved) {
+    pdl_entry();
+    const int half = head_dim / 2;
+    const int kv = num_kv_heads * head_dim;
+    const int items = num_kv_heads * half + kv;  // key pairs, then value elements
+    const size_t n = count * items;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = idx / items;
+        const int item = (int)(idx % items);
+        if (item >= num_kv_heads * half) {
+            const int e = item - num_kv_heads * half;
+            if (value_bias != nullptr) {
+                bf16* x = v + r * kv + e;
+                *x = __float2bfloat16(__bfloat162float(*x) + __bfloat162float(value_bias[e]));
+            }
+            continue;
+        }
+        const int h = item / half, i = item % half;
+        const int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+        bf16* head = k + r * kv + h * head_dim;
+        float x0 = __bfloat162float(head[a]), x1 = __bfloat162float(head[b]);
+        if (key_bias != nullptr) {
+            x0 = __bfloat162float(__float2bfloat16(x0 + __bfloat162float(key_bias[h * head_dim + a])));
+            x1 = __bfloat162float(__float2bfloat16(x1 + __bfloat162float(key_bias[h * head_dim + b])));
+        }
+        float s, c;
+        sincosf((float)positions[r] * inv_freq[i], &s, &c);
+        head[a] = __float2bfloat16(x0 * c - x1 * s);
+        head[b] = __float2bfloat16(x0 * s + x1 * c);
+    }
+}

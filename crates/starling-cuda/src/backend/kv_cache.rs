@@ -1,0 +1,88 @@
+//! One layer's paged cache in device memory, for every layout [`KvCacheSpec`] describes: a key
+//! plane `[num_slots, key_width]` and a value plane `[num_slots, value_width]` (bf16,
+//! slot-major); a STAR-KV latent layer also keeps one position per slot and, for its kernels,
+//! each head's latent offset and rank.
+
+use cudarc::driver::CudaSlice;
+use half::bf16;
+use starling_backend::KvCacheSpec;
+
+use super::CudaBackend;
+use crate::CudaError;
+
+/// One layer's cache on the GPU.
+pub struct CudaKvCache {
+    pub(crate) spec: KvCacheSpec,
+    /// `[num_slots, key_width]`.
+    pub(crate) keys: CudaSlice<bf16>,
+    /// `[num_slots, value_width]`.
+    pub(crate) values: CudaSlice<bf16>,
+    /// A latent layer's position of every slot: a `u32` stored as two bf16 words, so the row
+    /// kernels that move cache rows (copies, gathers, compaction) move it bit for bit; the
+    /// attention kernels read it as `u32`. `None` for a full layer.
+    pub(crate) positions: Option<CudaSlice<bf16>>,
+    /// A latent layer's `(offset, rank)` of each KV head's key latent in the key row.
+    pub(crate) latent_heads: Option<CudaSlice<i32>>,
+}
+
+/// bf16 words of one slot's position.
+pub(crate) const POSITION_WORDS: usize = 2;
+
+impl CudaKvCache {
+    /// The cache geometry.
+    pub fn spec(&self) -> &KvCacheSpec {
+        &self.spec
+    }
+
+    /// `(num_kv_heads, head_dim)` of a full layer, or an error naming `op`.
+    pub(crate) fn full_dims(&self, op: &str) -> Result<(usize, usize), CudaError> {
+        self.spec.require_full(op).map_err(CudaError::from)
+    }
+
+    /// Elements per slot of the key and value planes.
+    pub(crate) fn plane_widths(&self) -> (usize, usize) {
+        self.spec.plane_widths()
+    }
+}
+
+impl CudaBackend {
+    /// A zero-filled cache of `spec` (its dtype must be bf16).
+    pub(crate) fn alloc_kv_cache_impl(&self, spec: &KvCacheSpec) -> Result<CudaKvCache, CudaError> {
+        if spec.layout.dtype() != starling_kv::CacheDtype::BF16 {
+            return Err(CudaError::Shape(format!(
+                "the CUDA backend caches bf16, not {:?}",
+                spec.layout.dtype()
+            )));
+        }
+        let (kw, vw) = spec.plane_widths();
+        let slots = spec.num_slots();
+        let zeros = |n: usize| self.stream().alloc_zeros::<bf16>(n.max(1));
+        let (positions, latent_heads) = match spec.latent_key_ranks() {
+            None => (None, None),
+            Some(ranks) => {
+                let mut heads = Vec::with_capacity(2 * ranks.len());
+                let mut offset = 0;
+                for &rank in ranks {
+                    heads.push(i32::try_from(offset).map_err(|_| shape("latent offset"))?);
+                    heads.push(i32::try_from(rank).map_err(|_| shape("latent rank"))?);
+                    offset += rank;
+                }
+                (
+                    Some(zeros(slots * POSITION_WORDS)?),
+                    Some(self.stream().clone_htod(&heads)?),
+                )
+            }
+        };
+        Ok(CudaKvCache {
+            spec: spec.clone(),
+            keys: zeros(slots * kw)?,
+            values: zeros(slots * vw)?,
+            positions,
+            latent_heads,
+        })
+    }
+}
+
+fn shape(what: &str) -> CudaError {
+    CudaError::Shape(format!("{what} does not fit an int"))
+}

@@ -1,0 +1,814 @@
+//! STAR-KV latent layers on the GPU (kernels in `kernels/latent.cu`; CPU references in
+//! `starling_backend::cpu::latent`).
+//!
+//! - The write ([`CudaBackend::rope_q_write_latents_impl`]): one launch rotates Q and stores the
+//!   latents and the position.
+//! - Decode rows ([`CudaBackend::latent_decode`]): scores from keys reconstructed on the tensor
+//!   cores per (row, KV head, split), weighted value latents per (row, split, column chunk) for
+//!   every head at once, a merge of the splits, then one cuBLAS GEMM per KV head for the value
+//!   up-projection of all rows: the value latent is read once per row and split, `B_v` once per
+//!   step.
+//! - Prefill chunks: the sequences' contexts are reconstructed into a scratch full cache
+//!   ([`CudaBackend::reconstruct_rows`]: gather, one GEMM per key head and one for the values,
+//!   bias and RoPE) that the tiled prefill kernel attends through scratch block tables.
+//!
+//! Every launch of a decode row sizes its buffers from the batch (a replay batch: the bucket's
+//! most splits and the cache's slots) and reads the split plan where the dense kernels do, so a
+//! latent layer records into a decode graph as a full one does.
+
+use std::sync::Arc;
+
+use cudarc::cublas::sys::{
+    cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t,
+};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
+use half::bf16;
+use starling_backend::cpu::{check_block_table, check_distinct_blocks, physical_slots};
+use starling_backend::{AttentionDims, LatentFactors, RopeSpec, RopeStyle};
+
+use super::attention_plan::MAX_GROUP;
+use super::kv_ops::int_arg;
+use super::{grid_for, CudaBackend, CudaBatch, CudaKvCache, KvSource};
+use crate::kernels::{LATENT_SCORE_KEYS, LATENT_SCORE_STAGES, LATENT_THREADS};
+use crate::{CudaError, CudaTensor, DeviceBuf};
+
+/// A slot no cache row lives at (padding of a scratch block).
+const NO_SLOT: u32 = u32::MAX;
+
+/// One step's reconstruction plan for its prefill sequences (made once per batch, shared by the
+/// latent layers): the cache slot behind every scratch slot, and the scratch block tables.
+pub(crate) struct PrefillScratchPlan {
+    /// `[scratch slots]`: the latent cache slot each reconstructed row comes from.
+    src_slots: CudaSlice<u32>,
+    /// `[sequences, max_blocks]`: sequence `s`'s physical block `b` → scratch block.
+    tables: CudaSlice<u32>,
+    /// Scratch slots (whole blocks).
+    num_slots: usize,
+}
+
+/// A latent layer's up-projections as device buffers, checked against the cache and the heads.
+struct DeviceFactors<'a> {
+    key_up: &'a CudaSlice<bf16>,
+    key_bias: Option<&'a CudaSlice<bf16>>,
+    value_up: &'a CudaSlice<bf16>,
+    value_bias: Option<&'a CudaSlice<bf16>>,
+}
+
+impl<'a> DeviceFactors<'a> {
+    fn new(
+        factors: &'a LatentFactors<'a, CudaTensor>,
+        cache: &CudaKvCache,
+        dims: &AttentionDims,
+        op: &str,
+    ) -> Result<Self, CudaError> {
+        let ranks = cache.spec.require_latent(op)?;
+        let (kw, vw) = cache.plane_widths();
+        let (hd, kv) = (dims.head_dim, dims.kv_size());
+        let shape = |what: &str, t: &CudaTensor, want: &[usize]| -> Result<(), CudaError> {
+            if t.shape() == want || (want.len() == 1 && t.shape() == [1, want[0]]) {
+                Ok(())
+            } else {
+                Err(CudaError::Shape(format!(
+                    "{op}: {what} is {:?}, expected {want:?}",
+                    t.shape()
+                )))
+            }
+        };
+        if ranks.len() != dims.num_kv_heads {
+            return Err(CudaError::Shape(format!(
+                "{op}: a latent cache of {} heads for {dims:?}",
+                ranks.len()
+            )));
+        }
+        shape("key_up", factors.key_up, &[hd, kw])?;
+        shape("value_up", factors.value_up, &[kv, vw])?;
+        if let Some(b) = factors.key_bias {
+            shape("key_bias", b, &[kv])?;
+        }
+        if let Some(b) = factors.value_bias {
+            shape("value_bias", b, &[kv])?;
+        }
+        Ok(Self {
+            key_up: factors.key_up.bf16()?,
+            key_bias: factors.key_bias.map(CudaTensor::bf16).transpose()?,
+            value_up: factors.value_up.bf16()?,
+            value_bias: factors.value_bias.map(CudaTensor::bf16).transpose()?,
+        })
+    }
+}
+
+/// A latent cache's position plane, as the kernels read it (`u32` per slot).
+fn positions(cache: &CudaKvCache) -> Result<&CudaSlice<bf16>, CudaError> {
+    cache
+        .positions
+        .as_ref()
+        .ok_or_else(|| CudaError::Shape("a latent cache without positions".into()))
+}
+
+fn latent_heads(cache: &CudaKvCache) -> Result<&CudaSlice<i32>, CudaError> {
+    cache
+        .latent_heads
+        .as_ref()
+        .ok_or_else(|| CudaError::Shape("a latent cache without head offsets".into()))
+}
+
+/// A null device pointer (an absent bias).
+const NULL: u64 = 0;
+
+impl CudaBackend {
+    pub(super) fn rope_q_write_latents_impl(
+        &self,
+        qkv: &mut CudaTensor,
+        cache: &mut CudaKvCache,
+        dims: &AttentionDims,
+        rope: &RopeSpec,
+        batch: &CudaBatch,
+    ) -> Result<(), CudaError> {
+        cache.spec.require_latent("rope_q_write_latents")?;
+        let (n, width) = qkv.matrix_dims()?;
+        let (kw, vw) = cache.plane_widths();
+        if width != dims.q_size() + kw + vw
+            || n != batch.meta.num_tokens()
+            || rope.inv_freqs.len() != dims.head_dim / 2
+        {
+            return Err(CudaError::Shape(format!(
+                "rope_q_write_latents: [{n}, {width}] for {} tokens of {} + {kw} + {vw}",
+                batch.meta.num_tokens(),
+                dims.q_size()
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let freqs = self.rope_freqs(&rope.inv_freqs)?;
+        let items = dims.num_heads * dims.head_dim / 2 + (kw + vw) / 8 + 1;
+        let config = super::rope_grid(n, items);
+        let args = [
+            int_arg(width, "row width")?,
+            int_arg(dims.num_heads, "heads")?,
+            int_arg(dims.head_dim, "head_dim")?,
+            int_arg(kw, "key width")?,
+            int_arg(vw, "value width")?,
+            i32::from(rope.style == RopeStyle::Interleaved),
+        ];
+        let CudaKvCache {
+            keys,
+            values,
+            positions,
+            ..
+        } = cache;
+        let positions = positions
+            .as_mut()
+            .ok_or_else(|| CudaError::Shape("a latent cache without positions".into()))?;
+        launch!(
+            self,
+            &self.kernels.rope_q_write_latents,
+            config,
+            qkv.bf16_mut()?,
+            &batch.positions(),
+            freqs.as_ref(),
+            &batch.slots(),
+            keys,
+            values,
+            positions,
+            &args[0],
+            &args[1],
+            &args[2],
+            &args[3],
+            &args[4],
+            &args[5]
+        )
+    }
+
+    pub(super) fn latent_attention_impl(
+        &self,
+        qkv: &CudaTensor,
+        cache: &CudaKvCache,
+        factors: &LatentFactors<'_, CudaTensor>,
+        dims: &AttentionDims,
+        rope: &RopeSpec,
+        batch: &CudaBatch,
+    ) -> Result<CudaTensor, CudaError> {
+        let dev = DeviceFactors::new(factors, cache, dims, "latent_attention")?;
+        let (n, width) = qkv.matrix_dims()?;
+        let (kw, vw) = cache.plane_widths();
+        if width != dims.q_size() + kw + vw || n != batch.meta.num_tokens() {
+            return Err(CudaError::Shape(format!(
+                "latent_attention: [{n}, {width}] for {} tokens of {} + {kw} + {vw}",
+                batch.meta.num_tokens(),
+                dims.q_size()
+            )));
+        }
+        let group = dims.num_heads / dims.num_kv_heads.max(1);
+        if group == 0 || group > MAX_GROUP || group * dims.num_kv_heads != dims.num_heads {
+            return Err(CudaError::Shape(format!(
+                "latent_attention: {group} query heads per KV head unsupported (1..={MAX_GROUP})"
+            )));
+        }
+        if n == 0 {
+            return Ok(self.tensor(DeviceBuf::Bf16(self.alloc_bf16(0)?), vec![0, dims.q_size()]));
+        }
+        let rows = &batch.rows;
+        let tiled = self.kernels.prefill_attention(dims.head_dim).is_some();
+        let (mut out, decode_rows) = if tiled && rows.num_prefill() > 0 && batch.replay.is_none() {
+            // Prefill chunks attend their reconstructed contexts with the tiled kernel; its
+            // launch leaves the decode rows to the latent kernels below.
+            let plan = self.prefill_scratch_plan(batch)?;
+            let (k, v) =
+                self.reconstruct_rows(cache, &dev, dims, rope, &plan.src_slots, plan.num_slots)?;
+            let source = KvSource {
+                keys: &k,
+                values: &v,
+                block_tables: plan.tables.slice(..),
+                max_blocks: batch.max_blocks,
+            };
+            let out = self.paged_attention_impl(qkv, &source, dims, batch, true)?;
+            (out, rows.num_decode)
+        } else {
+            let out = self.alloc_bf16(n * dims.q_size())?;
+            (self.tensor(DeviceBuf::Bf16(out), vec![n, dims.q_size()]), n)
+        };
+        if decode_rows > 0 {
+            let score_rows = if decode_rows == rows.num_decode && decode_rows < n {
+                batch.decode_score_capacity
+            } else {
+                batch.score_capacity
+            };
+            self.latent_decode(
+                out.bf16_mut()?,
+                qkv,
+                cache,
+                &dev,
+                dims,
+                rope,
+                batch,
+                decode_rows,
+                score_rows,
+            )?;
+        }
+        Ok(out)
+    }
+
+    /// The latent decode launches for the first `count` rows of the batch's `row_order`, whose
+    /// scores take at most `score_tokens` context positions together.
+    #[allow(clippy::too_many_arguments)]
+    fn latent_decode(
+        &self,
+        out: &mut CudaSlice<bf16>,
+        qkv: &CudaTensor,
+        cache: &CudaKvCache,
+        factors: &DeviceFactors<'_>,
+        dims: &AttentionDims,
+        rope: &RopeSpec,
+        batch: &CudaBatch,
+        count: usize,
+        score_tokens: usize,
+    ) -> Result<(), CudaError> {
+        let (d, heads, kv_heads) = (dims.head_dim, dims.num_heads, dims.num_kv_heads);
+        let group = heads / kv_heads.max(1);
+        let scores_kernel = self.kernels.latent_scores(d).ok_or_else(|| {
+            CudaError::Shape(format!(
+                "latent_attention: head_dim {d} unsupported on CUDA (64 or 128)"
+            ))
+        })?;
+        let m_tiles = heads.div_ceil(16);
+        let values_kernel = self.kernels.latent_values(m_tiles).ok_or_else(|| {
+            CudaError::Shape(format!(
+                "latent_attention: {heads} query heads unsupported on CUDA (up to 64)"
+            ))
+        })?;
+        let (kw, vw) = cache.plane_widths();
+        let ranks = cache.spec.require_latent("latent_attention")?;
+        let max_rank = ranks.iter().copied().max().unwrap_or(0);
+        if max_rank > d {
+            return Err(CudaError::Shape(format!(
+                "latent_attention: key rank {max_rank} exceeds head_dim {d}"
+            )));
+        }
+        // The same plan as the dense layers of the step (eager) or the bucket's bound (replay).
+        let (splits, split_len, plan_ptr) = match &batch.replay {
+            None => {
+                let plan =
+                    self.attention_split_plan(d, group, count, kv_heads, 0, batch.max_visible);
+                (plan.splits, plan.split_len, 0u64)
+            }
+            Some(shape) => (shape.max_splits, 1, batch.plan().device_ptr(&self.stream).0),
+        };
+        let table = self.latent_rope_table(rope, d, self.rope_positions_needed(batch))?;
+        let freqs_table = table.as_ref();
+        let rs = max_rank.div_ceil(16) * 16 + 8;
+        let shared = latent_scores_shared_bytes(d, rs);
+        let mut scores = self.tensor(
+            DeviceBuf::F32(self.alloc_f32(score_tokens.max(1) * heads)?),
+            vec![score_tokens.max(1), heads],
+        );
+        let parts = count * heads * splits;
+        let mut part_m = self.tensor(DeviceBuf::F32(self.alloc_f32(parts)?), vec![parts]);
+        let mut part_l = self.tensor(DeviceBuf::F32(self.alloc_f32(parts)?), vec![parts]);
+        let mut part_acc =
+            self.tensor(DeviceBuf::F32(self.alloc_f32(parts * vw)?), vec![parts, vw]);
+        let order = batch.row_order(count);
+        let offsets = batch.score_offsets(0, count);
+        let (qkv_width, kw_i, vw_i) = (
+            int_arg(qkv.matrix_dims()?.1, "row width")?,
+            int_arg(kw, "key width")?,
+            int_arg(vw, "value width")?,
+        );
+        let ints = [
+            int_arg(rs, "latent row stride")?,
+            int_arg(batch.max_blocks, "block-table width")?,
+            int_arg(batch.meta.block_size_tokens, "block size")?,
+            int_arg(kv_heads, "KV heads")?,
+            int_arg(group, "group")?,
+            int_arg(splits, "splits")?,
+            int_arg(split_len, "split length")?,
+            int_arg(heads, "heads")?,
+            i32::from(rope.style == RopeStyle::Interleaved),
+            int_arg(count, "rows")?,
+            int_arg(d, "head_dim")?,
+        ];
+        let [rs_i, max_blocks, block_size, kv_i, group_i, splits_i, split_len_i, heads_i, inter, rows_i, d_i] =
+            ints;
+        let key_bias = factors
+            .key_bias
+            .map_or(NULL, |b| b.device_ptr(&self.stream).0);
+        let value_bias = factors
+            .value_bias
+            .map_or(NULL, |b| b.device_ptr(&self.stream).0);
+        launch!(
+            self,
+            scores_kernel,
+            LaunchConfig {
+                grid_dim: (count as u32, kv_heads as u32, splits as u32),
+                block_dim: (LATENT_THREADS, 1, 1),
+                shared_mem_bytes: shared,
+            },
+            scores.f32_mut()?,
+            part_m.f32_mut()?,
+            qkv.bf16()?,
+            &qkv_width,
+            &cache.keys,
+            &kw_i,
+            positions(cache)?,
+            latent_heads(cache)?,
+            factors.key_up,
+            &key_bias,
+            freqs_table,
+            &inter,
+            &rs_i,
+            &order,
+            &batch.tok_seq(),
+            &batch.tok_visible(),
+            &offsets,
+            &batch.block_tables(),
+            &max_blocks,
+            &block_size,
+            &kv_i,
+            &group_i,
+            &dims.scale,
+            &splits_i,
+            &split_len_i,
+            &plan_ptr
+        )?;
+        let chunk_cols = 512 / m_tiles;
+        launch!(
+            self,
+            values_kernel,
+            LaunchConfig {
+                grid_dim: (count as u32, splits as u32, vw.div_ceil(chunk_cols) as u32),
+                block_dim: (LATENT_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            part_acc.f32_mut()?,
+            part_l.f32_mut()?,
+            scores.f32()?,
+            part_m.f32()?,
+            &cache.values,
+            &vw_i,
+            &order,
+            &batch.tok_seq(),
+            &batch.tok_visible(),
+            &offsets,
+            &batch.block_tables(),
+            &max_blocks,
+            &block_size,
+            &heads_i,
+            &splits_i,
+            &split_len_i,
+            &plan_ptr
+        )?;
+        let mut w = self.tensor(
+            DeviceBuf::Bf16(self.alloc_bf16(heads * count * vw)?),
+            vec![heads * count, vw],
+        );
+        launch!(
+            self,
+            &self.kernels.latent_combine,
+            LaunchConfig {
+                grid_dim: (count as u32, heads as u32, 1),
+                block_dim: (LATENT_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            w.bf16_mut()?,
+            part_acc.f32()?,
+            part_m.f32()?,
+            part_l.f32()?,
+            &rows_i,
+            &heads_i,
+            &vw_i,
+            &splits_i,
+            &plan_ptr
+        )?;
+        // O_g[(group · rows) × D] = W_g · B_v,gᵀ for every KV head g (W head-major).
+        let mut o = self.tensor(
+            DeviceBuf::Bf16(self.alloc_bf16(heads * count * d)?),
+            vec![heads * count, d],
+        );
+        self.gemm_bf16_raw(
+            GemmShape {
+                m: d,
+                n: group * count,
+                k: vw,
+                lda: vw,
+                ldb: vw,
+                ldc: d,
+                stride_a: d * vw,
+                stride_b: group * count * vw,
+                stride_c: group * count * d,
+                batch: kv_heads,
+            },
+            (factors.value_up, 0),
+            (w.bf16()?, 0),
+            (o.bf16_mut()?, 0),
+        )?;
+        launch!(
+            self,
+            &self.kernels.latent_value_out,
+            LaunchConfig {
+                grid_dim: (count as u32, heads as u32, 1),
+                block_dim: (d as u32, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            out,
+            o.bf16()?,
+            &value_bias,
+            &order,
+            &rows_i,
+            &heads_i,
+            &d_i,
+            &group_i
+        )
+    }
+
+    /// Positions the RoPE table must cover for `batch`: its largest position (eager), or every
+    /// position a replay of its bucket may see.
+    fn rope_positions_needed(&self, batch: &CudaBatch) -> usize {
+        match &batch.replay {
+            Some(shape) => shape.max_blocks * shape.block_size_tokens,
+            None => batch
+                .meta
+                .positions
+                .iter()
+                .copied()
+                .max()
+                .map_or(1, |p| p as usize + 1),
+        }
+    }
+
+    /// The cos/sin table of `rope` (`[positions][head_dim / 2]` float pairs, computed as the
+    /// RoPE kernels compute their angles) covering at least `positions` positions: kept and
+    /// grown in powers of two, never while a graph is recorded (a recording reads it in place).
+    fn latent_rope_table(
+        &self,
+        rope: &RopeSpec,
+        head_dim: usize,
+        positions: usize,
+    ) -> Result<Arc<CudaSlice<f32>>, CudaError> {
+        let mut guard = self
+            .latent_rope_table
+            .lock()
+            .map_err(|_| CudaError::Shape("latent RoPE table lock poisoned".into()))?;
+        if let Some((freqs, capacity, table)) = guard.as_ref() {
+            if freqs.as_slice() == rope.inv_freqs && *capacity >= positions {
+                return Ok(table.clone());
+            }
+        }
+        self.check_not_recording("the latent RoPE table")?;
+        let half = head_dim / 2;
+        if rope.inv_freqs.len() != half {
+            return Err(CudaError::Shape(format!(
+                "latent RoPE: {} frequencies for head_dim {head_dim}",
+                rope.inv_freqs.len()
+            )));
+        }
+        let capacity = positions.max(4096).next_power_of_two();
+        let freqs = self.rope_freqs(&rope.inv_freqs)?;
+        // SAFETY: the kernel below writes every one of the capacity × half pairs.
+        let mut table = unsafe { self.stream.alloc::<f32>(2 * capacity * half) }?;
+        let (half_i, first, count) = (int_arg(half, "half")?, 0u32, capacity as u32);
+        launch!(
+            self,
+            &self.kernels.latent_rope_table,
+            grid_for(capacity * half),
+            &mut table,
+            freqs.as_ref(),
+            &half_i,
+            &first,
+            &count
+        )?;
+        let table = Arc::new(table);
+        *guard = Some((rope.inv_freqs.clone(), capacity, table.clone()));
+        Ok(table)
+    }
+
+    /// The batch's prefill reconstruction plan (made on first use).
+    fn prefill_scratch_plan<'b>(
+        &self,
+        batch: &'b CudaBatch,
+    ) -> Result<&'b PrefillScratchPlan, CudaError> {
+        if let Some(plan) = batch.latent_prefill.get() {
+            return Ok(plan);
+        }
+        let bs = batch.meta.block_size_tokens;
+        let mut tables = vec![0u32; batch.meta.seqs.len() * batch.max_blocks];
+        let mut src = Vec::new();
+        let mut next_block = 0usize;
+        for (s, seq) in batch.meta.seqs.iter().enumerate() {
+            if seq.query_len < 2 {
+                continue;
+            }
+            let blocks = seq.context_len_tokens.div_ceil(bs);
+            for b in 0..blocks {
+                tables[s * batch.max_blocks + b] = u32::try_from(next_block + b)
+                    .map_err(|_| CudaError::Shape("scratch block id exceeds u32".into()))?;
+            }
+            for j in 0..blocks * bs {
+                src.push(if j < seq.context_len_tokens {
+                    seq.block_table[j / bs] * bs as u32 + (j % bs) as u32
+                } else {
+                    NO_SLOT
+                });
+            }
+            next_block += blocks;
+        }
+        let plan = PrefillScratchPlan {
+            num_slots: src.len(),
+            src_slots: self.upload_u32(&src)?,
+            tables: self.upload_u32(&tables)?,
+        };
+        // A concurrent caller may have set it first; either plan is the same.
+        let _ = batch.latent_prefill.set(plan);
+        batch
+            .latent_prefill
+            .get()
+            .ok_or_else(|| CudaError::Shape("latent prefill plan".into()))
+    }
+
+    /// Full post-RoPE keys and values `[count, kv_heads · head_dim]` of the latent rows at
+    /// `src_slots` (a zero latent where the slot is [`NO_SLOT`]).
+    fn reconstruct_rows(
+        &self,
+        cache: &CudaKvCache,
+        factors: &DeviceFactors<'_>,
+        dims: &AttentionDims,
+        rope: &RopeSpec,
+        src_slots: &CudaSlice<u32>,
+        count: usize,
+    ) -> Result<(CudaSlice<bf16>, CudaSlice<bf16>), CudaError> {
+        let (kw, vw) = cache.plane_widths();
+        let (d, kv) = (dims.head_dim, dims.kv_size());
+        let ranks = cache.spec.require_latent("reconstruct")?;
+        let mut z = self.alloc_bf16(count * kw)?;
+        let mut u = self.alloc_bf16(count * vw)?;
+        // SAFETY: the gather writes all `count` positions.
+        let mut pos = unsafe { self.stream.alloc::<u32>(count.max(1)) }?;
+        for (plane, out, width) in [(&cache.keys, &mut z, kw), (&cache.values, &mut u, vw)] {
+            let width_i = int_arg(width, "latent width")?;
+            if count * width > 0 {
+                launch!(
+                    self,
+                    &self.kernels.latent_gather_rows,
+                    grid_for(count * width / 8),
+                    out,
+                    plane,
+                    src_slots,
+                    &count,
+                    &width_i
+                )?;
+            }
+        }
+        launch!(
+            self,
+            &self.kernels.latent_gather_positions,
+            grid_for(count),
+            &mut pos,
+            positions(cache)?,
+            src_slots,
+            &count
+        )?;
+        // A head of rank 0 has keys of its bias alone: the GEMMs leave its columns zero.
+        let mut k = self.stream.alloc_zeros::<bf16>((count * kv).max(1))?;
+        let mut v = self.alloc_bf16(count * kv)?;
+        let mut offset = 0;
+        for (h, &rank) in ranks.iter().enumerate() {
+            if rank > 0 && count > 0 {
+                self.gemm_bf16_raw(
+                    GemmShape::single(d, count, rank, kw, kw, kv),
+                    (factors.key_up, offset),
+                    (&z, offset),
+                    (&mut k, h * d),
+                )?;
+            }
+            offset += rank;
+        }
+        if count > 0 {
+            self.gemm_bf16_raw(
+                GemmShape::single(kv, count, vw, vw, vw, kv),
+                (factors.value_up, 0),
+                (&u, 0),
+                (&mut v, 0),
+            )?;
+        }
+        let freqs = self.rope_freqs(&rope.inv_freqs)?;
+        let key_bias = factors
+            .key_bias
+            .map_or(NULL, |b| b.device_ptr(&self.stream).0);
+        let value_bias = factors
+            .value_bias
+            .map_or(NULL, |b| b.device_ptr(&self.stream).0);
+        let ints = [
+            int_arg(dims.num_kv_heads, "KV heads")?,
+            int_arg(d, "head_dim")?,
+            i32::from(rope.style == RopeStyle::Interleaved),
+        ];
+        if count > 0 {
+            launch!(
+                self,
+                &self.kernels.latent_finish_kv,
+                grid_for(count * (kv / 2 + kv)),
+                &mut k,
+                &mut v,
+                &pos,
+                &key_bias,
+                &value_bias,
+                freqs.as_ref(),
+                &count,
+                &ints[0],
+                &ints[1],
+                &ints[2]
+            )?;
+        }
+        Ok((k, v))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn reconstruct_kv_impl(
+        &self,
+        latent: &CudaKvCache,
+        factors: &LatentFactors<'_, CudaTensor>,
+        dims: &AttentionDims,
+        rope: &RopeSpec,
+        block_table: &[u32],
+        len_tokens: usize,
+        dense: &mut CudaKvCache,
+        dense_table: &[u32],
+    ) -> Result<(), CudaError> {
+        let op = "reconstruct_kv";
+        let dev = DeviceFactors::new(factors, latent, dims, op)?;
+        let bs = latent.spec.block_size_tokens;
+        let src = physical_slots(&latent.spec, block_table, bs, len_tokens, op)?;
+        if dense.full_dims(op)? != (dims.num_kv_heads, dims.head_dim) {
+            return Err(CudaError::Shape(format!(
+                "{op}: a full cache of {:?} for {dims:?}",
+                dense.spec.layout
+            )));
+        }
+        let dense_bs = dense.spec.block_size_tokens;
+        check_block_table(&dense.spec, dense_table, dense_bs, len_tokens, op)?;
+        check_distinct_blocks(dense_table, dense_bs, len_tokens, op)?;
+        if len_tokens == 0 {
+            return Ok(());
+        }
+        let src = self.upload_u32(&src)?;
+        let (k, v) = self.reconstruct_rows(latent, &dev, dims, rope, &src, len_tokens)?;
+        let table = self.upload_u32(dense_table)?;
+        let kv = dims.kv_size();
+        self.scatter_rows_of(&mut dense.keys, &table, dense_bs, &k, len_tokens, kv)?;
+        self.scatter_rows_of(&mut dense.values, &table, dense_bs, &v, len_tokens, kv)
+    }
+
+    /// `C = op(A) · op(B)` in cuBLAS's column-major terms (A transposed, B not: the row-major
+    /// `C[n × m] = B[n × k] · A[m × k]ᵀ`), bf16 operands and result, f32 accumulation, over
+    /// `shape.batch` strided problems. Each operand is a buffer and an element offset.
+    fn gemm_bf16_raw(
+        &self,
+        shape: GemmShape,
+        a: (&CudaSlice<bf16>, usize),
+        b: (&CudaSlice<bf16>, usize),
+        c: (&mut CudaSlice<bf16>, usize),
+    ) -> Result<(), CudaError> {
+        let need = |lead: usize, cols: usize, stride: usize| {
+            (shape.batch.max(1) - 1) * stride + (cols.max(1) - 1) * lead
+        };
+        let fits =
+            |len: usize, offset: usize, last: usize, rows: usize| offset + last + rows <= len;
+        if !fits(
+            a.0.len(),
+            a.1,
+            need(shape.lda, shape.m, shape.stride_a),
+            shape.k,
+        ) || !fits(
+            b.0.len(),
+            b.1,
+            need(shape.ldb, shape.n, shape.stride_b),
+            shape.k,
+        ) || !fits(
+            c.0.len(),
+            c.1,
+            need(shape.ldc, shape.n, shape.stride_c),
+            shape.m,
+        ) {
+            return Err(CudaError::Shape(format!(
+                "latent GEMM {shape:?} out of its buffers ({}, {}, {})",
+                a.0.len(),
+                b.0.len(),
+                c.0.len()
+            )));
+        }
+        let to_i = |x: usize| int_arg(x, "GEMM dimension");
+        let elem = std::mem::size_of::<bf16>() as u64;
+        let (pa, _ga) = a.0.device_ptr(&self.stream);
+        let (pb, _gb) = b.0.device_ptr(&self.stream);
+        let (pc, _gc) = c.0.device_ptr_mut(&self.stream);
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: every problem's extent was checked against its buffer above.
+        unsafe {
+            cudarc::cublas::result::gemm_strided_batched_ex(
+                *self.blas.handle(),
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                to_i(shape.m)?,
+                to_i(shape.n)?,
+                to_i(shape.k)?,
+                (&alpha) as *const f32 as *const _,
+                (pa + a.1 as u64 * elem) as *const _,
+                cudaDataType_t::CUDA_R_16BF,
+                to_i(shape.lda)?,
+                shape.stride_a as i64,
+                (pb + b.1 as u64 * elem) as *const _,
+                cudaDataType_t::CUDA_R_16BF,
+                to_i(shape.ldb)?,
+                shape.stride_b as i64,
+                (&beta) as *const f32 as *const _,
+                (pc + c.1 as u64 * elem) as *mut _,
+                cudaDataType_t::CUDA_R_16BF,
+                to_i(shape.ldc)?,
+                shape.stride_c as i64,
+                to_i(shape.batch)?,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }?;
+        Ok(())
+    }
+}
+
+/// The shape of a (strided batched) column-major GEMM `C[m × n] = Aᵀ[m × k] · B[k × n]`.
+#[derive(Clone, Copy, Debug)]
+struct GemmShape {
+    m: usize,
+    n: usize,
+    k: usize,
+    lda: usize,
+    ldb: usize,
+    ldc: usize,
+    stride_a: usize,
+    stride_b: usize,
+    stride_c: usize,
+    batch: usize,
+}
+
+impl GemmShape {
+    /// One problem.
+    fn single(m: usize, n: usize, k: usize, lda: usize, ldb: usize, ldc: usize) -> Self {
+        Self {
+            m,
+            n,
+            k,
+            lda,
+            ldb,
+            ldc,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+            batch: 1,
+        }
+    }
+}
+
+/// Dynamic shared memory of `latent_scores_d{D}` at latent row stride `rs`: `B_h`, the ring of
+/// key-latent tiles, the bias and the warps' maxima.
+pub(crate) const fn latent_scores_shared_bytes(head_dim: usize, rs: usize) -> u32 {
+    ((head_dim * rs + LATENT_SCORE_STAGES * LATENT_SCORE_KEYS * rs) * 2 + head_dim * 4 + 4 * 8 * 4)
+        as u32
+}

@@ -1,0 +1,226 @@
+//! STAR-KV latents in the engine, on the tiny CPU model: the latent path (the cache stores
+//! latents, attention reconstructs) generates exactly what the reference path (K/V weights
+//! replaced by their reconstructions, full K/V cached) generates — through chunked prefill,
+//! batching, preemption and token eviction — while the same bytes buy more blocks.
+
+mod common;
+
+use common::{tiny_weights, BLOCK_TOKENS};
+use starling_backend::cpu::CpuBackend;
+use starling_engine::scheduler::{AdmissionPolicy, SchedulerConfig};
+use starling_engine::testing::{first_divergence, EngineTester, Trace, TraceOutcome};
+use starling_engine::{Engine, EngineConfig};
+use starling_evict::{CompressionConfig, CompressionMethod};
+use starling_kv::CacheDtype;
+use starling_models::llama::LlamaModel;
+use starling_models::{ModelConfig, WeightMap};
+use starling_starkv::{
+    apply_projections, latent_layers, AppliedSides, KvShape, LayerRanks, ModelFactors,
+    ModelProjections, RankAllocation, UncompressedLayers,
+};
+
+/// The tiny model (2 layers, 2 KV heads × 16) and projections compressing both layers to ranks
+/// that are not multiples of the stored 8 (so padding is exercised).
+fn fixture() -> (ModelConfig, WeightMap, ModelProjections) {
+    let cfg = ModelConfig::tiny_llama_for_tests();
+    let weights = tiny_weights(&cfg, 11);
+    let factors = ModelFactors::compute(&cfg, &weights, &UncompressedLayers::none(), None).unwrap();
+    let ranks = LayerRanks {
+        key_ranks: vec![9, 13],
+        value_rank: 21,
+    };
+    let allocation =
+        RankAllocation::new(KvShape::of(&cfg), vec![Some(ranks.clone()), Some(ranks)]).unwrap();
+    let projections = ModelProjections::from_factors(&factors, &allocation).unwrap();
+    (cfg, weights, projections)
+}
+
+fn latent_model(
+    cfg: &ModelConfig,
+    weights: &WeightMap,
+    p: &ModelProjections,
+) -> LlamaModel<CpuBackend> {
+    let latents = latent_layers(cfg, weights, p, AppliedSides::Both).unwrap();
+    LlamaModel::load_latent(&CpuBackend::new(), cfg, weights.clone(), latents).unwrap()
+}
+
+fn reference_model(
+    cfg: &ModelConfig,
+    weights: &WeightMap,
+    p: &ModelProjections,
+) -> LlamaModel<CpuBackend> {
+    let mut weights = weights.clone();
+    apply_projections(cfg, &mut weights, p).unwrap();
+    LlamaModel::load(&CpuBackend::new(), cfg, weights).unwrap()
+}
+
+/// An engine with exactly `blocks` blocks of the model's own layout.
+fn engine(model: LlamaModel<CpuBackend>, blocks: usize, batched: usize) -> Engine<CpuBackend> {
+    let bytes = model
+        .cache_layout(CacheDtype::F32)
+        .bytes_per_block(BLOCK_TOKENS);
+    let config = EngineConfig {
+        scheduler: SchedulerConfig {
+            max_num_seqs: 8,
+            max_num_batched_tokens: batched,
+            // The longest context that fits the pool (the preflight's rule).
+            max_model_len_tokens: (blocks * BLOCK_TOKENS).min(256),
+            block_size_tokens: BLOCK_TOKENS,
+            admission: AdmissionPolicy::Optimistic,
+        },
+        kv_cache_memory_bytes: bytes * blocks as u64,
+        compression: CompressionConfig::default(),
+        star_kv: None,
+    };
+    let engine = Engine::new(CpuBackend::new(), model, None, config).unwrap();
+    assert_eq!(engine.stats().kv_blocks_total, blocks);
+    engine
+}
+
+fn trace() -> Trace {
+    Trace::seeded_greedy(5, 7, 128, 6..70, 4..24, 6)
+}
+
+fn run(engine: &mut Engine<CpuBackend>, trace: &Trace) -> TraceOutcome {
+    EngineTester::default().run(engine, trace).unwrap()
+}
+
+fn assert_same_tokens(latent: &TraceOutcome, reference: &TraceOutcome) {
+    assert_eq!(
+        first_divergence(latent, reference),
+        None,
+        "latent {:?}\nreference {:?}",
+        latent.requests,
+        reference.requests
+    );
+}
+
+#[test]
+fn latent_path_generates_what_the_reference_path_generates() {
+    let (cfg, weights, p) = fixture();
+    let trace = trace();
+    // Chunks of 16 tokens: every prompt is prefilled in several steps beside decodes.
+    let latent = run(
+        &mut engine(latent_model(&cfg, &weights, &p), 400, 16),
+        &trace,
+    );
+    let reference = run(
+        &mut engine(reference_model(&cfg, &weights, &p), 400, 16),
+        &trace,
+    );
+    assert_same_tokens(&latent, &reference);
+    // Same blocks, same scheduling, same books.
+    assert_eq!(latent.max_blocks_in_use, reference.max_blocks_in_use);
+    assert_eq!(latent.steps, reference.steps);
+    assert_eq!(latent.preemptions, 0);
+}
+
+#[test]
+fn preemption_and_recompute_keep_the_latent_outputs() {
+    let (cfg, weights, p) = fixture();
+    let trace = trace();
+    // 40 blocks of 4 tokens for requests of up to ~90 tokens each: preemption is forced.
+    let latent = run(
+        &mut engine(latent_model(&cfg, &weights, &p), 40, 32),
+        &trace,
+    );
+    let reference = run(
+        &mut engine(reference_model(&cfg, &weights, &p), 40, 32),
+        &trace,
+    );
+    assert!(latent.preemptions > 0, "the trace must preempt");
+    assert_eq!(latent.preemptions, reference.preemptions);
+    assert_same_tokens(&latent, &reference);
+    // Preempted requests still generate what they generate with room to spare.
+    let roomy = run(
+        &mut engine(latent_model(&cfg, &weights, &p), 400, 32),
+        &trace,
+    );
+    assert_same_tokens(&latent, &roomy);
+}
+
+#[test]
+fn eviction_composes_with_latents() {
+    let (cfg, weights, p) = fixture();
+    for method in [
+        CompressionMethod::KeyDiff,
+        CompressionMethod::KNorm,
+        CompressionMethod::SnapKv,
+        CompressionMethod::StreamingLlm,
+    ] {
+        // A latent layer keeps the same tokens for every head; the reference path is told to
+        // do the same (`head_wise: false`), so both evict exactly the same tokens.
+        let policy = CompressionConfig {
+            method,
+            ratio: 0.5,
+            sink_tokens: 2,
+            window_tokens: 4,
+            every_n_tokens: 8,
+            seed: 3,
+            head_wise: false,
+        };
+        let trace = trace().with_options(|_, o| o.compression = Some(policy.clone()));
+        let latent = run(
+            &mut engine(latent_model(&cfg, &weights, &p), 400, 16),
+            &trace,
+        );
+        let reference = run(
+            &mut engine(reference_model(&cfg, &weights, &p), 400, 16),
+            &trace,
+        );
+        assert!(
+            latent.compressions > 0 && latent.evicted_blocks > 0,
+            "{method}"
+        );
+        assert_eq!(latent.compressions, reference.compressions, "{method}");
+        assert_same_tokens(&latent, &reference);
+        for (l, r) in latent.requests.iter().zip(&reference.requests) {
+            assert_eq!(l.max_physical_tokens, r.max_physical_tokens, "{method}");
+        }
+    }
+}
+
+#[test]
+fn the_same_bytes_buy_blocks_in_the_byte_ratio_and_boot_a_longer_context() {
+    let (cfg, weights, p) = fixture();
+    let latent = latent_model(&cfg, &weights, &p);
+    let reference = reference_model(&cfg, &weights, &p);
+    let latent_bytes = latent.cache_layout(CacheDtype::F32).bytes_per_token();
+    let full_bytes = reference.cache_layout(CacheDtype::F32).bytes_per_token();
+    // 2 layers × 2 × 32 f32 = 512 B full; latent rows of 16 + 16 + 24 stored f32 + a position.
+    assert_eq!(full_bytes, 512);
+    assert_eq!(latent_bytes, 2 * ((16 + 16 + 24) * 4 + 4));
+    let budget = 1 << 20;
+    let config = |max_len: usize, bytes: u64| EngineConfig {
+        kv_cache_memory_bytes: bytes,
+        ..EngineConfig::with_defaults(max_len, budget)
+    };
+    let dense = Engine::new(CpuBackend::new(), reference, None, config(256, budget)).unwrap();
+    let compressed = Engine::new(CpuBackend::new(), latent, None, config(256, budget)).unwrap();
+    let per_block = |b: u64| budget / (b * 16);
+    assert_eq!(dense.stats().kv_blocks_total as u64, per_block(full_bytes));
+    assert_eq!(
+        compressed.stats().kv_blocks_total as u64,
+        per_block(latent_bytes)
+    );
+    // A budget of 232 full tokens refuses a 256-token context; its latents fit.
+    let small = 232 * full_bytes;
+    let (cfg2, weights2, p2) = fixture();
+    assert!(Engine::new(
+        CpuBackend::new(),
+        reference_model(&cfg2, &weights2, &p2),
+        None,
+        config(256, small)
+    )
+    .is_err());
+    let mut boots = Engine::new(
+        CpuBackend::new(),
+        latent_model(&cfg2, &weights2, &p2),
+        None,
+        config(256, small),
+    )
+    .unwrap();
+    let long = Trace::seeded_greedy(9, 1, 128, 250..251, 5..6, 1);
+    let outcome = run(&mut boots, &long);
+    assert_eq!(outcome.requests[0].token_ids.len(), 5);
+}
