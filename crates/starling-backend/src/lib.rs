@@ -12,7 +12,9 @@ mod graphs;
 mod host_tensor;
 pub mod sampling;
 
-pub use backend::{AttentionDims, Backend, KeyScoreKind, KvCacheSpec, RopeSpec, RopeStyle};
+pub use backend::{
+    AttentionDims, Backend, KeyScoreKind, KvCacheSpec, RopeSpec, RopeStyle, WindowScoreSpec,
+};
 pub use batch::{BatchMeta, SeqBatchMeta};
 pub use error::BackendError;
 pub use graphs::{DecodeGraphConfig, DecodeGraphs, DecodeStep, DeviceForward};

@@ -349,6 +349,7 @@ fn run_window<B: Backend>(
             compression: Some(stream.config.clone()),
             forced_output_ids: Some(window.eval_ids.clone()),
             return_full_logprobs: true,
+            question_tokens: None,
         };
         let id = engine.add_request_with(window.context_ids.clone(), params.clone(), options)?;
         stream_of.insert(id, s);
