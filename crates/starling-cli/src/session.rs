@@ -188,6 +188,10 @@ pub fn open_session<B: Backend + 'static>(
     let text = Arc::new(TokenizerText(tokenizer.clone()));
     tracing::info!("engine on {}", backend.name());
     let mut engine = Engine::new(backend, model, Some(text), engine_config)?;
+    // 0: every due compaction completes in the step that made it due.
+    engine.set_compaction_step_budget(
+        Some(args.compaction_step_budget_tokens).filter(|&tokens| tokens > 0),
+    );
     if args.cuda_graphs == crate::args::OnOff::On {
         // The CPU backend has no graphs: the default `on` is then silently moot.
         if engine.enable_decode_graphs()? {
