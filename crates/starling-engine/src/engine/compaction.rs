@@ -69,9 +69,17 @@ struct CaptureEntry {
     rows: Range<usize>,
     /// Position of the first row.
     first_position: usize,
-    /// True: rows of the prefill's last window (kept in the request's [`WindowTail`]); false:
-    /// the window of this step's own compaction.
-    tail: bool,
+    kind: Capture,
+}
+
+/// Why rows are captured.
+#[derive(Clone, Copy)]
+enum Capture {
+    /// Part of the prefill's last window (kept in the request's [`WindowTail`]); with
+    /// `completes_prefill` the tail is not needed after this step.
+    Tail { completes_prefill: bool },
+    /// The window of this step's own compaction.
+    Own,
 }
 
 /// A compaction made due by a step (decided before the forward pass, so the queries it needs
@@ -121,7 +129,8 @@ impl<B: Backend> Engine<B> {
         let mut due = Vec::new();
         let mut entries = Vec::new();
         let mut rows: Vec<u32> = Vec::new();
-        let mut push = |seq_id, positions: Range<usize>, start_position, query_start, tail| {
+        // (request, positions, first position of its chunk, its first batch row, kind)
+        let mut push = |seq_id, positions: Range<usize>, start_position, query_start, kind| {
             let first = rows.len();
             rows.extend(
                 positions
@@ -132,7 +141,7 @@ impl<B: Backend> Engine<B> {
                 seq_id,
                 rows: first..rows.len(),
                 first_position: positions.start,
-                tail,
+                kind,
             });
         };
         for (s, seq_meta) in plan.scheduled.iter().zip(&built.meta.seqs) {
@@ -157,7 +166,9 @@ impl<B: Backend> Engine<B> {
                         chunk_tail,
                         s.start_position,
                         seq_meta.query_start,
-                        true,
+                        Capture::Tail {
+                            completes_prefill: end == total,
+                        },
                     );
                 }
             }
@@ -178,7 +189,7 @@ impl<B: Backend> Engine<B> {
                         positions.clone(),
                         s.start_position,
                         seq_meta.query_start,
-                        false,
+                        Capture::Own,
                     );
                     positions
                 }
@@ -211,7 +222,7 @@ impl<B: Backend> Engine<B> {
         let mut own_windows: Vec<(SeqId, Range<usize>, Range<usize>)> = Vec::new();
         if let Some(capture) = &plan.capture {
             for entry in &plan.entries {
-                if !entry.tail {
+                if matches!(entry.kind, Capture::Own) {
                     own_windows.push((
                         entry.seq_id,
                         entry.first_position..entry.first_position + entry.rows.len(),
@@ -247,6 +258,21 @@ impl<B: Backend> Engine<B> {
             }
             if let Err(e) = self.queue_compaction(d, plan.capture.as_ref(), &own_windows) {
                 self.abort_for_compaction(e.0, &e.1, outputs);
+            }
+        }
+        // A tail no compaction took (the prompt was short enough to keep whole) is not needed
+        // once the prefill is done.
+        let done = |e: &&CaptureEntry| {
+            matches!(
+                e.kind,
+                Capture::Tail {
+                    completes_prefill: true
+                }
+            )
+        };
+        for entry in plan.entries.iter().filter(done) {
+            if let Some(seq) = self.seqs.get_mut(&entry.seq_id) {
+                seq.window_tail = None;
             }
         }
         let others_running = self.scheduler.num_running() > self.scheduler.num_held();
