@@ -18,7 +18,10 @@
 #   .device/tests/parity-*     starling-cuda's parity test binary, stripped
 # Staged on the machine: $HOME/stage/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf (../shared/tools/
 # stage-chunks, 18 pieces). Results: $OUT/evict_scale.md (the table) and $OUT/evict_scale.tgz.
-#   PHASES="parity timing stall" (default all), ARMS (stall arms, default below), LONG_TIMEOUT.
+#  4. (PHASES=saturation, a second call of about 4 minutes) ITL p99 and output tokens/s at
+#     saturation on synthetic qwen2.5-7b, 8 GiB of KV, 48 prompts of 3k tokens: none, keydiff@0.5,
+#     and keydiff@0.5 with the budget off (every compaction inside its step, as before).
+#   PHASES="parity timing stall" (default), ARMS (stall arms, default below), LONG_TIMEOUT.
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64
 PHASES=${PHASES:-parity timing stall}
@@ -89,10 +92,12 @@ if [[ " $PHASES " == *" stall "* ]]; then
   port=8040
   for arm in $ARMS; do
     port=$((port + 1))
-    bin=.device/starling; flags=()
+    # Decode graphs are recorded lazily per batch-size bucket: off, so a bucket first seen
+    # inside the window (the long requests joining the decode batch) is not mistaken for a stall.
+    bin=.device/starling; flags=(--cuda-graphs off)
     case $arm in
-      before-*) bin=.device/starling-before ;;
-      *-unbudgeted) flags=(--compaction-step-budget-tokens 0) ;;
+      before-*) bin=${BEFORE_BIN:-.device/starling-before} ;;
+      *-unbudgeted) flags+=(--compaction-step-budget-tokens 0) ;;
     esac
     [ -x "$bin" ] || { echo "$arm: no $bin, skipped"; continue; }
     method=${arm#*-}; method=${method%-unbudgeted}
@@ -116,5 +121,37 @@ for r in rows:
           f"{s['over_1s']:.0f} | {lat} |")
 EOF
   tail -10 "$md"
+fi
+if [[ " $PHASES " == *" saturation "* ]]; then
+  echo "== saturation: synthetic qwen2.5-7b, 8 GiB KV, 48 x 3k-token prompts"
+  port=8060
+  for arm in none keydiff@0.5 keydiff@0.5-unbudgeted; do
+    port=$((port + 1)); policy=${arm%-unbudgeted}
+    method=${policy%@*}; ratio=${policy#*@}; [ "$method" = none ] && ratio=0
+    flags=(); [[ $arm == *-unbudgeted ]] && flags=(--compaction-step-budget-tokens 0)
+    .device/starling serve --device cuda --load-format synthetic --model qwen2.5-7b --tokenizer "$gguf" \
+      --max-model-len 4096 --max-num-batched-tokens 1024 --kv-cache-memory 8GiB \
+      --kv-compression "{\"method\":\"$method\",\"ratio\":$ratio}" --port $port "${flags[@]}" \
+      > "$work/sat_$arm.log" 2>&1 &
+    pid=$!
+    wait_health $port || { echo "$arm: server did not start"; tail -5 "$work/sat_$arm.log"; continue; }
+    timeout 200 .device/starling bench serve --base-url http://127.0.0.1:$port --model qwen2.5-7b \
+      --dataset random --random-input-len 3072 --random-output-len 256 --ignore-eos --seed 5 \
+      --num-prompts 48 --max-concurrency 48 --output-json "$work/sat_$arm.json" | tail -3
+    stop
+  done
+  python3 - "$work" >> "$md" <<'EOF2'
+import json, os, sys
+print("\n## Saturation (synthetic qwen2.5-7b, 8 GiB KV, 48 x 3072 in / 256 out, concurrency 48)\n")
+print("| policy | output tok/s | ITL p99 ms | TPOT median ms |")
+print("|---|---:|---:|---:|")
+for arm in ["none", "keydiff@0.5", "keydiff@0.5-unbudgeted"]:
+    path = f"{sys.argv[1]}/sat_{arm}.json"
+    if not os.path.exists(path):
+        print(f"| {arm} | - | - | - |"); continue
+    m = json.load(open(path))["run"]["metrics"]
+    print(f"| {arm} | {m['output_throughput']:.0f} | {m['itl']['p99_ms']:.1f} | {m['tpot']['median_ms']:.1f} |")
+EOF2
+  tail -6 "$md"
 fi
 tar czf "$OUT/evict_scale.tgz" -C "$HOME" evict_scale

@@ -403,7 +403,7 @@ fn a_long_compaction_interleaves_with_other_requests_decode_steps() {
             steps.push((
                 stats.counters.compaction_layers - layers_before,
                 short_token,
-                stats.num_compacting,
+                e.num_compacting(),
             ));
             layers_before = stats.counters.compaction_layers;
             for o in out {

@@ -483,8 +483,8 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// Requests whose compaction is in progress.
-    pub(crate) fn num_compacting(&self) -> usize {
+    /// Requests whose cache is being compacted (held out of the steps until it is done).
+    pub fn num_compacting(&self) -> usize {
         self.compactions.len()
     }
 }

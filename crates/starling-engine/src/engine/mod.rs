@@ -75,8 +75,6 @@ pub struct EngineStats {
     pub kv_blocks_free: usize,
     /// Preemptions so far.
     pub num_preemptions: u64,
-    /// Requests whose cache is being compacted (held out of the steps until it is done).
-    pub num_compacting: usize,
     /// Cumulative counters.
     pub counters: EngineCounters,
     /// The last step's statistics.
@@ -375,7 +373,6 @@ impl<B: Backend> Engine<B> {
             kv_blocks_total: self.scheduler.kv().num_total_blocks(),
             kv_blocks_free: self.scheduler.kv().num_free_blocks(),
             num_preemptions: self.scheduler.num_preemptions(),
-            num_compacting: self.num_compacting(),
             counters: self.counters,
             last_step: self.last_step,
         }
