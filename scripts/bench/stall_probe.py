@@ -84,7 +84,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base-url", required=True)
     p.add_argument("--label", required=True)
-    p.add_argument("--model", default="starling")
+    p.add_argument("--model", help="the served model's name (default: the first of /v1/models)")
     p.add_argument("--background", type=int, default=16)
     p.add_argument("--background-prompt-tokens", type=int, default=512)
     p.add_argument("--background-output-tokens", type=int, default=4000)
@@ -97,6 +97,9 @@ def main():
     p.add_argument("--output", required=True)
     args = p.parse_args()
     lo, hi = (int(x) for x in args.token_range.split(","))
+    if args.model is None:
+        with urllib.request.urlopen(args.base_url + "/v1/models", timeout=10) as r:
+            args.model = json.load(r)["data"][0]["id"]
     rng = random.Random(17)
     ids = lambda n: [rng.randrange(lo, hi) for _ in range(n)]
     stop = threading.Event()
@@ -113,6 +116,8 @@ def main():
         threads.append(t)
     deadline = time.perf_counter() + 120
     while time.perf_counter() < deadline and min(len(s) for s in background) < 5:
+        if not any(t.is_alive() for t in threads):
+            break
         time.sleep(0.05)
     quiet_start = time.perf_counter()
     time.sleep(2.0)

@@ -45,6 +45,11 @@ fn random_sequence(rng: &mut ChaCha8Rng, spec: &KvCacheSpec, len: usize) -> (Cpu
     (cache, blocks)
 }
 
+/// The bit patterns of `x`, so equal scores compare equal and NaN or -0.0 show.
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
 #[test]
 fn cpu_key_scores_equal_the_evict_scorers_bit_for_bit() {
     let backend = CpuBackend::new();
@@ -76,7 +81,6 @@ fn cpu_key_scores_equal_the_evict_scorers_bit_for_bit() {
                 };
                 let want = scorer.score(&input).unwrap();
                 let got = &device.data()[h * len..(h + 1) * len];
-                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 assert_eq!(
                     bits(got),
                     bits(&want),
@@ -149,7 +153,6 @@ fn cpu_window_scores_equal_snapkv_and_tova_bit_for_bit() {
                 };
                 let want = scorer.score(&input).unwrap();
                 let got = &device.data()[h * len..(h + 1) * len];
-                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 assert_eq!(
                     bits(got),
                     bits(&want),
