@@ -17,9 +17,13 @@ mkdir -p .device/tests .device/wheels
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 git archive "$before" | tar -x -C "$tmp"
-cargo build --release -p starling-cli --manifest-path "$tmp/Cargo.toml"
 target=${CARGO_TARGET_DIR:-target}
-cp "$target/release/starling" .device/starling-before
+# Its own target folder: cargo hashes workspace members without their path, so two checkouts
+# sharing one folder overwrite each other's crates. Seeded from ours, it rebuilds only those.
+before_target=${BEFORE_TARGET_DIR:-$target-before}
+[ -d "$before_target" ] || { [ -d "$target" ] && cp -a "$target" "$before_target"; } || true
+CARGO_TARGET_DIR=$before_target cargo build --release -p starling-cli --manifest-path "$tmp/Cargo.toml"
+cp "$before_target/release/starling" .device/starling-before
 cargo build --release -p starling-cli
 cp "$target/release/starling" .device/starling
 rm -f .device/tests/parity-*

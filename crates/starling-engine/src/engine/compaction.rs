@@ -58,7 +58,12 @@ impl WindowTail {
     }
 
     fn covers(&self, positions: &Range<usize>) -> bool {
-        self.start_position == positions.start && self.start_position + self.rows == positions.end
+        self.start_position == positions.start && self.ends_at(positions.end)
+    }
+
+    /// Whether the rows end at `position` (exclusive) and hold at least one.
+    fn ends_at(&self, position: usize) -> bool {
+        self.rows > 0 && self.start_position + self.rows == position
     }
 }
 
@@ -307,16 +312,26 @@ impl<B: Backend> Engine<B> {
                         .collect::<Result<_, _>>()
                         .map_err(|e| fail(e.into()))?,
                     _ => {
+                        // The newest rows must be this step's; a tail that starts late (some
+                        // earlier chunk's rows were not captured) still scores, with a shorter
+                        // window of the newest tokens.
                         let tail = self
                             .seqs
                             .get_mut(&d.seq_id)
                             .and_then(|s| s.window_tail.take())
-                            .filter(|t| t.covers(window))
+                            .filter(|t| t.ends_at(window.end))
                             .ok_or_else(|| {
                                 fail(EngineError::InvalidRequest(format!(
                                     "the observation window {window:?} was not captured"
                                 )))
                             })?;
+                        if !tail.covers(window) {
+                            tracing::debug!(
+                                "{:?}: observation window {window:?} shortened to {} rows",
+                                d.seq_id,
+                                tail.rows
+                            );
+                        }
                         tail.into_tensors().map_err(fail)?
                     }
                 }

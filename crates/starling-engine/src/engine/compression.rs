@@ -185,6 +185,18 @@ pub(crate) fn compact_layer<B: Backend>(
         n,
         job.shared_rows || policy.scorer.layer_wide(),
     )?;
+    // The block table is shrunk to the target once every layer is done: a layer keeping any
+    // other count would leave it pointing at stale or lost rows.
+    if let Some(kept) = keep
+        .first()
+        .map(Vec::len)
+        .filter(|&k| k != job.due.target_tokens)
+    {
+        return Err(EngineError::InvalidRequest(format!(
+            "layer {layer} would keep {kept} tokens, not the target {}",
+            job.due.target_tokens
+        )));
+    }
     backend.compact_kv(cache, job.block_table, job.block_size_tokens, n, &keep)?;
     Ok(())
 }
