@@ -45,9 +45,24 @@ fn random_sequence(rng: &mut ChaCha8Rng, spec: &KvCacheSpec, len: usize) -> (Cpu
     (cache, blocks)
 }
 
-/// The bit patterns of `x`, so equal scores compare equal and NaN or -0.0 show.
-fn bits(x: &[f32]) -> Vec<u32> {
-    x.iter().map(|v| v.to_bits()).collect()
+/// Asserts that head `h`'s row of the backend's `[heads, len]` scores equals what `scorer` gives
+/// for `input`, bit for bit (so NaN or a -0.0 would show).
+fn assert_head_equals(
+    device: &HostTensor,
+    scorer: &dyn Scorer,
+    input: &ScoreInput<'_>,
+    what: &str,
+) {
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let len = device.shape()[1];
+    let h = input.kv_head;
+    let want = scorer.score(input).unwrap();
+    let got = &device.data()[h * len..(h + 1) * len];
+    assert_eq!(
+        bits(got),
+        bits(&want),
+        "{what} head {h}: {got:?} vs {want:?}"
+    );
 }
 
 #[test]
@@ -79,12 +94,11 @@ fn cpu_key_scores_equal_the_evict_scorers_bit_for_bit() {
                     layer: 0,
                     kv_head: h,
                 };
-                let want = scorer.score(&input).unwrap();
-                let got = &device.data()[h * len..(h + 1) * len];
-                assert_eq!(
-                    bits(got),
-                    bits(&want),
-                    "{kind:?} {nkv}x{hd} len {len} head {h}: {got:?} vs {want:?}"
+                assert_head_equals(
+                    &device,
+                    scorer,
+                    &input,
+                    &format!("{kind:?} {nkv}x{hd} len {len}"),
                 );
             }
         }
@@ -151,14 +165,11 @@ fn cpu_window_scores_equal_snapkv_and_tova_bit_for_bit() {
                     layer: 0,
                     kv_head: h,
                 };
-                let want = scorer.score(&input).unwrap();
-                let got = &device.data()[h * len..(h + 1) * len];
-                assert_eq!(
-                    bits(got),
-                    bits(&want),
-                    "{} {nkv}x{hd} group {group} len {len} window {window} head {h}",
+                let what = format!(
+                    "{} {nkv}x{hd} group {group} len {len} window {window}",
                     scorer.name()
                 );
+                assert_head_equals(&device, scorer, &input, &what);
             }
         }
     }
