@@ -232,6 +232,18 @@ pub enum KeyScoreKind {
     KNorm,
 }
 
+/// How [`Backend::window_scores`] turns a sequence's observation-window queries into one score
+/// per token (SnapKV, TOVA).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WindowScoreSpec {
+    /// Query heads per KV head: query head `q` reads KV head `q / group`.
+    pub group: usize,
+    /// Softmax scale of the window's logits (`1 / sqrt(head_dim)` for SnapKV and TOVA).
+    pub scale: f32,
+    /// Max-pool width over the tokens before the window (odd; 1 = no pooling).
+    pub pool_kernel_tokens: usize,
+}
+
 /// A compute backend: owns device buffers and runs the ops a model needs.
 pub trait Backend: Send + Sync {
     /// A 2-D (or 1-D for vectors) tensor in the backend's memory and compute dtype.
@@ -603,5 +615,37 @@ pub trait Backend: Send + Sync {
     ) -> Result<HostTensor, BackendError> {
         let _ = (cache, block_table, block_size_tokens, len_tokens, kind);
         Err(self.unsupported("key_scores"))
+    }
+
+    /// Observation-window scores (SnapKV, TOVA) of one sequence's keys in one layer, f32
+    /// `[num_kv_heads, len_tokens]` in physical order, computed where the cache lives so only
+    /// the scores cross to the host. `queries` is `[window, num_kv_heads * group * head_dim]`:
+    /// row `j` holds the post-RoPE queries of physical token `len_tokens - window + j`, query
+    /// head `q` at columns `q * head_dim ..`. Per KV head `h`, token `i` before the window
+    /// scores the largest, over the pool around `i` (clipped to the tokens before the window),
+    /// of `Σ_j Σ_g softmax(scale · q_{j, h·group+g} · k)[i]`, each softmax causal (query `j`
+    /// sees tokens `0 ..= len_tokens - window + j`); window tokens score +∞. The CPU reference
+    /// is `cpu::window_scores`, equal to starling-evict's SnapKV scorer.
+    fn window_scores(
+        &self,
+        cache: &Self::KvCache,
+        block_table: &[u32],
+        block_size_tokens: usize,
+        len_tokens: usize,
+        queries: &HostTensor,
+        spec: &WindowScoreSpec,
+    ) -> Result<HostTensor, BackendError> {
+        let _ = (
+            cache,
+            block_table,
+            block_size_tokens,
+            len_tokens,
+            queries,
+            spec,
+        );
+        Err(BackendError::Device(format!(
+            "window_scores is not implemented on the {} backend",
+            self.name()
+        )))
     }
 }

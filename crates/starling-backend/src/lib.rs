@@ -14,6 +14,7 @@ pub mod sampling;
 
 pub use backend::{
     AttentionDims, Backend, KeyScoreKind, KvCacheSpec, KvRows, LatentFactors, RopeSpec, RopeStyle,
+    WindowScoreSpec,
 };
 pub use batch::{BatchMeta, SeqBatchMeta};
 pub use error::BackendError;

@@ -74,7 +74,7 @@ pub struct EngineArgs {
     pub max_num_batched_tokens: usize,
     /// KV compression as JSON (vLLM-style additional config). Token eviction for every
     /// request, e.g. '{"method":"keydiff","ratio":0.5}' (methods: none, keydiff, knorm,
-    /// streaming_llm, random, snapkv; optional sink_tokens (4), window_tokens (32),
+    /// streaming_llm, random, snapkv, tova; optional sink_tokens (4), window_tokens (32),
     /// every_n_tokens (64), seed), which a request may override with a `kv_compression` body
     /// field; or STAR-KV, '{"method":"star_kv","checkpoint":DIR,"rank_profile":"balanced"}'
     /// (a `starling calibrate` output), applied to the model's K/V projections at load and
@@ -91,6 +91,12 @@ pub struct EngineArgs {
     /// is bit-identical to the eager step (tests/graphs_gpu.rs, run on an H200).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub cuda_graphs: OnOff,
+    /// Token eviction work one step may do while other requests run, in token-layers (a layer
+    /// of a request holding n tokens costs n): a longer compaction is spread over steps, its
+    /// request paused meanwhile, so no step waits long on another request's eviction. At least
+    /// one layer a step; 0 = no limit (each compaction completes in the step that makes it due).
+    #[arg(long, default_value_t = starling_engine::DEFAULT_COMPACTION_STEP_BUDGET_TOKENS)]
+    pub compaction_step_budget_tokens: usize,
 }
 
 /// A switch flag's values.

@@ -197,6 +197,10 @@ pub fn open_session<B: Backend + 'static>(
         ..engine_config
     };
     let mut engine = Engine::with_loaded_model(backend, model, star_kv, Some(text), engine_config)?;
+    // 0: every due compaction completes in the step that made it due.
+    engine.set_compaction_step_budget(
+        Some(args.compaction_step_budget_tokens).filter(|&tokens| tokens > 0),
+    );
     if args.cuda_graphs == crate::args::OnOff::On {
         // The CPU backend has no graphs: the default `on` is then silently moot.
         if engine.enable_decode_graphs()? {

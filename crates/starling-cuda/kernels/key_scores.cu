@@ -189,3 +189,208 @@ extern "C" __global__ void key_scores_bf16(const bf16* __restrict__ k_cache,
         }
     }
 }
+
+// ---- Observation-window scores (SnapKV, TOVA). CPU reference: starling-backend
+// cpu::key_scores::window_scores (equal to starling-evict's SnapKV scorer). For KV head h, the
+// R = window * group query rows r = j * group + g (query head h * group + g of window token j, at
+// physical position len - window + j) each take a causal softmax over the keys they see; token i
+// collects the sum of those weights; tokens before the window are then max-pooled, window tokens
+// score +inf. Four launches, no atomics (the same results every run):
+//   window_softmax_partials_bf16: per (row, tile of WS_TILE tokens) the tile's max logit and
+//     sum of exp(logit - max);
+//   window_softmax_combine:       per row the global max M and denominator S (fixed-order merge);
+//   window_attention_mass_bf16:   per token sum_r exp(logit - M_r) / S_r;
+//   window_pool_scores:           the pooling and the +inf window.
+// The first and third launches compute each logit with the same code in the same order, so
+// exp(logit - M) never exceeds 1. A block holds one tile of keys as f32 in shared memory (rows
+// padded to head_dim + 1 words, so the 32 lanes, one token each, read distinct banks) and each
+// warp walks query rows WS_ROWS at a time; queries are f32 in global memory, read by every lane
+// of a warp at the same address (a broadcast).
+
+#define WS_TILE 32
+#define WS_ROWS 4
+// NVRTC has no math.h macros: IEEE infinities by bit pattern.
+#define WS_INF (__int_as_float(0x7f800000))
+#define WS_NEG_INF (__int_as_float(0xff800000))
+
+// The block's tile of keys (tokens t0 .. t0 + WS_TILE) of KV head h, zeros past len.
+__device__ __forceinline__ void load_key_tile(const bf16* __restrict__ k_cache,
+                                              const unsigned* __restrict__ table, int block_size,
+                                              int len, int num_kv_heads, int head_dim, int h,
+                                              int t0, float* __restrict__ ks) {
+    const int stride = head_dim + 1;
+    for (int idx = threadIdx.x; idx < WS_TILE * head_dim; idx += blockDim.x) {
+        const int t = idx / head_dim, c = idx % head_dim, tok = t0 + t;
+        ks[t * stride + c] =
+            tok < len ? __bfloat162float(
+                            k_cache[(token_slot(table, block_size, tok) * num_kv_heads + h) *
+                                        head_dim + c])
+                      : 0.f;
+    }
+    __syncthreads();
+}
+
+// Logits of up to WS_ROWS query rows (r0 .. r0 + WS_ROWS, those below `rows`) for the lane's key
+// row `k` of the tile; rows past `rows` give 0 (callers mask them). Query row r of head h:
+// queries[(j * num_kv_heads * group + h * group + g) * head_dim], j = r / group, g = r % group.
+__device__ __forceinline__ void window_logits(const float* __restrict__ queries,
+                                              const float* __restrict__ k, int head_dim,
+                                              int num_kv_heads, int group, int h, int r0,
+                                              int rows, float scale, float* out) {
+    const float* q[WS_ROWS];
+#pragma unroll
+    for (int u = 0; u < WS_ROWS; u++) {
+        const int r = min(r0 + u, rows - 1);  // a valid address; the result is masked
+        const int j = r / group, g = r % group;
+        q[u] = queries + ((size_t)j * num_kv_heads * group + (size_t)h * group + g) * head_dim;
+    }
+    float acc[WS_ROWS];
+#pragma unroll
+    for (int u = 0; u < WS_ROWS; u++) acc[u] = 0.f;
+    if ((head_dim & 3) == 0) {
+        // Rows of a multiple of 4 floats start 16-byte aligned: one vector load of each query
+        // row per 4 channels (the kernel is bound by loads, not multiply-adds).
+        for (int c = 0; c < head_dim; c += 4) {
+            const float k0 = k[c], k1 = k[c + 1], k2 = k[c + 2], k3 = k[c + 3];
+#pragma unroll
+            for (int u = 0; u < WS_ROWS; u++) {
+                const float4 qv = *reinterpret_cast<const float4*>(q[u] + c);
+                acc[u] = fmaf(qv.x, k0, acc[u]);
+                acc[u] = fmaf(qv.y, k1, acc[u]);
+                acc[u] = fmaf(qv.z, k2, acc[u]);
+                acc[u] = fmaf(qv.w, k3, acc[u]);
+            }
+        }
+    } else {
+        for (int c = 0; c < head_dim; c++) {
+            const float kc = k[c];
+#pragma unroll
+            for (int u = 0; u < WS_ROWS; u++) acc[u] = fmaf(q[u][c], kc, acc[u]);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < WS_ROWS; u++) out[u] = acc[u] * scale;
+}
+
+// Whether the key at token `tok` is seen by query row r (window token j = r / group).
+__device__ __forceinline__ bool window_visible(int tok, int r, int rows, int group, int len,
+                                               int window) {
+    return r < rows && tok < len && tok <= len - window + r / group;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// partials[(h * rows + r) * num_tiles + tile] = (max logit, sum exp(logit - max)) over the tile's
+// visible keys; (-inf, 0) when the row sees none of them. Grid (num_tiles, num_kv_heads),
+// WARPS * 32 threads.
+extern "C" __global__ void window_softmax_partials_bf16(
+    const bf16* __restrict__ k_cache, const unsigned* __restrict__ table, int block_size, int len,
+    int num_kv_heads, int head_dim, int group, int window, const float* __restrict__ queries,
+    float scale, int num_tiles, float2* __restrict__ partials) {
+    pdl_entry();
+    __shared__ float ks[WS_TILE * (MAX_HEAD_DIM + 1)];
+    const int tile = blockIdx.x, h = blockIdx.y;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int rows = window * group, t0 = tile * WS_TILE, tok = t0 + lane;
+    load_key_tile(k_cache, table, block_size, len, num_kv_heads, head_dim, h, t0, ks);
+    const float* k = ks + lane * (head_dim + 1);
+    for (int r0 = warp * WS_ROWS; r0 < rows; r0 += WARPS * WS_ROWS) {
+        float l[WS_ROWS];
+        window_logits(queries, k, head_dim, num_kv_heads, group, h, r0, rows, scale, l);
+#pragma unroll
+        for (int u = 0; u < WS_ROWS; u++) {
+            const int r = r0 + u;
+            const bool seen = window_visible(tok, r, rows, group, len, window);
+            const float m = warp_max(seen ? l[u] : WS_NEG_INF);
+            const float e = seen ? expf(l[u] - m) : 0.f;
+            const float s = warp_sum(e);
+            if (lane == 0 && r < rows)
+                partials[((size_t)h * rows + r) * num_tiles + tile] = make_float2(m, s);
+        }
+    }
+}
+
+// stats[h * rows + r] = (M, S): the row's max logit and softmax denominator over all tiles. One
+// warp per row, WARPS rows per block; lanes stride the tiles, then merge in a fixed order.
+extern "C" __global__ void window_softmax_combine(const float2* __restrict__ partials,
+                                                  int num_tiles, int total_rows,
+                                                  float2* __restrict__ stats) {
+    pdl_entry();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * WARPS + warp;
+    if (row >= total_rows) return;  // warp-uniform
+    const float2* p = partials + (size_t)row * num_tiles;
+    float m = WS_NEG_INF;
+    for (int t = lane; t < num_tiles; t += 32) m = fmaxf(m, p[t].x);
+    float s = 0.f;
+    for (int t = lane; t < num_tiles; t += 32)
+        if (p[t].y > 0.f) s += p[t].y * expf(p[t].x - m);
+    const float big = warp_max(m);
+    const float scaled = s > 0.f ? s * expf(m - big) : 0.f;
+    const float total = warp_sum(scaled);
+    if (lane == 0) stats[row] = make_float2(big, total);
+}
+
+// mass[h * len + tok] = sum over the rows that see tok of exp(logit - M_r) / S_r. Same grid as
+// window_softmax_partials_bf16.
+extern "C" __global__ void window_attention_mass_bf16(
+    const bf16* __restrict__ k_cache, const unsigned* __restrict__ table, int block_size, int len,
+    int num_kv_heads, int head_dim, int group, int window, const float* __restrict__ queries,
+    float scale, const float2* __restrict__ stats, float* __restrict__ mass) {
+    pdl_entry();
+    __shared__ float ks[WS_TILE * (MAX_HEAD_DIM + 1)];
+    __shared__ float warp_mass[WARPS][WS_TILE];
+    const int tile = blockIdx.x, h = blockIdx.y;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int rows = window * group, t0 = tile * WS_TILE, tok = t0 + lane;
+    load_key_tile(k_cache, table, block_size, len, num_kv_heads, head_dim, h, t0, ks);
+    const float* k = ks + lane * (head_dim + 1);
+    float acc = 0.f;
+    for (int r0 = warp * WS_ROWS; r0 < rows; r0 += WARPS * WS_ROWS) {
+        float l[WS_ROWS];
+        window_logits(queries, k, head_dim, num_kv_heads, group, h, r0, rows, scale, l);
+#pragma unroll
+        for (int u = 0; u < WS_ROWS; u++) {
+            const int r = r0 + u;
+            if (window_visible(tok, r, rows, group, len, window)) {
+                const float2 st = stats[(size_t)h * rows + r];
+                acc += expf(l[u] - st.x) / st.y;
+            }
+        }
+    }
+    warp_mass[warp][lane] = acc;
+    __syncthreads();
+    if (warp == 0 && tok < len) {
+        float total = 0.f;
+#pragma unroll
+        for (int w = 0; w < WARPS; w++) total += warp_mass[w][lane];
+        mass[(size_t)h * len + tok] = total;
+    }
+}
+
+// scores[h * len + i]: the max of mass over the pool around i clipped to the len - window tokens
+// before the window, or +inf for window tokens. Grid-stride over num_kv_heads * len.
+extern "C" __global__ void window_pool_scores(const float* __restrict__ mass, int len,
+                                              int num_kv_heads, int window, int pool_kernel,
+                                              float* __restrict__ scores) {
+    pdl_entry();
+    const int prefix = len - window, half = pool_kernel / 2;
+    const size_t total = (size_t)num_kv_heads * len;
+    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        const int i = (int)(idx % len);
+        if (i >= prefix) {
+            scores[idx] = WS_INF;
+            continue;
+        }
+        const float* row = mass + (idx - i);
+        const int lo = max(0, i - half), hi = min(prefix, i + half + 1);
+        float best = WS_NEG_INF;
+        for (int t = lo; t < hi; t++) best = fmaxf(best, row[t]);
+        scores[idx] = best;
+    }
+}

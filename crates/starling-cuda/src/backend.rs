@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use starling_backend::sampling::{RowOutcome, RowSamplingParams};
 use starling_backend::{
     AttentionDims, Backend, BackendError, BatchMeta, DecodeGraphConfig, DecodeGraphs, HostTensor,
-    KeyScoreKind, KvCacheSpec, KvRows, LatentFactors, RopeSpec, RopeStyle,
+    KeyScoreKind, KvCacheSpec, KvRows, LatentFactors, RopeSpec, RopeStyle, WindowScoreSpec,
 };
 use starling_kv::CacheDtype;
 
@@ -46,7 +46,7 @@ pub(crate) mod attention_plan;
 mod batch;
 // After `launch!`, which they use.
 mod graphs;
-mod key_scores;
+pub(crate) mod key_scores;
 mod kv_cache;
 mod kv_ops;
 pub(crate) mod latent;
@@ -1520,6 +1520,26 @@ impl Backend for CudaBackend {
     ) -> Result<HostTensor, BackendError> {
         self.key_scores_impl(cache, block_table, block_size_tokens, len_tokens, kind)
             .map_err(err)
+    }
+
+    fn window_scores(
+        &self,
+        cache: &CudaKvCache,
+        block_table: &[u32],
+        block_size_tokens: usize,
+        len_tokens: usize,
+        queries: &HostTensor,
+        spec: &WindowScoreSpec,
+    ) -> Result<HostTensor, BackendError> {
+        self.window_scores_impl(
+            cache,
+            block_table,
+            block_size_tokens,
+            len_tokens,
+            queries,
+            spec,
+        )
+        .map_err(err)
     }
 }
 

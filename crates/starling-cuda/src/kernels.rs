@@ -145,6 +145,10 @@ mod names {
     pub(super) const KEY_DIRECTION_PARTIALS: &str = "key_direction_partials_bf16";
     pub(super) const KEY_DIRECTION_MEAN: &str = "key_direction_mean";
     pub(super) const KEY_SCORES: &str = "key_scores_bf16";
+    pub(super) const WINDOW_SOFTMAX_PARTIALS: &str = "window_softmax_partials_bf16";
+    pub(super) const WINDOW_SOFTMAX_COMBINE: &str = "window_softmax_combine";
+    pub(super) const WINDOW_ATTENTION_MASS: &str = "window_attention_mass_bf16";
+    pub(super) const WINDOW_POOL_SCORES: &str = "window_pool_scores";
     pub(super) const SAMPLE_ROWS: &str = "sample_rows_f32";
     pub(super) const ROPE_Q_WRITE_LATENTS: &str = "rope_q_write_latents_bf16";
     pub(super) const LATENT_ROPE_TABLE: &str = "latent_rope_table_f32";
@@ -268,6 +272,10 @@ pub fn kernel_modules() -> Vec<KernelModule> {
                 names::KEY_DIRECTION_PARTIALS,
                 names::KEY_DIRECTION_MEAN,
                 names::KEY_SCORES,
+                names::WINDOW_SOFTMAX_PARTIALS,
+                names::WINDOW_SOFTMAX_COMBINE,
+                names::WINDOW_ATTENTION_MASS,
+                names::WINDOW_POOL_SCORES,
             ]),
         },
         KernelModule {
@@ -328,6 +336,10 @@ pub(crate) struct Kernels {
     pub(crate) key_direction_partials: CudaFunction,
     pub(crate) key_direction_mean: CudaFunction,
     pub(crate) key_scores: CudaFunction,
+    pub(crate) window_softmax_partials: CudaFunction,
+    pub(crate) window_softmax_combine: CudaFunction,
+    pub(crate) window_attention_mass: CudaFunction,
+    pub(crate) window_pool_scores: CudaFunction,
     pub(crate) sample_rows: CudaFunction,
     /// In [`gemv_names`] order, see [`Kernels::gemv`].
     gemv: Vec<CudaFunction>,
@@ -438,6 +450,10 @@ impl Kernels {
             key_direction_partials: take(names::KEY_DIRECTION_PARTIALS)?,
             key_direction_mean: take(names::KEY_DIRECTION_MEAN)?,
             key_scores: take(names::KEY_SCORES)?,
+            window_softmax_partials: take(names::WINDOW_SOFTMAX_PARTIALS)?,
+            window_softmax_combine: take(names::WINDOW_SOFTMAX_COMBINE)?,
+            window_attention_mass: take(names::WINDOW_ATTENTION_MASS)?,
+            window_pool_scores: take(names::WINDOW_POOL_SCORES)?,
             sample_rows: take(names::SAMPLE_ROWS)?,
             gemv,
         })
@@ -674,6 +690,23 @@ mod tests {
                 16 * mt * (bn + 8) * 2 + stages * bn * (ch + 8) * 2 + 2 * 16 * mt * 4;
             assert!(static_bytes <= 48 * 1024, "mt {mt}: {static_bytes}");
         }
+    }
+
+    #[test]
+    fn key_score_kernel_geometry_matches_the_host() {
+        use crate::backend::key_scores::{MAX_HEAD_DIM, THREADS, WINDOW_TILE_TOKENS, WINDOW_WARPS};
+        let src = KEY_SCORES_SRC;
+        assert_eq!(define(src, "WARPS") * 32, THREADS as usize);
+        assert_eq!(define(src, "WARPS"), WINDOW_WARPS);
+        assert_eq!(define(src, "MAX_HEAD_DIM"), MAX_HEAD_DIM);
+        assert_eq!(define(src, "WS_TILE"), WINDOW_TILE_TOKENS);
+        // One block's key tile (rows padded by a word) and per-warp sums fit the 48 KiB of
+        // static shared memory.
+        const {
+            assert!(
+                WINDOW_TILE_TOKENS * (MAX_HEAD_DIM + 1) * 4 + WINDOW_WARPS * 32 * 4 <= 48 * 1024
+            )
+        };
     }
 
     #[test]

@@ -778,6 +778,112 @@ fn key_scores_match_cpu() {
     }
 }
 
+/// Tolerance of the window scores, relative to the reference's norm (and, per element, to its
+/// largest score).
+const WINDOW_SCORE_REL_TOL: f64 = 1e-3;
+
+/// Observation-window scores (SnapKV, TOVA) against the CPU reference, up to 30k tokens: random
+/// bf16-exact keys through shuffled block tables, random bf16-exact queries wide enough that the
+/// softmax is peaked, the device's scratch poisoned with NaN first. Window tokens must be +∞ on
+/// both sides; the others finite and equal within f32 summation-order error.
+#[test]
+#[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
+fn window_scores_match_cpu() {
+    use starling_backend::WindowScoreSpec;
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = ChaCha8Rng::seed_from_u64(15);
+    // (KV heads, group, head_dim, tokens, window, pool): Qwen2.5-1.5B's geometry at 30k (SnapKV)
+    // and 28k (TOVA: one query, no pooling), Llama-3-like and MHA groups, an odd head width, the
+    // widest head, a window covering the whole sequence, and sequences shorter than one tile.
+    let cases: [(usize, usize, usize, usize, usize, usize); 8] = [
+        (2, 6, 128, 30_000, 32, 7),
+        (2, 6, 128, 28_000, 1, 1),
+        (8, 4, 128, 3000, 32, 7),
+        (4, 1, 64, 1000, 16, 5),
+        (3, 3, 36, 777, 5, 3),
+        (1, 8, 256, 500, 64, 7),
+        (2, 2, 64, 40, 40, 7),
+        (2, 7, 128, 31, 3, 1),
+    ];
+    for (nkv, group, hd, len, window, pool) in cases {
+        let spec = kv_spec(nkv, hd, len.div_ceil(15) + 8);
+        let (cache_c, cache_g) = filled_caches(&gpu, &cpu, &spec, &mut rng);
+        let (tables, _) = block_tables(&mut rng, &spec, &[len]);
+        let table = &tables[0];
+        let queries = rand_host(&mut rng, vec![window, nkv * group * hd], 4.0);
+        let score = WindowScoreSpec {
+            group,
+            scale: 1.0 / (hd as f32).sqrt(),
+            pool_kernel_tokens: pool,
+        };
+        let bs = spec.block_size_tokens;
+        // The partials, mass and score buffers come from the pool; NaN in them shows any
+        // element a kernel fails to write.
+        for _ in 0..3 {
+            poison_pool(&gpu, 2 * nkv * len);
+        }
+        let got = gpu
+            .window_scores(&cache_g, table, bs, len, &queries, &score)
+            .unwrap();
+        let want = cpu
+            .window_scores(&cache_c, table, bs, len, &queries, &score)
+            .unwrap();
+        assert_eq!(got.shape(), &[nkv, len]);
+        let prefix = len - window;
+        let (mut num, mut den, mut worst, mut top) = (0.0f64, 0.0f64, 0.0f32, 0.0f32);
+        for (h, (g_row, w_row)) in got
+            .data()
+            .chunks_exact(len)
+            .zip(want.data().chunks_exact(len))
+            .enumerate()
+        {
+            for (i, (&g, &w)) in g_row.iter().zip(w_row).enumerate() {
+                if i >= prefix {
+                    assert!(
+                        g == f32::INFINITY && w == f32::INFINITY,
+                        "head {h} token {i}: {g} {w}"
+                    );
+                    continue;
+                }
+                assert!(g.is_finite(), "head {h} token {i}: {g} on the GPU");
+                num += ((g - w) as f64).powi(2);
+                den += (w as f64).powi(2);
+                worst = worst.max((g - w).abs());
+                top = top.max(w.abs());
+            }
+        }
+        let e = (num / den.max(1e-30)).sqrt();
+        println!(
+            "window_scores {nkv}x{hd} group {group} len {len:<6} window {window:<3} pool {pool}: rel err {e:.2e}, max abs {worst:.1e} of {top:.2e}"
+        );
+        // The CPU sums up to 30k softmax terms in sequence (error up to ~n·ε in the worst case),
+        // the GPU in tiles: 1e-3 is far above either's rounding and far below any indexing bug.
+        assert!(e < WINDOW_SCORE_REL_TOL, "rel err {e:.3e}");
+        assert!(
+            f64::from(worst) <= WINDOW_SCORE_REL_TOL * f64::from(top.max(1e-6)),
+            "max abs {worst:.3e} of {top:.3e}"
+        );
+    }
+    // Refused input leaves nothing half-done: a window longer than the sequence, a row width
+    // that is not the cache's heads x group x head_dim.
+    let spec = kv_spec(2, 64, 8);
+    let (_, cache_g) = filled_caches(&gpu, &cpu, &spec, &mut rng);
+    let table: Vec<u32> = (0..4).collect();
+    let score = WindowScoreSpec {
+        group: 2,
+        scale: 0.125,
+        pool_kernel_tokens: 7,
+    };
+    let long = rand_host(&mut rng, vec![65, 256], 1.0);
+    assert!(gpu
+        .window_scores(&cache_g, &table, 16, 64, &long, &score)
+        .is_err());
+    let narrow = rand_host(&mut rng, vec![4, 128], 1.0);
+    assert!(gpu
+        .window_scores(&cache_g, &table, 16, 64, &narrow, &score)
+        .is_err());
+}
+
 /// Zero-row inputs (a non-final prefill chunk has no logits rows) are no-ops with the right
 /// shape. Row kernels used to launch one block anyway and write a whole row into a one-element
 /// placeholder, corrupting neighbouring device memory; with zero-row launches now invalid, a

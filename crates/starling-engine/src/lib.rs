@@ -7,4 +7,7 @@ pub mod sampling;
 pub mod scheduler;
 pub mod testing;
 
-pub use engine::{Engine, EngineConfig, EngineError, EngineStats, RequestOptions, RequestOutput};
+pub use engine::{
+    Engine, EngineConfig, EngineError, EngineStats, RequestOptions, RequestOutput,
+    DEFAULT_COMPACTION_STEP_BUDGET_TOKENS,
+};

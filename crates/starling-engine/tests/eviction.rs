@@ -159,6 +159,7 @@ fn every_method_runs_through_the_engine_and_frees_blocks() {
         CompressionMethod::StreamingLlm,
         CompressionMethod::Random,
         CompressionMethod::SnapKv,
+        CompressionMethod::Tova,
     ] {
         let c = config(method, 0.75, 8);
         let mut e = engine(400, 32, 256, Default::default());
@@ -373,4 +374,118 @@ fn teacher_forcing_emits_the_forced_tokens_with_their_distributions() {
     assert!(e
         .add_request_with(prompt(1, 5), greedy(1), too_long)
         .is_err());
+}
+
+/// One long request's compaction is spread over steps while another request decodes: with a
+/// budget of one layer per step, no step compacts more than one layer while the short request
+/// runs, the long request is held (not scheduled) between its layers, the short one gets a token
+/// in those steps, and every output equals the run that compacts all layers at once — which, as
+/// the engine did before issue 17, compacts both layers of a due request inside one step.
+#[test]
+fn a_long_compaction_interleaves_with_other_requests_decode_steps() {
+    let c = config(CompressionMethod::KeyDiff, 0.5, 8);
+    let run_with = |budget: Option<usize>| {
+        let mut e = engine(400, 256, 256, Default::default());
+        e.set_compaction_step_budget(budget);
+        let short = e.add_request(prompt(1, 8), greedy(40)).unwrap();
+        let long = e
+            .add_request_with(prompt(2, 200), greedy(30), with_compression(c.clone()))
+            .unwrap();
+        let mut tokens: HashMap<SeqId, Vec<u32>> = HashMap::new();
+        // Per step: layers compacted, whether the short request got a token, requests compacting.
+        let mut steps: Vec<(u64, bool, usize)> = Vec::new();
+        let mut layers_before = 0;
+        while e.has_unfinished() {
+            let out = e.step().unwrap();
+            let stats = e.stats();
+            let short_token = out
+                .iter()
+                .any(|o| o.seq_id == short && o.token_id.is_some());
+            steps.push((
+                stats.counters.compaction_layers - layers_before,
+                short_token,
+                e.num_compacting(),
+            ));
+            layers_before = stats.counters.compaction_layers;
+            for o in out {
+                assert_ne!(o.finished.map(|f| f.reason.as_str()), Some("abort"));
+                tokens.entry(o.seq_id).or_default().extend(o.token_id);
+            }
+            assert!(steps.len() < 1000);
+        }
+        let stats = e.stats();
+        assert_eq!(stats.kv_blocks_free, stats.kv_blocks_total, "blocks leaked");
+        assert!(stats.counters.compressions > 0);
+        (tokens[&short].clone(), tokens[&long].clone(), steps)
+    };
+    let (short_at_once, long_at_once, steps_at_once) = run_with(None);
+    let (short_spread, long_spread, steps_spread) = run_with(Some(1));
+    assert_eq!((short_at_once.len(), long_at_once.len()), (40, 30));
+    assert_eq!(short_spread, short_at_once, "the decoding request's tokens");
+    assert_eq!(long_spread, long_at_once, "the compacted request's tokens");
+    // All at once: some step compacts both layers while the short request runs.
+    assert!(
+        steps_at_once
+            .iter()
+            .any(|&(layers, short, _)| layers == 2 && short),
+        "{steps_at_once:?}"
+    );
+    // Spread: never more than one layer a step while the short request runs, and the short
+    // request decodes in steps that end with the long request's compaction still in progress.
+    for &(layers, short, _) in &steps_spread {
+        assert!(!short || layers <= 1, "{steps_spread:?}");
+    }
+    assert!(
+        steps_spread
+            .iter()
+            .any(|&(layers, short, compacting)| layers == 1 && short && compacting == 1),
+        "{steps_spread:?}"
+    );
+}
+
+/// The context/question split: the context is compressed once, when the prompt is in, the
+/// question and every generated token are kept (no re-compression while decoding), and SnapKV's
+/// observation window is the whole question even when the prefill splits it across chunks.
+#[test]
+fn the_question_split_compresses_only_the_context_whatever_the_chunking() {
+    let question = 20;
+    for method in [
+        CompressionMethod::SnapKv,
+        CompressionMethod::KeyDiff,
+        CompressionMethod::Tova,
+    ] {
+        let c = config(method, 0.75, 8);
+        let options = RequestOptions {
+            compression: Some(c.clone()),
+            question_tokens: Some(question),
+            ..RequestOptions::default()
+        };
+        let mut answers = Vec::new();
+        // 16-token chunks split the question (positions 100..120) at 112; 256 takes it whole.
+        for chunk in [16, 256] {
+            let mut e = engine(400, chunk, 256, Default::default());
+            let outs = run(&mut e, vec![(prompt(4, 120), options.clone())], 12);
+            let kept = c.keep_tokens(120 - question) + question;
+            for (i, o) in outs[0].iter().enumerate() {
+                assert_eq!(
+                    o.kv_physical_tokens,
+                    kept + i,
+                    "{method} chunk {chunk} output {i}"
+                );
+            }
+            assert_eq!(e.stats().counters.compressions, 1, "{method}");
+            answers.push(tokens(&outs[0]));
+        }
+        assert_eq!(
+            answers[0], answers[1],
+            "{method}: chunking changed the answer"
+        );
+    }
+    // The split must leave a context.
+    let mut e = engine(100, 32, 256, Default::default());
+    let bad = RequestOptions {
+        question_tokens: Some(10),
+        ..RequestOptions::default()
+    };
+    assert!(e.add_request_with(prompt(1, 10), greedy(2), bad).is_err());
 }

@@ -32,17 +32,21 @@ pub enum CompressionMethod {
     Random,
     /// SnapKV: attention of the last prompt queries, max-pooled.
     SnapKv,
+    /// TOVA: attention of the newest query, averaged over every head of the layer (all heads
+    /// keep the same tokens).
+    Tova,
 }
 
 impl CompressionMethod {
     /// Every method, in the order their names are listed in errors.
-    pub const ALL: [CompressionMethod; 6] = [
+    pub const ALL: [CompressionMethod; 7] = [
         Self::None,
         Self::KeyDiff,
         Self::KNorm,
         Self::StreamingLlm,
         Self::Random,
         Self::SnapKv,
+        Self::Tova,
     ];
 
     /// The JSON / CLI name.
@@ -54,6 +58,7 @@ impl CompressionMethod {
             Self::StreamingLlm => "streaming_llm",
             Self::Random => "random",
             Self::SnapKv => "snapkv",
+            Self::Tova => "tova",
         }
     }
 

@@ -30,7 +30,8 @@ fn is_protected(i: usize, n_tokens: usize, sink_tokens: usize, window_tokens: us
 /// Per KV head, the ascending indices of the tokens kept: every protected token (first
 /// `sink_tokens`, last `window_tokens`), then the highest-scoring others (ties go to the lower
 /// index; NaN ranks lowest) until `keep_tokens` — raised to the protected count if below it,
-/// capped at `n_tokens` — are kept. Every head keeps the same count.
+/// capped at `n_tokens` — are kept. Every head keeps the same count. Linear in `n_tokens` per
+/// head (a partial selection, then a sort of the kept indices).
 pub fn select_keep(
     scores_per_head: &[Vec<f32>],
     n_tokens: usize,
@@ -38,49 +39,110 @@ pub fn select_keep(
     sink_tokens: usize,
     window_tokens: usize,
 ) -> Result<Vec<Vec<u32>>, EvictError> {
+    let keep = checked_keep(n_tokens, keep_tokens, sink_tokens, window_tokens)?;
+    scores_per_head
+        .iter()
+        .enumerate()
+        .map(|(head, scores)| {
+            check_len(head, scores, n_tokens)?;
+            Ok(select_one(
+                scores,
+                n_tokens,
+                keep,
+                sink_tokens,
+                window_tokens,
+            ))
+        })
+        .collect()
+}
+
+/// As [`select_keep`], but one choice for the whole layer: the tokens are ranked by the mean of
+/// the heads' scores, and every head keeps the same indices. A layer whose heads share one
+/// stored row per token (a value latent) can only drop a token from all heads at once.
+pub fn select_keep_layer_wide(
+    scores_per_head: &[Vec<f32>],
+    n_tokens: usize,
+    keep_tokens: usize,
+    sink_tokens: usize,
+    window_tokens: usize,
+) -> Result<Vec<Vec<u32>>, EvictError> {
+    let keep = checked_keep(n_tokens, keep_tokens, sink_tokens, window_tokens)?;
+    let mut mean = vec![0.0f32; n_tokens];
+    for (head, scores) in scores_per_head.iter().enumerate() {
+        check_len(head, scores, n_tokens)?;
+        for (m, s) in mean.iter_mut().zip(scores) {
+            *m += s;
+        }
+    }
+    let heads = scores_per_head.len().max(1) as f32;
+    mean.iter_mut().for_each(|m| *m /= heads);
+    let kept = select_one(&mean, n_tokens, keep, sink_tokens, window_tokens);
+    Ok(vec![kept; scores_per_head.len()])
+}
+
+/// The kept count (see [`select_keep`]) after checking that indices fit `u32`.
+fn checked_keep(
+    n_tokens: usize,
+    keep_tokens: usize,
+    sink_tokens: usize,
+    window_tokens: usize,
+) -> Result<usize, EvictError> {
     if u32::try_from(n_tokens).is_err() {
         return Err(EvictError::Shape(format!(
             "{n_tokens} tokens exceed u32 indices"
         )));
     }
-    let keep = keep_tokens
+    Ok(keep_tokens
         .max(protected_count(n_tokens, sink_tokens, window_tokens))
-        .min(n_tokens);
-    scores_per_head
-        .iter()
-        .enumerate()
-        .map(|(head, scores)| {
-            if scores.len() != n_tokens {
-                return Err(EvictError::Shape(format!(
-                    "head {head} has {} scores for {n_tokens} tokens",
-                    scores.len()
-                )));
-            }
-            let mut kept: Vec<u32> = Vec::with_capacity(keep);
-            let mut candidates: Vec<u32> = Vec::with_capacity(n_tokens);
-            for i in 0..n_tokens {
-                if is_protected(i, n_tokens, sink_tokens, window_tokens) {
-                    kept.push(i as u32);
-                } else {
-                    candidates.push(i as u32);
-                }
-            }
-            let rank = |i: u32| {
-                let s = scores[i as usize];
-                if s.is_nan() {
-                    f32::NEG_INFINITY
-                } else {
-                    s
-                }
-            };
-            // Highest score first; the stable sort leaves equal scores in index order.
-            candidates.sort_by(|&a, &b| rank(b).total_cmp(&rank(a)));
-            let room = keep - kept.len();
-            kept.extend_from_slice(&candidates[..room]);
-            kept.sort_unstable();
-            Ok(kept)
-        })
-        .collect()
+        .min(n_tokens))
+}
+
+fn check_len(head: usize, scores: &[f32], n_tokens: usize) -> Result<(), EvictError> {
+    if scores.len() == n_tokens {
+        return Ok(());
+    }
+    Err(EvictError::Shape(format!(
+        "head {head} has {} scores for {n_tokens} tokens",
+        scores.len()
+    )))
+}
+
+/// One head's kept indices, ascending; `keep` is at least the protected count.
+fn select_one(
+    scores: &[f32],
+    n_tokens: usize,
+    keep: usize,
+    sink_tokens: usize,
+    window_tokens: usize,
+) -> Vec<u32> {
+    let mut kept: Vec<u32> = Vec::with_capacity(keep);
+    let mut candidates: Vec<u32> = Vec::with_capacity(n_tokens);
+    for i in 0..n_tokens {
+        if is_protected(i, n_tokens, sink_tokens, window_tokens) {
+            kept.push(i as u32);
+        } else {
+            candidates.push(i as u32);
+        }
+    }
+    let rank = |i: u32| {
+        let s = scores[i as usize];
+        if s.is_nan() {
+            f32::NEG_INFINITY
+        } else {
+            s
+        }
+    };
+    let room = keep - kept.len();
+    if room > 0 && room < candidates.len() {
+        // Highest score first, equal scores in index order: a total order, so the partial
+        // selection keeps exactly the set a full stable sort would.
+        candidates.select_nth_unstable_by(room - 1, |&a, &b| {
+            rank(b).total_cmp(&rank(a)).then(a.cmp(&b))
+        });
+    }
+    kept.extend_from_slice(&candidates[..room]);
+    kept.sort_unstable();
+    kept
 }
 
 #[cfg(test)]
@@ -117,6 +179,24 @@ mod tests {
     #[test]
     fn wrong_score_count_is_an_error() {
         assert!(select_keep(&[vec![1.0; 3]], 4, 2, 0, 0).is_err());
+        assert!(select_keep_layer_wide(&[vec![1.0; 4], vec![1.0; 3]], 4, 2, 0, 0).is_err());
+    }
+
+    #[test]
+    fn layer_wide_selection_ranks_by_the_mean_and_shares_the_choice() {
+        // 6 tokens, sink 1, window 1: tokens 0 and 5 protected, keep 4 → 2 of tokens 1..=4.
+        // Head means: 1 → 0.5, 2 → 0.45, 3 → 0.6, 4 → 0.1: tokens 1 and 3, although head 1
+        // alone would keep 2 and 4.
+        let scores = vec![
+            vec![0.0, 1.0, 0.0, 1.2, -0.6, 0.0],
+            vec![0.0, 0.0, 0.9, 0.0, 0.8, 0.0],
+        ];
+        let kept = select_keep_layer_wide(&scores, 6, 4, 1, 1).unwrap();
+        assert_eq!(kept, vec![vec![0, 1, 3, 5], vec![0, 1, 3, 5]]);
+        assert_eq!(
+            select_keep(&scores, 6, 4, 1, 1).unwrap()[1],
+            vec![0, 2, 4, 5]
+        );
     }
 
     proptest! {
@@ -150,6 +230,35 @@ mod tests {
                     }
                 }
             }
+        }
+
+        #[test]
+        fn partial_selection_keeps_what_a_full_sort_keeps(
+            n in 0usize..120,
+            keep in 0usize..120,
+            seed in any::<u64>(),
+        ) {
+            let mut state = seed;
+            let scores: Vec<f32> = (0..n).map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                match state >> 61 {
+                    0 => f32::NAN,
+                    1 => -0.0,
+                    2 => 0.0,
+                    _ => ((state >> 58) as f32) - 16.0,
+                }
+            }).collect();
+            let got = select_keep(std::slice::from_ref(&scores), n, keep, 2, 3).unwrap();
+            // The definition: protected first, then a stable sort by descending rank.
+            let keep = keep.max(protected_count(n, 2, 3)).min(n);
+            let rank = |i: u32| if scores[i as usize].is_nan() { f32::NEG_INFINITY } else { scores[i as usize] };
+            let (mut want, mut rest): (Vec<u32>, Vec<u32>) =
+                (0..n as u32).partition(|&i| is_protected(i as usize, n, 2, 3));
+            rest.sort_by(|&a, &b| rank(b).total_cmp(&rank(a)));
+            let room = keep - want.len();
+            want.extend_from_slice(&rest[..room]);
+            want.sort_unstable();
+            prop_assert_eq!(&got[0], &want);
         }
 
         #[test]

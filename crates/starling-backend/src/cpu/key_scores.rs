@@ -1,13 +1,14 @@
-//! Eviction scores of one sequence's keys per KV head (CPU reference of `Backend::key_scores`).
+//! Eviction scores of one sequence's keys per KV head (CPU references of `Backend::key_scores`
+//! and `Backend::window_scores`).
 //!
-//! The arithmetic is starling-evict's `KeyDiff` and `KNorm` scorers operation for operation (same
-//! f32 sums in the same order), so on the CPU the two give bit-identical scores
-//! (`starling-evict/tests/device_scores.rs` checks it); device kernels reduce in another order and
-//! are compared with a tolerance.
+//! The arithmetic is starling-evict's `KeyDiff`, `KNorm` and SnapKV/TOVA window scorers operation
+//! for operation (same f32 sums in the same order), so on the CPU the two give bit-identical
+//! scores (`starling-evict/tests/device_scores.rs` checks it); device kernels reduce in another
+//! order and are compared with a tolerance.
 
 use super::kv_cache::CpuKvCache;
-use super::kv_checks::physical_slots;
-use crate::{BackendError, HostTensor, KeyScoreKind};
+use super::kv_checks::{check_window_scores, physical_slots};
+use crate::{BackendError, HostTensor, KeyScoreKind, WindowScoreSpec};
 
 /// Scores `[num_kv_heads, len_tokens]` of one sequence's keys, physical order (higher = keep).
 pub fn key_scores(
@@ -35,6 +36,68 @@ pub fn key_scores(
         }
     }
     HostTensor::new(vec![heads, len_tokens], data)
+}
+
+/// Observation-window scores `[num_kv_heads, len_tokens]` of one sequence (see
+/// `Backend::window_scores`): O(window × group × len_tokens × head_dim) per KV head.
+pub fn window_scores(
+    cache: &CpuKvCache,
+    block_table: &[u32],
+    block_size_tokens: usize,
+    len_tokens: usize,
+    queries: &HostTensor,
+    score: &WindowScoreSpec,
+) -> Result<HostTensor, BackendError> {
+    let spec = cache.spec();
+    let window = check_window_scores(
+        spec,
+        block_table,
+        block_size_tokens,
+        len_tokens,
+        queries,
+        score,
+    )?;
+    let slots = physical_slots(
+        spec,
+        block_table,
+        block_size_tokens,
+        len_tokens,
+        "window_scores",
+    )?;
+    let (num_kv_heads, hd) = spec.require_full("window_scores")?;
+    let group = score.group;
+    let row_width = num_kv_heads * group * hd;
+    let n = len_tokens;
+    let mut data = Vec::with_capacity(num_kv_heads * n);
+    let mut logits = Vec::with_capacity(n);
+    for h in 0..num_kv_heads {
+        let rows: Vec<&[f32]> = slots.iter().map(|&s| cache.key(s as usize, h)).collect();
+        let mut attention = vec![0.0f32; n];
+        for j in 0..window {
+            let visible = n - window + j + 1;
+            let group_queries = &queries.data()[j * row_width + h * group * hd..][..group * hd];
+            for q in group_queries.chunks_exact(hd) {
+                logits.clear();
+                logits.extend(rows[..visible].iter().map(|k| dot(q, k) * score.scale));
+                let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let denom: f32 = logits.iter().map(|l| (l - max).exp()).sum();
+                for (a, l) in attention.iter_mut().zip(&logits) {
+                    *a += (l - max).exp() / denom;
+                }
+            }
+        }
+        let prefix = n - window;
+        let half = score.pool_kernel_tokens / 2;
+        data.extend((0..prefix).map(|i| {
+            let (lo, hi) = (i.saturating_sub(half), (i + half + 1).min(prefix));
+            attention[lo..hi]
+                .iter()
+                .copied()
+                .fold(f32::NEG_INFINITY, f32::max)
+        }));
+        data.extend(std::iter::repeat_n(f32::INFINITY, window));
+    }
+    HostTensor::new(vec![num_kv_heads, n], data)
 }
 
 /// `−cos(k_i, m)`, `m` the mean of the unit keys (zero keys add nothing but count in the mean).
@@ -130,6 +193,39 @@ mod tests {
         let keydiff = key_scores(&cache, &[2, 0], 2, 3, KeyScoreKind::KeyDiff).unwrap();
         let r = std::f32::consts::FRAC_1_SQRT_2;
         assert_close(&keydiff, &[-r, -r, -1.0, -0.8, -1.0, -0.8]);
+    }
+
+    #[test]
+    fn window_scores_hand_computed() {
+        // head_dim 2, scale 1. Head 0 keys (0, 0), (ln 3, 0), (0, 0); head 1 all zero. One window
+        // query (group 1) at token 2 = (1, 0) for head 0, (5, 5) for head 1. Head 0 weights:
+        // 1, 3, 1 over 5 → 0.2, 0.6 (window token → +∞); pool 3 over the two-token prefix gives
+        // both 0.6. Head 1: uniform 1/3, so both 1/3.
+        let l3 = 3.0f32.ln();
+        let cache = cache_with(&[
+            [0.0, 0.0, 0.0, 0.0],
+            [l3, 0.0, 0.0, 0.0],
+            [0.0, 0.0, 0.0, 0.0],
+        ]);
+        let q = HostTensor::new(vec![1, 4], vec![1.0, 0.0, 5.0, 5.0]).unwrap();
+        let spec = |pool| WindowScoreSpec {
+            group: 1,
+            scale: 1.0,
+            pool_kernel_tokens: pool,
+        };
+        let s = window_scores(&cache, &[2, 0], 2, 3, &q, &spec(1)).unwrap();
+        let want = [0.2, 0.6, f32::INFINITY, 1.0 / 3.0, 1.0 / 3.0, f32::INFINITY];
+        for (g, w) in s.data().iter().zip(want) {
+            assert!(*g == w || (g - w).abs() < 1e-6, "{:?}", s.data());
+        }
+        let pooled = window_scores(&cache, &[2, 0], 2, 3, &q, &spec(3)).unwrap();
+        assert!((pooled.data()[0] - 0.6).abs() < 1e-6, "{:?}", pooled.data());
+        // Shapes and ranges are checked: a wider row, an even pool, a window past the sequence.
+        let wide = HostTensor::new(vec![1, 6], vec![0.0; 6]).unwrap();
+        assert!(window_scores(&cache, &[2, 0], 2, 3, &wide, &spec(1)).is_err());
+        assert!(window_scores(&cache, &[2, 0], 2, 3, &q, &spec(2)).is_err());
+        let long = HostTensor::new(vec![4, 4], vec![0.0; 16]).unwrap();
+        assert!(window_scores(&cache, &[2, 0], 2, 3, &long, &spec(1)).is_err());
     }
 
     #[test]

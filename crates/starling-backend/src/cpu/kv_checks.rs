@@ -3,7 +3,7 @@
 //! backends call the same functions on the host before launching anything, so every backend
 //! rejects exactly the same input and an error always leaves the cache untouched.
 
-use crate::{BackendError, KvCacheSpec};
+use crate::{BackendError, HostTensor, KvCacheSpec, WindowScoreSpec};
 
 /// Checks that `len_tokens` physical tokens fit `block_table` and that every block id of the table
 /// is inside the cache.
@@ -197,6 +197,45 @@ pub fn scatter_len(
         )));
     }
     Ok(len)
+}
+
+/// Checks the arguments of `window_scores` (block table as [`check_block_table`], queries
+/// `[window, num_kv_heads * group * head_dim]` with `1 <= window <= len_tokens`, a non-zero
+/// group, a finite scale and an odd pool width) and returns the window length in tokens.
+pub fn check_window_scores(
+    spec: &KvCacheSpec,
+    block_table: &[u32],
+    block_size_tokens: usize,
+    len_tokens: usize,
+    queries: &HostTensor,
+    score: &WindowScoreSpec,
+) -> Result<usize, BackendError> {
+    let op = "window_scores";
+    check_block_table(spec, block_table, block_size_tokens, len_tokens, op)?;
+    let (num_kv_heads, head_dim) = spec.require_full(op)?;
+    let width = num_kv_heads * score.group * head_dim;
+    let window = match queries.shape() {
+        [rows, cols] if *cols == width => *rows,
+        other => {
+            return Err(BackendError::Shape(format!(
+                "{op}: queries of shape {other:?}, expected [window, {width}] ({num_kv_heads} KV heads x group {} x head_dim {head_dim})",
+                score.group
+            )))
+        }
+    };
+    if score.group == 0 || window == 0 || window > len_tokens {
+        return Err(BackendError::Shape(format!(
+            "{op}: a window of {window} queries (group {}) over {len_tokens} tokens",
+            score.group
+        )));
+    }
+    if !score.scale.is_finite() || score.pool_kernel_tokens.is_multiple_of(2) {
+        return Err(BackendError::Shape(format!(
+            "{op}: scale {} and pool width {} (finite scale, odd width)",
+            score.scale, score.pool_kernel_tokens
+        )));
+    }
+    Ok(window)
 }
 
 #[cfg(test)]

@@ -18,16 +18,16 @@ mod test_geometry;
 use crate::sampling::{sample_host_rows, select_host_rows, RowOutcome, RowSamplingParams};
 use crate::{
     AttentionDims, Backend, BackendError, BatchMeta, HostTensor, KeyScoreKind, KvCacheSpec, KvRows,
-    LatentFactors, RopeSpec, RopeStyle,
+    LatentFactors, RopeSpec, RopeStyle, WindowScoreSpec,
 };
 
 pub use attention::dense_causal_attention;
 pub use compact::{compact_kv, read_keys};
-pub use key_scores::key_scores;
+pub use key_scores::{key_scores, window_scores};
 pub use kv_cache::CpuKvCache;
 pub use kv_checks::{
-    check_block_copies, check_block_table, check_compaction, check_distinct_blocks, kept_count,
-    physical_slots, scatter_len,
+    check_block_copies, check_block_table, check_compaction, check_distinct_blocks,
+    check_window_scores, kept_count, physical_slots, scatter_len,
 };
 pub use kv_transfer::{copy_kv_blocks, gather_kv, scatter_kv};
 pub use latent::{latent_attention, reconstruct_kv, rope_q_write_latents};
@@ -303,6 +303,25 @@ impl Backend for CpuBackend {
         kind: KeyScoreKind,
     ) -> Result<HostTensor, BackendError> {
         key_scores::key_scores(cache, block_table, block_size_tokens, len_tokens, kind)
+    }
+
+    fn window_scores(
+        &self,
+        cache: &CpuKvCache,
+        block_table: &[u32],
+        block_size_tokens: usize,
+        len_tokens: usize,
+        queries: &HostTensor,
+        spec: &WindowScoreSpec,
+    ) -> Result<HostTensor, BackendError> {
+        key_scores::window_scores(
+            cache,
+            block_table,
+            block_size_tokens,
+            len_tokens,
+            queries,
+            spec,
+        )
     }
 }
 

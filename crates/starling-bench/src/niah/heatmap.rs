@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
@@ -36,27 +37,114 @@ pub fn score_color(score: f64) -> RGBColor {
     }
 }
 
+/// One heatmap: a title and a fact score (or none) per (context, depth) cell.
+pub struct HeatmapGrid<'a> {
+    /// The caption.
+    pub title: String,
+    /// Context lengths, tokens (columns, left to right).
+    pub contexts: &'a [usize],
+    /// Needle depths, percent (rows, top to bottom).
+    pub depths: &'a [f64],
+    /// `scores[i * depths.len() + j]`: the mean score of context `i`, depth `j`.
+    pub scores: Vec<Option<f64>>,
+}
+
+impl<'a> HeatmapGrid<'a> {
+    /// `method`'s cells of `report`, titled with the method, the model and its mean.
+    pub fn of_report(report: &'a NiahReport, method: &str) -> Self {
+        let mean = report.mean_of(method, None, |c| c.fact_score);
+        Self::from_cells(
+            format!("{method}: {} ({})", report.model, mean_label(mean)),
+            &report.contexts_tokens,
+            &report.depths_percent,
+            |n, depth| {
+                report
+                    .cells_of(method)
+                    .filter(|c| c.context_tokens == n && c.depth_percent == depth)
+                    .map(|c| c.fact_score)
+                    .collect()
+            },
+        )
+    }
+
+    /// A grid whose cell `(n, depth)` is the mean of `scores_at(n, depth)` (none when empty).
+    pub fn from_cells(
+        title: String,
+        contexts: &'a [usize],
+        depths: &'a [f64],
+        scores_at: impl Fn(usize, f64) -> Vec<f64>,
+    ) -> Self {
+        let scores = contexts
+            .iter()
+            .flat_map(|&n| depths.iter().map(move |&d| (n, d)))
+            .map(|(n, d)| crate::quality::mean(&scores_at(n, d)))
+            .collect();
+        Self {
+            title,
+            contexts,
+            depths,
+            scores,
+        }
+    }
+}
+
+/// "mean 87.5%", or "no runs".
+pub fn mean_label(mean: Option<f64>) -> String {
+    mean.map_or_else(
+        || "no runs".to_owned(),
+        |m| format!("mean {:.1}%", 100.0 * m),
+    )
+}
+
 /// Writes the heatmap of `method`'s fact scores to `path` (PNG, 900×600).
 pub fn write_heatmap_png(report: &NiahReport, method: &str, path: &Path) -> Result<(), BenchError> {
-    let contexts = &report.contexts_tokens;
-    let depths = &report.depths_percent;
-    if contexts.is_empty() || depths.is_empty() {
+    let mut grid = HeatmapGrid::of_report(report, method);
+    grid.title = format!("NIAH {}", grid.title);
+    register_font()?;
+    let root = BitMapBackend::new(path, (900, 600)).into_drawing_area();
+    root.fill(&WHITE).map_err(plot_error)?;
+    draw_heatmap(&root, &grid)?;
+    root.present().map_err(plot_error)?;
+    Ok(())
+}
+
+/// Writes two heatmaps side by side under one title (PNG, 1800×640): the same grid of two
+/// systems or methods.
+pub fn write_heatmap_pair_png(
+    title: &str,
+    left: &HeatmapGrid<'_>,
+    right: &HeatmapGrid<'_>,
+    path: &Path,
+) -> Result<(), BenchError> {
+    register_font()?;
+    let root = BitMapBackend::new(path, (1800, 640)).into_drawing_area();
+    root.fill(&WHITE).map_err(plot_error)?;
+    let root = root.titled(title, (FONT_FAMILY, 22)).map_err(plot_error)?;
+    let (a, b) = root.split_horizontally(900);
+    draw_heatmap(&a, left)?;
+    draw_heatmap(&b, right)?;
+    root.present().map_err(plot_error)?;
+    Ok(())
+}
+
+/// Draws one grid on `area`.
+fn draw_heatmap<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    grid: &HeatmapGrid<'_>,
+) -> Result<(), BenchError> {
+    let (contexts, depths) = (grid.contexts, grid.depths);
+    if contexts.is_empty()
+        || depths.is_empty()
+        || grid.scores.len() != contexts.len() * depths.len()
+    {
         return Err(BenchError::Invalid(
             "nothing to plot: no context length or no depth".into(),
         ));
     }
-    register_font()?;
     let (nx, ny) = (contexts.len(), depths.len());
-    let root = BitMapBackend::new(path, (900, 600)).into_drawing_area();
-    root.fill(&WHITE).map_err(plot_error)?;
-    let mean = report.mean_of(method, None, |c| c.fact_score).map_or_else(
-        || "no runs".to_owned(),
-        |m| format!("mean {:.1}%", 100.0 * m),
-    );
-    let title = format!("NIAH {method}: {} ({mean})", report.model);
     // Cell (i, j) spans [i − 0.5, i + 0.5] so the integer label positions are cell centres.
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, (FONT_FAMILY, 20))
+    let mut chart = ChartBuilder::on(area)
+        .caption(&grid.title, (FONT_FAMILY, 20))
         .margin(15)
         .x_label_area_size(50)
         .y_label_area_size(70)
@@ -80,17 +168,10 @@ pub fn write_heatmap_png(report: &NiahReport, method: &str, path: &Path) -> Resu
         .label_style((FONT_FAMILY, 14))
         .draw()
         .map_err(plot_error)?;
-    let mut cells = Vec::with_capacity(nx * ny);
-    for (i, &n) in contexts.iter().enumerate() {
-        for (j, &depth) in depths.iter().enumerate() {
-            let score = report
-                .cells_of(method)
-                .filter(|c| c.context_tokens == n && c.depth_percent == depth)
-                .map(|c| c.fact_score)
-                .next();
-            cells.push((i as f64, (ny - 1 - j) as f64, score));
-        }
-    }
+    let cells: Vec<(f64, f64, Option<f64>)> = (0..nx)
+        .flat_map(|i| (0..ny).map(move |j| (i, j)))
+        .map(|(i, j)| (i as f64, (ny - 1 - j) as f64, grid.scores[i * ny + j]))
+        .collect();
     chart
         .draw_series(cells.iter().map(|&(x, y, score)| {
             let color = score.map_or(RGBColor(200, 200, 200), score_color);
@@ -106,7 +187,6 @@ pub fn write_heatmap_png(report: &NiahReport, method: &str, path: &Path) -> Resu
             Text::new(text, (x, y), centred.clone())
         }))
         .map_err(plot_error)?;
-    root.present().map_err(plot_error)?;
     Ok(())
 }
 
@@ -151,5 +231,14 @@ mod tests {
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
         assert!(bytes.len() > 5_000, "a real picture: {}", bytes.len());
+        let (a, b) = (
+            HeatmapGrid::of_report(&r, "none"),
+            HeatmapGrid::of_report(&r, "keydiff@0.5"),
+        );
+        assert_eq!(a.scores, vec![Some(1.0), Some(0.0), Some(2.0 / 3.0), None]);
+        assert_eq!(b.scores, vec![None; 4]);
+        let pair = dir.path().join("pair.png");
+        write_heatmap_pair_png("two", &a, &b, &pair).unwrap();
+        assert!(std::fs::read(&pair).unwrap().len() > 5_000);
     }
 }

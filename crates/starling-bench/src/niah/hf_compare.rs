@@ -23,6 +23,10 @@ pub struct PromptCell {
     pub depth_percent: f64,
     /// The exact prompt token ids (chat template applied).
     pub prompt_ids: Vec<u32>,
+    /// The prompt's last tokens that form the question and the chat template's tail (what the
+    /// context/question split keeps uncompressed); 0 in dumps written before it existed.
+    #[serde(default)]
+    pub question_tokens: usize,
 }
 
 /// The `prompts.json` document.
@@ -34,8 +38,16 @@ pub struct PromptDump {
     pub max_new_tokens: usize,
     /// Token ids that end an answer (not counted when comparing).
     pub eos_token_ids: Vec<u32>,
+    /// The protocol's name ([`crate::niah::NiahProtocol::name`]).
+    #[serde(default = "whole_prompt")]
+    pub protocol: String,
     /// Every cell.
     pub cells: Vec<PromptCell>,
+}
+
+/// The protocol of documents written before the field existed.
+pub(crate) fn whole_prompt() -> String {
+    crate::niah::NiahProtocol::WholePrompt.name().to_owned()
 }
 
 /// One cell's HF answer.

@@ -34,6 +34,55 @@ const QUESTION_SUFFIX: &str = "Don't give information outside the document or re
 /// essay contains it.
 pub const CONTEXT_PLACEHOLDER: &str = "\u{1}STARLING_NIAH_CONTEXT\u{1}";
 
+/// Which part of a NIAH prompt is compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NiahProtocol {
+    /// The whole prompt is compressed as it is prefilled (chat template, haystack and
+    /// question alike), and again while decoding.
+    #[default]
+    WholePrompt,
+    /// kvpress's context/question split: the context (system prompt and haystack) is compressed
+    /// once it is in; the question and the chat template's tail are never evicted.
+    ContextQuestion,
+}
+
+impl NiahProtocol {
+    /// Every protocol.
+    pub const ALL: [NiahProtocol; 2] = [Self::WholePrompt, Self::ContextQuestion];
+
+    /// The name in flags and result files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::WholePrompt => "whole-prompt",
+            Self::ContextQuestion => "context-question",
+        }
+    }
+
+    /// The protocol of a name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// One paragraph for reports: what is compressed, and what the question-aware scorers see.
+    pub fn description(self) -> &'static str {
+        match self {
+            Self::WholePrompt => concat!(
+                "Protocol `whole-prompt`: the whole prompt (chat template, haystack and question) ",
+                "is compressed as its chunks are prefilled and again every `every_n_tokens` while ",
+                "decoding; SnapKV's observation window is the prompt's last `window_tokens` tokens, ",
+                "which hold the question."
+            ),
+            Self::ContextQuestion => concat!(
+                "Protocol `context-question` (kvpress's split): only the context (system prompt and ",
+                "haystack) is compressed, once, when the prompt is in; the question and the chat ",
+                "template's tail are never evicted, nor are generated tokens. Starling's SnapKV and ",
+                "TOVA score with the question's queries, so they see the question (kvpress's ",
+                "SnapKV and TOVA score with the context's own last tokens)."
+            ),
+        }
+    }
+}
+
 /// A chat message as (role, content), for the caller's chat template.
 pub type Message = (&'static str, String);
 
@@ -76,6 +125,17 @@ mod tests {
             m[1].1,
             "HAY\n\nWhat is the best thing to do in San Francisco? Don't give information outside the document or repeat your findings"
         );
+    }
+
+    #[test]
+    fn protocols_round_trip_their_names() {
+        for p in NiahProtocol::ALL {
+            assert_eq!(NiahProtocol::from_name(p.name()), Some(p));
+        }
+        assert_eq!(NiahProtocol::from_name("question"), None);
+        assert!(NiahProtocol::ContextQuestion
+            .description()
+            .contains("see the question"));
     }
 
     #[test]

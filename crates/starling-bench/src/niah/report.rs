@@ -21,6 +21,10 @@ pub struct NiahCell {
     pub prompt_tokens: usize,
     /// Index in the prompt of the needle's first token.
     pub needle_token_index: usize,
+    /// The prompt's last tokens kept out of compression under the context/question split (the
+    /// question and the chat template's tail); 0 when the whole prompt was compressed.
+    #[serde(default)]
+    pub question_tokens: usize,
     /// The generated answer.
     pub answer: String,
     /// The generated token ids (end-of-sequence token included when one was generated).
@@ -72,6 +76,9 @@ pub struct NiahReport {
     pub needle: String,
     /// The question.
     pub question: String,
+    /// The protocol's name ([`crate::niah::NiahProtocol::name`]).
+    #[serde(default = "crate::niah::hf_compare::whole_prompt")]
+    pub protocol: String,
     /// The methods, in the order run.
     pub methods: Vec<MethodRun>,
     /// A model-level K/V compression every method ran on top of (a STAR-KV checkpoint and
@@ -152,6 +159,9 @@ impl NiahReport {
             self.kv_bytes_per_token,
             self.essays_sha256
         );
+        if let Some(protocol) = crate::niah::NiahProtocol::from_name(&self.protocol) {
+            let _ = writeln!(out, "{}\n", protocol.description());
+        }
         if let Some(model) = &self.model_compression {
             let _ = writeln!(
                 out,
@@ -202,6 +212,7 @@ pub(crate) mod tests {
             depth_percent: depth,
             prompt_tokens: context,
             needle_token_index: 0,
+            question_tokens: 0,
             answer: String::new(),
             output_ids: Vec::new(),
             finish_reason: "stop".to_owned(),
@@ -225,6 +236,7 @@ pub(crate) mod tests {
             essays_sha256: "abc".into(),
             needle: "n".into(),
             question: "q".into(),
+            protocol: "context-question".into(),
             methods: vec![
                 MethodRun {
                     label: "none".into(),
@@ -264,6 +276,7 @@ pub(crate) mod tests {
             "{md}"
         );
         assert!(md.contains("| none | 1.00 | 2.00 | 1.50 |"), "{md}");
+        assert!(md.contains("they see the question"), "{md}");
     }
 
     #[test]

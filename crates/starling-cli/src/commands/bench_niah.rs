@@ -5,7 +5,10 @@
 //! the chat template is rendered around a placeholder, the two halves are tokenised, and the
 //! haystack (essay tokens with the needle at its depth) fills the rest. `--dump-prompts` writes
 //! those ids so `scripts/niah_hf.py` can run the very same prompts through HF transformers;
-//! `--compare-hf` then lines up the `none` answers with HF's, cell by cell.
+//! `--compare-hf` then lines up the `none` answers with HF's, cell by cell, and
+//! `scripts/niah_kvpress.py` answers them with NVIDIA kvpress's presses, which
+//! `--compare-kvpress` draws beside Starling's (heatmap pairs, accuracy against ratio, KV held).
+//! `--protocol context-question` compresses only the context (kvpress's split).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -14,10 +17,12 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use starling_backend::Backend;
 use starling_bench::niah::{
-    agreement_markdown, check_depths, compare_with_hf, context_label, fact_score, messages,
-    parse_context_tokens, parse_methods, rouge_l_recall, split_at_placeholder, write_heatmap_png,
-    HaystackSource, HfAnswers, MethodRun, MethodSpec, NiahCell, NiahReport, PromptCell, PromptDump,
-    CONTEXT_PLACEHOLDER, NEEDLE, NEEDLE_FACTS, NEEDLE_INSERT, QUESTION,
+    agreement_markdown, check_depths, compare_with_hf, compare_with_kvpress, comparison_markdown,
+    context_label, fact_score, kvpress_grid, messages, parse_context_tokens, parse_methods,
+    rouge_l_recall, split_at_placeholder, write_heatmap_pair_png, write_heatmap_png,
+    write_ratio_chart_png, HaystackSource, HeatmapGrid, HfAnswers, KvpressAnswers, MethodRun,
+    MethodSpec, NiahCell, NiahProtocol, NiahReport, PromptCell, PromptDump, CONTEXT_PLACEHOLDER,
+    NEEDLE, NEEDLE_FACTS, NEEDLE_INSERT, QUESTION,
 };
 use starling_engine::sampling::SamplingParams;
 use starling_engine::{Engine, RequestOptions};
@@ -39,13 +44,24 @@ pub struct NiahArgs {
     /// `k` = 1024 tokens (1k,4k,8k,16k,30k).
     #[arg(long, value_delimiter = ',', default_value = "1k,4k")]
     contexts: Vec<String>,
-    /// Needle depths, percent of the haystack, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "0,25,50,75,100")]
+    /// Needle depths, percent of the haystack, comma-separated (11 by default, so a context
+    /// length's mean is not four points).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0,10,20,30,40,50,60,70,80,90,100"
+    )]
     depths: Vec<f64>,
     /// Compression methods, comma-separated: `none` or `name@ratio` (ratio = share of tokens
-    /// evicted), e.g. none,keydiff@0.5,snapkv@0.25,streaming_llm@0.5.
+    /// evicted), e.g. none,keydiff@0.5,snapkv@0.25,tova@0.75,streaming_llm@0.5.
     #[arg(long, value_delimiter = ',', default_value = "none")]
     methods: Vec<String>,
+    /// What is compressed: `whole-prompt` (the whole prompt, as it is prefilled and while
+    /// decoding) or `context-question` (kvpress's split: the context only, once the prompt is
+    /// in; the question and the chat template's tail are kept, and SnapKV/TOVA score with the
+    /// question's queries).
+    #[arg(long, value_parser = parse_protocol, default_value = "whole-prompt")]
+    protocol: NiahProtocol,
     /// Folder for niah_results.json, niah_summary.md and one heatmap PNG per method.
     #[arg(long)]
     output: PathBuf,
@@ -64,6 +80,15 @@ pub struct NiahArgs {
     /// prompts.json): write the cell-by-cell agreement of the `none` method with them.
     #[arg(long)]
     compare_hf: Option<PathBuf>,
+    /// NVIDIA kvpress's answers (kvpress_answers.json from scripts/niah_kvpress.py, made from
+    /// this run's prompts.json): draw each method's heatmaps side by side, mean accuracy against
+    /// ratio for both systems, and the KV bytes each held.
+    #[arg(long)]
+    compare_kvpress: Option<PathBuf>,
+    /// An earlier run's niah_results.json: skip the engine and only write the summary, the
+    /// heatmaps and the comparisons from it.
+    #[arg(long, conflicts_with_all = ["dump_prompts", "compare_hf"])]
+    results: Option<PathBuf>,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -75,6 +100,15 @@ struct CellPrompt {
     ids: Vec<u32>,
     /// Index in `ids` of the needle's first token.
     needle_index: usize,
+    /// The last tokens of `ids` after the haystack: the question and the chat template's tail.
+    question_tokens: usize,
+}
+
+fn parse_protocol(text: &str) -> Result<NiahProtocol, String> {
+    NiahProtocol::from_name(text).ok_or_else(|| {
+        let names: Vec<&str> = NiahProtocol::ALL.iter().map(|p| p.name()).collect();
+        format!("unknown protocol `{text}` (expected one of {names:?})")
+    })
 }
 
 /// Runs `starling bench niah`.
@@ -84,6 +118,15 @@ pub fn run(args: NiahArgs) -> Result<()> {
     }
     if args.compare_hf.is_some() && !args.methods.iter().any(|m| m.trim() == "none") {
         bail!("--compare-hf compares the `none` method: include it in --methods");
+    }
+    if let Some(path) = &args.results {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let report: NiahReport = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a niah_results.json document", path.display()))?;
+        std::fs::create_dir_all(&args.output)
+            .with_context(|| format!("creating {}", args.output.display()))?;
+        return write_outputs(&report, report.markdown(), &args);
     }
     with_backend(args.engine.device, args)
 }
@@ -132,12 +175,14 @@ fn niah<B: Backend + 'static>(backend: B, args: NiahArgs) -> Result<()> {
             model: args.model.model.clone(),
             max_new_tokens: args.max_new_tokens,
             eos_token_ids: eos_token_ids.clone(),
+            protocol: args.protocol.name().to_owned(),
             cells: prompts
                 .iter()
                 .map(|p| PromptCell {
                     context_tokens: p.context_tokens,
                     depth_percent: p.depth_percent,
                     prompt_ids: p.ids.clone(),
+                    question_tokens: p.question_tokens,
                 })
                 .collect(),
         };
@@ -159,8 +204,11 @@ fn niah<B: Backend + 'static>(backend: B, args: NiahArgs) -> Result<()> {
             spec,
             config,
             &prompts,
-            args.max_new_tokens,
-            bytes_per_token,
+            RunSettings {
+                max_new_tokens: args.max_new_tokens,
+                bytes_per_token,
+                protocol: args.protocol,
+            },
         )?);
     }
     let report = NiahReport {
@@ -173,6 +221,7 @@ fn niah<B: Backend + 'static>(backend: B, args: NiahArgs) -> Result<()> {
         essays_sha256: essays.sha256(),
         needle: NEEDLE.to_owned(),
         question: QUESTION.to_owned(),
+        protocol: args.protocol.name().to_owned(),
         methods: methods
             .iter()
             .zip(&configs)
@@ -199,18 +248,66 @@ fn niah<B: Backend + 'static>(backend: B, args: NiahArgs) -> Result<()> {
         )?);
     }
     write_json(&args.output.join("niah_results.json"), &report)?;
+    write_outputs(&report, markdown, &args)
+}
+
+/// The summary (with the kvpress comparison when asked), one heatmap per method, and with
+/// `--compare-kvpress` the side-by-side heatmaps and the ratio chart.
+fn write_outputs(report: &NiahReport, mut markdown: String, args: &NiahArgs) -> Result<()> {
+    if let Some(path) = &args.compare_kvpress {
+        markdown.push('\n');
+        markdown.push_str(&write_kvpress_comparison(report, path, &args.output)?);
+    }
     let summary = args.output.join("niah_summary.md");
     std::fs::write(&summary, &markdown)
         .with_context(|| format!("writing {}", summary.display()))?;
-    for spec in &methods {
+    for method in &report.methods {
+        let spec = MethodSpec::parse(&method.label)?;
         let path = args
             .output
             .join(format!("heatmap_{}.png", spec.file_stem()));
-        write_heatmap_png(&report, &spec.label(), &path)?;
+        write_heatmap_png(report, &method.label, &path)?;
     }
     println!("{markdown}");
     eprintln!("results written to {}", args.output.display());
     Ok(())
+}
+
+/// Lines Starling's cells up with kvpress's; writes kvpress_comparison.{json,md}, one
+/// `compare_<method>.png` heatmap pair per method and `accuracy_vs_ratio.png`; returns the
+/// markdown.
+fn write_kvpress_comparison(report: &NiahReport, path: &Path, output: &Path) -> Result<String> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let kvpress: KvpressAnswers = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a kvpress_answers.json document", path.display()))?;
+    let rows = compare_with_kvpress(report, &kvpress)?;
+    for method in &report.methods {
+        let spec = MethodSpec::parse(&method.label)?;
+        let mut ours = HeatmapGrid::of_report(report, &method.label);
+        ours.title = format!("Starling {}", ours.title);
+        let theirs = kvpress_grid(report, &kvpress, &method.label);
+        let title = format!(
+            "NIAH {} ({}): Starling | kvpress",
+            method.label, report.protocol
+        );
+        let png = output.join(format!("compare_{}.png", spec.file_stem()));
+        write_heatmap_pair_png(&title, &ours, &theirs, &png)?;
+    }
+    if rows.iter().any(|r| r.ratio > 0.0) {
+        let title = format!(
+            "NIAH accuracy vs compression ratio ({}, {}): Starling solid, kvpress dashed",
+            report.model, report.protocol
+        );
+        write_ratio_chart_png(&rows, &title, &output.join("accuracy_vs_ratio.png"))?;
+    }
+    let doc = serde_json::json!({ "kvpress_generator": kvpress.generator, "rows": rows });
+    write_json(&output.join("kvpress_comparison.json"), &doc)?;
+    let markdown = comparison_markdown(&rows, &kvpress);
+    let md_path = output.join("kvpress_comparison.md");
+    std::fs::write(&md_path, &markdown)
+        .with_context(|| format!("writing {}", md_path.display()))?;
+    Ok(markdown)
 }
 
 /// Every (context, depth) cell's prompt: the rendered chat template's two halves around a
@@ -261,6 +358,7 @@ fn build_prompts(
                 depth_percent,
                 ids,
                 needle_index: prefix.len() + haystack.needle_start,
+                question_tokens: suffix.len(),
             });
         }
     }
@@ -277,6 +375,14 @@ struct RunState {
     finish_reason: Option<&'static str>,
 }
 
+/// What every method of a run shares.
+#[derive(Clone, Copy)]
+struct RunSettings {
+    max_new_tokens: usize,
+    bytes_per_token: u64,
+    protocol: NiahProtocol,
+}
+
 /// Submits every prompt with `config` at once, steps the engine until all finish, and scores
 /// the answers.
 fn run_method<B: Backend>(
@@ -284,9 +390,13 @@ fn run_method<B: Backend>(
     spec: &MethodSpec,
     config: &CompressionConfig,
     prompts: &[CellPrompt],
-    max_new_tokens: usize,
-    bytes_per_token: u64,
+    settings: RunSettings,
 ) -> Result<Vec<NiahCell>> {
+    let RunSettings {
+        max_new_tokens,
+        bytes_per_token,
+        protocol,
+    } = settings;
     let params = SamplingParams {
         temperature: 0.0,
         max_tokens: Some(max_new_tokens),
@@ -296,6 +406,8 @@ fn run_method<B: Backend>(
     for (index, prompt) in prompts.iter().enumerate() {
         let options = RequestOptions {
             compression: Some(config.clone()),
+            question_tokens: (protocol == NiahProtocol::ContextQuestion)
+                .then_some(prompt.question_tokens),
             ..RequestOptions::default()
         };
         let id = engine.add_request_with(prompt.ids.clone(), params.clone(), options)?;
@@ -337,6 +449,10 @@ fn run_method<B: Backend>(
                 depth_percent: prompt.depth_percent,
                 prompt_tokens: prompt.ids.len(),
                 needle_token_index: prompt.needle_index,
+                question_tokens: match protocol {
+                    NiahProtocol::WholePrompt => 0,
+                    NiahProtocol::ContextQuestion => prompt.question_tokens,
+                },
                 fact_score: fact_score(&state.answer, &NEEDLE_FACTS),
                 rouge_l_recall: rouge_l_recall(NEEDLE, &state.answer),
                 answer: state.answer,

@@ -31,8 +31,9 @@ pub struct QualityArgs {
     #[command(flatten)]
     model: ModelArg,
     /// Compression methods compared with the uncompressed run, comma-separated: `name@ratio`
-    /// (ratio = share of tokens evicted), e.g. keydiff@0.5,snapkv@0.25. `none` here checks that
-    /// an uncompressed run matches the reference (KL ≈ 0).
+    /// (ratio = share of tokens evicted), e.g. keydiff@0.5,snapkv@0.25,tova@0.5 (any eviction
+    /// method of --kv-compression). `none` checks that an uncompressed run matches the reference
+    /// (KL ≈ 0).
     #[arg(long, value_delimiter = ',', default_value = "keydiff@0.5")]
     methods: Vec<String>,
     /// Prompt tokens per window (held-out essay text, no chat template).
@@ -349,6 +350,7 @@ fn run_window<B: Backend>(
             compression: Some(stream.config.clone()),
             forced_output_ids: Some(window.eval_ids.clone()),
             return_full_logprobs: true,
+            question_tokens: None,
         };
         let id = engine.add_request_with(window.context_ids.clone(), params.clone(), options)?;
         stream_of.insert(id, s);

@@ -1,21 +1,27 @@
 //! Eviction key scores on the GPU (kernels in `kernels/key_scores.cu`): KNorm in one pass over
 //! the sequence's keys, KeyDiff in two (unit-key sums per chunk, a fixed-order reduction to the
-//! mean direction, then the cosines). Only the `[num_kv_heads, len]` scores cross to the host.
+//! mean direction, then the cosines), and the observation-window scores of SnapKV and TOVA in
+//! four (per-tile softmax partials, their merge, the attention mass per token, the pooling).
+//! Only the `[num_kv_heads, len]` scores cross to the host.
 
 use cudarc::driver::LaunchConfig;
-use starling_backend::cpu::check_block_table;
-use starling_backend::{HostTensor, KeyScoreKind};
+use starling_backend::cpu::{check_block_table, check_window_scores};
+use starling_backend::{HostTensor, KeyScoreKind, WindowScoreSpec};
 
 use super::kv_ops::int_arg;
-use super::{CudaBackend, CudaKvCache};
+use super::{grid_for, CudaBackend, CudaKvCache};
 use crate::CudaError;
 
 /// Tokens each CUDA block scores (and sums, for KeyDiff's mean).
 const TOKENS_PER_BLOCK: usize = 128;
 /// Threads per CUDA block: `WARPS * 32` in key_scores.cu.
-const THREADS: u32 = 256;
+pub(crate) const THREADS: u32 = 256;
+/// Warps per block of the window-score kernels (`WARPS` in key_scores.cu).
+pub(crate) const WINDOW_WARPS: usize = 8;
+/// Tokens per block of the window-score kernels, one per lane (`WS_TILE` in key_scores.cu).
+pub(crate) const WINDOW_TILE_TOKENS: usize = 32;
 /// Widest head the kernels hold in registers and shared memory (`MAX_HEAD_DIM` in key_scores.cu).
-const MAX_HEAD_DIM: usize = 256;
+pub(crate) const MAX_HEAD_DIM: usize = 256;
 
 impl CudaBackend {
     pub(super) fn key_scores_impl(
@@ -126,6 +132,130 @@ impl CudaBackend {
             &mean,
             &mean_norm,
             &key_diff_i,
+            &mut scores
+        )?;
+        let data: Vec<f32> = self.stream.clone_dtoh(&scores)?;
+        Ok(HostTensor::new(vec![nkv, len_tokens], data)?)
+    }
+}
+
+impl CudaBackend {
+    /// `Backend::window_scores`: O(window × group × len × head_dim) multiply-adds per KV head,
+    /// on the GPU; the queries go up (`window × q_size` f32) and the scores come back.
+    pub(super) fn window_scores_impl(
+        &self,
+        cache: &CudaKvCache,
+        block_table: &[u32],
+        block_size_tokens: usize,
+        len_tokens: usize,
+        queries: &HostTensor,
+        score: &WindowScoreSpec,
+    ) -> Result<HostTensor, CudaError> {
+        let spec = &cache.spec;
+        let window = check_window_scores(
+            spec,
+            block_table,
+            block_size_tokens,
+            len_tokens,
+            queries,
+            score,
+        )?;
+        let (nkv, hd) = cache.full_dims("window_scores")?;
+        if hd == 0 || hd > MAX_HEAD_DIM || nkv == 0 || nkv > 65_535 {
+            return Err(CudaError::Shape(format!(
+                "window_scores: head_dim {hd} with {nkv} KV heads unsupported on CUDA \
+                 (head_dim 1..={MAX_HEAD_DIM}, 1 to 65535 heads)"
+            )));
+        }
+        let rows = window * score.group;
+        let tiles = len_tokens.div_ceil(WINDOW_TILE_TOKENS);
+        let table = self.upload_u32(block_table)?;
+        self.check_not_recording("a query upload")?;
+        let q = self.stream.clone_htod(queries.data())?;
+        let (bs, len) = (
+            int_arg(block_size_tokens, "block size")?,
+            int_arg(len_tokens, "window_scores: length")?,
+        );
+        let (nkv_i, hd_i) = (int_arg(nkv, "KV heads")?, int_arg(hd, "head_dim")?);
+        let (group, window_i) = (
+            int_arg(score.group, "group")?,
+            int_arg(window, "window_scores: window")?,
+        );
+        let (tiles_i, total_rows) = (
+            int_arg(tiles, "window_scores: tiles")?,
+            int_arg(nkv * rows, "window_scores: rows")?,
+        );
+        let pool = int_arg(score.pool_kernel_tokens, "pool width")?;
+        // Row-major float2 pairs (max, sum); cudarc allocations are 256-byte aligned.
+        // SAFETY (all allocations below): every element is written before it is read —
+        // partials[h, r, tile] for every head, row and tile by the first kernel, stats[h, r] by
+        // the second, mass[h, t] for every t < len by the third, scores by the fourth.
+        let mut partials = unsafe { self.stream.alloc::<f32>(2 * nkv * rows * tiles) }?;
+        let mut stats = unsafe { self.stream.alloc::<f32>(2 * nkv * rows) }?;
+        let mut mass = unsafe { self.stream.alloc::<f32>(nkv * len_tokens) }?;
+        let mut scores = unsafe { self.stream.alloc::<f32>(nkv * len_tokens) }?;
+        let tile_grid = LaunchConfig {
+            grid_dim: (tiles_i as u32, nkv as u32, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(
+            self,
+            &self.kernels.window_softmax_partials,
+            tile_grid,
+            &cache.keys,
+            &table,
+            &bs,
+            &len,
+            &nkv_i,
+            &hd_i,
+            &group,
+            &window_i,
+            &q,
+            &score.scale,
+            &tiles_i,
+            &mut partials
+        )?;
+        let combine_grid = LaunchConfig {
+            grid_dim: ((nkv * rows).div_ceil(WINDOW_WARPS) as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(
+            self,
+            &self.kernels.window_softmax_combine,
+            combine_grid,
+            &partials,
+            &tiles_i,
+            &total_rows,
+            &mut stats
+        )?;
+        launch!(
+            self,
+            &self.kernels.window_attention_mass,
+            tile_grid,
+            &cache.keys,
+            &table,
+            &bs,
+            &len,
+            &nkv_i,
+            &hd_i,
+            &group,
+            &window_i,
+            &q,
+            &score.scale,
+            &stats,
+            &mut mass
+        )?;
+        launch!(
+            self,
+            &self.kernels.window_pool_scores,
+            grid_for(nkv * len_tokens),
+            &mass,
+            &len,
+            &nkv_i,
+            &window_i,
+            &pool,
             &mut scores
         )?;
         let data: Vec<f32> = self.stream.clone_dtoh(&scores)?;

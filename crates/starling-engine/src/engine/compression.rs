@@ -1,6 +1,6 @@
-//! Token eviction inside the engine: when a request's cache holds more than its target, every
-//! layer is scored per KV head, the survivors are compacted to the front of the request's blocks,
-//! and the tail blocks go back to the pool (the scheduler's `shrink_physical`).
+//! Token eviction inside the engine: a request's policy ([`SeqCompression`]: when it is due and
+//! to what target) and the per-layer step that evicts ([`compact_layer`]: score → select →
+//! compact). `compaction.rs` schedules those steps across engine steps.
 //!
 //! The target is computed from the *logical* length (tokens the model has seen): a request at
 //! ratio r keeps `keep_tokens(logical)`, so compressing again after more tokens arrive tops the
@@ -8,13 +8,24 @@
 //! reaches `every_n_tokens` (during chunked prefill that is as blocks fill, so peak memory stays
 //! bounded by target + one chunk) and once more when a prompt completes, so decoding starts
 //! exactly at the target.
+//!
+//! Under the context/question split ([`crate::RequestOptions::question_tokens`], kvpress's
+//! protocol) only the context is evicted, once, when the prompt completes; the question, the chat
+//! template's tail and every generated token are kept.
+//!
+//! Every score is computed where the cache lives (`Backend::key_scores` for KeyDiff and KNorm,
+//! `Backend::window_scores` for SnapKV and TOVA); StreamingLLM and Random read no keys at all.
+//! Only the `[num_kv_heads, n]` scores cross to the host, where selection is linear in `n`.
 
-use starling_backend::{Backend, HostTensor, KeyScoreKind, KvCacheSpec};
-use starling_evict::{
-    scorer_for, select_keep, split_heads, CompressionConfig, CompressionMethod, HeadKeys,
-    ScoreInput, Scorer, WindowQueries,
+use starling_backend::{
+    AttentionDims, Backend, HostTensor, KeyScoreKind, KvCacheSpec, LatentFactors, RopeSpec,
+    WindowScoreSpec,
 };
-use starling_models::llama::{LlamaModel, QueryCapture};
+use starling_evict::scorer::SnapKv;
+use starling_evict::{
+    scorer_for, select_keep, select_keep_layer_wide, CompressionConfig, CompressionMethod,
+    HeadKeys, ScoreInput, Scorer,
+};
 
 use super::EngineError;
 
@@ -22,45 +33,115 @@ use super::EngineError;
 pub(crate) struct SeqCompression {
     pub(crate) config: CompressionConfig,
     scorer: Box<dyn Scorer>,
+    /// The context/question split: the prompt's last this many tokens are never evicted.
+    question_tokens: Option<usize>,
+}
+
+/// A compression decided for a step: the physical length to compress to, and how many of the
+/// request's leading physical tokens are open to eviction (the rest are all kept).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DueTarget {
+    pub(crate) target_tokens: usize,
+    pub(crate) evictable_tokens: usize,
 }
 
 impl SeqCompression {
     /// The policy of `config`; `None` when it never evicts (method `none` or ratio 0), so such
-    /// requests take exactly the uncompressed path.
-    pub(crate) fn new(config: &CompressionConfig) -> Option<Self> {
+    /// requests take exactly the uncompressed path. `question_tokens` splits the prompt into a
+    /// context (evicted) and a question (kept).
+    pub(crate) fn new(config: &CompressionConfig, question_tokens: Option<usize>) -> Option<Self> {
         scorer_for(config).map(|scorer| Self {
             config: config.clone(),
             scorer,
+            question_tokens,
         })
     }
 
-    /// Whether scoring needs the observation-window queries of the step (SnapKV).
+    /// Whether scoring needs the observation-window queries (SnapKV, TOVA).
     pub(crate) fn needs_queries(&self) -> bool {
         self.scorer.needs_queries()
+    }
+
+    /// The observation window, tokens: the question under the context/question split (SnapKV
+    /// then scores with the question's queries), else the configuration's `window_tokens`;
+    /// TOVA always reads the newest query only.
+    pub(crate) fn observation_window_tokens(&self) -> usize {
+        let window = self.question_tokens.unwrap_or(self.config.window_tokens);
+        self.scorer.observation_window_tokens(window).max(1)
     }
 
     /// The most slots a request that grows to `total_tokens` holds between compactions: its
     /// target at that length plus the surplus it may gather before the next compaction (less
     /// when the surplus could not arise). The transient prefill chunk is reserved by the
-    /// scheduler once for all requests.
+    /// scheduler once for all requests. Under the context/question split the whole prompt is
+    /// held until it completes, so the projection is the uncompressed length.
     pub(crate) fn peak_tokens(&self, total_tokens: usize) -> usize {
+        if self.question_tokens.is_some() {
+            return total_tokens;
+        }
         let target = self.config.keep_tokens(total_tokens);
         (target + self.config.every_n_tokens).min(total_tokens)
     }
 
-    /// The physical length to compress to after a step leaves the request with `logical` and
-    /// `physical` tokens, or `None` when no compression is due. `prompt_completed` is true on
-    /// the step that finished the prompt's prefill.
+    /// The compression due after a step leaves the request with `logical` and `physical`
+    /// tokens, or `None`. `prompt_completed` is true on the step that finished the prompt's
+    /// prefill; `num_prompt_tokens` locates the question under the context/question split.
     pub(crate) fn due_target(
         &self,
         logical_tokens: usize,
         physical_tokens: usize,
         prompt_completed: bool,
-    ) -> Option<usize> {
+        num_prompt_tokens: usize,
+    ) -> Option<DueTarget> {
+        if let Some(question) = self.question_tokens {
+            // Once, when the prompt is in: nothing was evicted before, so physical index i is
+            // token i and the context is the first `prompt - question` of them.
+            if !prompt_completed || physical_tokens != logical_tokens {
+                return None;
+            }
+            let context = num_prompt_tokens
+                .saturating_sub(question)
+                .min(physical_tokens);
+            let target = self.config.keep_tokens(context) + (physical_tokens - context);
+            return (target < physical_tokens).then_some(DueTarget {
+                target_tokens: target,
+                evictable_tokens: context,
+            });
+        }
         let target = self.config.keep_tokens(logical_tokens);
         let surplus = physical_tokens.checked_sub(target).filter(|&s| s > 0)?;
-        (surplus >= self.config.every_n_tokens || prompt_completed).then_some(target)
+        (surplus >= self.config.every_n_tokens || prompt_completed).then_some(DueTarget {
+            target_tokens: target,
+            evictable_tokens: physical_tokens,
+        })
     }
+
+    /// Where this policy's scores come from.
+    fn scoring(&self) -> Scoring {
+        match self.config.method {
+            CompressionMethod::KeyDiff => Scoring::Keys(KeyScoreKind::KeyDiff),
+            CompressionMethod::KNorm => Scoring::Keys(KeyScoreKind::KNorm),
+            CompressionMethod::SnapKv => Scoring::Window {
+                pool_kernel_tokens: SnapKv::default().pool_kernel_tokens,
+            },
+            CompressionMethod::Tova => Scoring::Window {
+                pool_kernel_tokens: 1,
+            },
+            CompressionMethod::StreamingLlm
+            | CompressionMethod::Random
+            | CompressionMethod::None => Scoring::Keyless,
+        }
+    }
+}
+
+/// Where a layer's scores are computed.
+enum Scoring {
+    /// A key statistic, by `Backend::key_scores`.
+    Keys(KeyScoreKind),
+    /// Observation-window attention, by `Backend::window_scores`.
+    Window { pool_kernel_tokens: usize },
+    /// From positions alone (StreamingLLM, Random): the host scorer, given no keys.
+    Keyless,
 }
 
 /// Shapes of the attention the cache serves.
@@ -72,58 +153,50 @@ pub(crate) struct HeadShape {
     pub(crate) group: usize,
 }
 
-/// One request's compression in one step: its blocks, lengths and (SnapKV) captured queries.
-pub(crate) struct CompressionJob<'a> {
+/// One layer's compaction of one request.
+#[derive(Clone, Copy)]
+pub(crate) struct LayerJob<'a> {
     pub(crate) block_table: &'a [u32],
     pub(crate) block_size_tokens: usize,
     pub(crate) physical_tokens: usize,
-    pub(crate) target_tokens: usize,
-    /// The captured query rows of this request (indices into the capture's rows), oldest first;
-    /// they are the request's last physical tokens.
-    pub(crate) query_rows: Option<(&'a QueryCapture, std::ops::Range<usize>)>,
+    pub(crate) due: DueTarget,
+    /// The layer's observation-window queries, `[window, q_size]`: the request's last
+    /// `window` physical tokens (SnapKV, TOVA).
+    pub(crate) queries: Option<&'a HostTensor>,
+    /// Whether the layer's heads share one stored row per token (a value latent), so every
+    /// head must keep the same tokens whatever the method. Full K/V layers: false.
+    pub(crate) shared_rows: bool,
 }
 
-/// Compacts every layer of one request to `job.target_tokens` (per KV head in a full layer;
-/// for a STAR-KV latent layer, whose value latent every head shares, the same tokens for all
-/// heads: scored on its reconstructed keys, the heads' scores averaged). Returns the tokens
-/// evicted per layer. The caller then shrinks the request's block table.
-pub(crate) fn compress_layers<B: Backend>(
+/// What scoring a STAR-KV latent layer needs: its up-projections and rotary embedding, to
+/// reconstruct the keys every method scores (post-RoPE, as a full layer caches them).
+pub(crate) struct LatentScoring<'a, T> {
+    pub(crate) factors: LatentFactors<'a, T>,
+    pub(crate) dims: &'a AttentionDims,
+    pub(crate) rope: &'a RopeSpec,
+}
+
+/// Score → select → compact, for one layer of one request: afterwards the layer's first
+/// `due.target_tokens` physical slots hold the kept tokens of every head, in order. Selection
+/// is per KV head, or layer-wide when the method asks for it (TOVA), the policy does
+/// (`head_wise: false`) or the layer's heads share rows. A latent layer (`latent`) is scored
+/// on its keys reconstructed into a private full cache of the request's length and compacted
+/// with one list (key latents, value latent and position move together). The caller shrinks
+/// the block table once every layer is done.
+pub(crate) fn compact_layer<B: Backend>(
     backend: &B,
-    model: &LlamaModel<B>,
-    caches: &mut [B::KvCache],
+    cache: &mut B::KvCache,
     policy: &SeqCompression,
-    job: &CompressionJob<'_>,
-) -> Result<usize, EngineError> {
+    shape: HeadShape,
+    job: &LayerJob<'_>,
+    layer: usize,
+    latent: Option<LatentScoring<'_, B::Tensor>>,
+) -> Result<(), EngineError> {
     let n = job.physical_tokens;
-    let config = &policy.config;
-    let cfg = model.config();
-    let shape = HeadShape {
-        num_kv_heads: cfg.num_kv_heads,
-        head_dim: cfg.head_dim,
-        group: cfg.num_attention_heads / cfg.num_kv_heads.max(1),
-    };
-    // A latent layer is scored on its keys reconstructed into a private full cache of the
-    // sequence's length (physical index i in slot i), allocated once for all its layers.
-    let mut scratch: Option<(B::KvCache, Vec<u32>)> = None;
-    for (layer, cache) in caches.iter_mut().enumerate() {
-        let Some(factors) = model.latent_factors(layer) else {
-            let scores = layer_scores(backend, cache, job.block_table, policy, shape, job, layer)?;
-            let keep = if config.head_wise {
-                select_keep(
-                    &scores,
-                    n,
-                    job.target_tokens,
-                    config.sink_tokens,
-                    config.window_tokens,
-                )?
-            } else {
-                let keep = layer_wide_keep(&scores, n, job, config)?;
-                vec![keep; shape.num_kv_heads]
-            };
-            backend.compact_kv(cache, job.block_table, job.block_size_tokens, n, &keep)?;
-            continue;
-        };
-        if scratch.is_none() {
+    let scores = match &latent {
+        None => layer_scores(backend, cache, policy, shape, job, layer)?,
+        Some(l) => {
+            // Physical index i of the reconstruction sits in slot i.
             let blocks = n.div_ceil(job.block_size_tokens).max(1);
             let spec = KvCacheSpec::full(
                 blocks,
@@ -132,153 +205,138 @@ pub(crate) fn compress_layers<B: Backend>(
                 shape.head_dim,
                 backend.kv_cache_dtype(),
             );
-            scratch = Some((backend.alloc_kv_cache(&spec)?, (0..blocks as u32).collect()));
+            let mut dense = backend.alloc_kv_cache(&spec)?;
+            let table: Vec<u32> = (0..blocks as u32).collect();
+            backend.reconstruct_kv(
+                cache,
+                &l.factors,
+                l.dims,
+                l.rope,
+                job.block_table,
+                n,
+                &mut dense,
+                &table,
+            )?;
+            let dense_job = LayerJob {
+                block_table: &table,
+                ..*job
+            };
+            layer_scores(backend, &dense, policy, shape, &dense_job, layer)?
         }
-        let Some((dense, dense_table)) = scratch.as_mut() else {
-            continue;
-        };
-        backend.reconstruct_kv(
-            cache,
-            &factors,
-            model.attention_dims(),
-            model.rope(),
-            job.block_table,
-            n,
-            dense,
-            dense_table,
-        )?;
-        let scores = layer_scores(backend, dense, dense_table, policy, shape, job, layer)?;
-        let keep = layer_wide_keep(&scores, n, job, config)?;
-        backend.compact_kv(cache, job.block_table, job.block_size_tokens, n, &[keep])?;
+    };
+    let layer_wide = job.shared_rows
+        || latent.is_some()
+        || policy.scorer.layer_wide()
+        || !policy.config.head_wise;
+    let mut keep = select_layer(&scores, policy, job.due, n, layer_wide)?;
+    if latent.is_some() {
+        // Every head kept the same tokens: the latent layer takes them as one list.
+        keep.truncate(1);
     }
-    Ok(n - job.target_tokens)
+    // The block table is shrunk to the target once every layer is done: a layer keeping any
+    // other count would leave it pointing at stale or lost rows.
+    if let Some(kept) = keep
+        .first()
+        .map(Vec::len)
+        .filter(|&k| k != job.due.target_tokens)
+    {
+        return Err(EngineError::InvalidRequest(format!(
+            "layer {layer} would keep {kept} tokens, not the target {}",
+            job.due.target_tokens
+        )));
+    }
+    backend.compact_kv(cache, job.block_table, job.block_size_tokens, n, &keep)?;
+    Ok(())
 }
 
-/// One kept-index list for every head of a layer: the heads' scores averaged per token.
-fn layer_wide_keep(
-    scores: &[Vec<f32>],
-    n: usize,
-    job: &CompressionJob<'_>,
-    config: &CompressionConfig,
-) -> Result<Vec<u32>, EngineError> {
-    let mut keep = select_keep(
-        &[mean_over_heads(scores, n)],
-        n,
-        job.target_tokens,
-        config.sink_tokens,
-        config.window_tokens,
-    )?;
-    Ok(keep.pop().unwrap_or_default())
-}
-
-/// One score vector per KV head of a full cache holding the sequence through `block_table`.
-/// KeyDiff and KNorm are scored where the cache lives (only the scores cross to the host; the
-/// backend's version equals the evict crate's, tested there), the others by the host scorer.
+/// One score vector per KV head, `n` long, computed where the cache lives.
 fn layer_scores<B: Backend>(
     backend: &B,
     cache: &B::KvCache,
-    block_table: &[u32],
     policy: &SeqCompression,
     shape: HeadShape,
-    job: &CompressionJob<'_>,
+    job: &LayerJob<'_>,
     layer: usize,
 ) -> Result<Vec<Vec<f32>>, EngineError> {
     let n = job.physical_tokens;
-    let device_kind = match policy.config.method {
-        CompressionMethod::KeyDiff => Some(KeyScoreKind::KeyDiff),
-        CompressionMethod::KNorm => Some(KeyScoreKind::KNorm),
-        _ => None,
-    };
-    match device_kind {
-        Some(kind) => Ok(backend
-            .key_scores(cache, block_table, job.block_size_tokens, n, kind)?
-            .data()
+    let (table, bs) = (job.block_table, job.block_size_tokens);
+    let per_head = |t: HostTensor| {
+        t.data()
             .chunks_exact(n.max(1))
             .map(<[f32]>::to_vec)
-            .collect()),
-        None => host_scores(backend, cache, block_table, policy, shape, job, layer),
-    }
-}
-
-/// The per-token mean of every head's scores: one layer-wide ranking.
-fn mean_over_heads(scores: &[Vec<f32>], n: usize) -> Vec<f32> {
-    let mut mean = vec![0.0f32; n];
-    for head in scores {
-        mean.iter_mut().zip(head).for_each(|(m, s)| *m += s);
-    }
-    let heads = scores.len().max(1) as f32;
-    mean.iter_mut().for_each(|m| *m /= heads);
-    mean
-}
-
-/// Scores of one layer by the policy's host scorer, one vector per KV head (keys copied off
-/// the backend only when the scorer reads them).
-fn host_scores<B: Backend>(
-    backend: &B,
-    cache: &B::KvCache,
-    block_table: &[u32],
-    policy: &SeqCompression,
-    shape: HeadShape,
-    job: &CompressionJob<'_>,
-    layer: usize,
-) -> Result<Vec<Vec<f32>>, EngineError> {
-    let n = job.physical_tokens;
-    let heads = if policy.scorer.needs_keys() {
-        let keys = backend.read_keys(cache, block_table, job.block_size_tokens, n)?;
-        split_heads(keys.data(), shape.num_kv_heads, shape.head_dim)?
-    } else {
-        vec![vec![0.0; n * shape.head_dim]; shape.num_kv_heads]
+            .collect::<Vec<_>>()
     };
-    let layer_queries = match &job.query_rows {
-        Some((capture, rows)) => Some(window_queries(capture, layer, rows.clone(), shape)?),
-        None => None,
-    };
-    heads
-        .iter()
-        .enumerate()
-        .map(|(kv_head, keys)| {
-            let queries = match &layer_queries {
-                Some(per_head) => Some(WindowQueries::new(
-                    &per_head[kv_head],
-                    per_head[kv_head].len() / (shape.group * shape.head_dim),
-                    shape.group,
-                    shape.head_dim,
-                )?),
-                None => None,
+    match policy.scoring() {
+        Scoring::Keys(kind) => Ok(per_head(backend.key_scores(cache, table, bs, n, kind)?)),
+        Scoring::Window { pool_kernel_tokens } => {
+            let queries = job.queries.ok_or_else(|| {
+                EngineError::InvalidRequest(format!(
+                    "no observation-window queries for layer {layer} of a {} request",
+                    policy.config.method
+                ))
+            })?;
+            let spec = WindowScoreSpec {
+                group: shape.group,
+                scale: 1.0 / (shape.head_dim as f32).sqrt(),
+                pool_kernel_tokens,
             };
-            Ok(policy.scorer.score(&ScoreInput {
-                keys: HeadKeys::new(keys, shape.head_dim)?,
-                queries,
-                layer,
-                kv_head,
-            })?)
-        })
-        .collect()
-}
-
-/// Layer `layer`'s captured queries of `rows`, regrouped per KV head as
-/// `[window, group, head_dim]` (what [`WindowQueries`] expects).
-fn window_queries(
-    capture: &QueryCapture,
-    layer: usize,
-    rows: std::ops::Range<usize>,
-    shape: HeadShape,
-) -> Result<Vec<Vec<f32>>, EngineError> {
-    let q: &HostTensor = capture.layer(layer).ok_or_else(|| {
-        EngineError::InvalidRequest(format!("no queries captured for layer {layer}"))
-    })?;
-    let width = shape.num_kv_heads * shape.group * shape.head_dim;
-    let slice_width = shape.group * shape.head_dim;
-    let mut per_head = vec![Vec::with_capacity(rows.len() * slice_width); shape.num_kv_heads];
-    for r in rows {
-        let row = q.data().get(r * width..(r + 1) * width).ok_or_else(|| {
-            EngineError::InvalidRequest(format!("captured query row {r} out of range"))
-        })?;
-        for (head, part) in per_head.iter_mut().zip(row.chunks_exact(slice_width)) {
-            head.extend_from_slice(part);
+            Ok(per_head(
+                backend.window_scores(cache, table, bs, n, queries, &spec)?,
+            ))
+        }
+        Scoring::Keyless => {
+            // The scorer reads only the token count: one zero "key" of width 1 per token.
+            let zeros = vec![0.0f32; n];
+            (0..shape.num_kv_heads)
+                .map(|kv_head| {
+                    Ok(policy.scorer.score(&ScoreInput {
+                        keys: HeadKeys::new(&zeros, 1)?,
+                        queries: None,
+                        layer,
+                        kv_head,
+                    })?)
+                })
+                .collect()
         }
     }
-    Ok(per_head)
+}
+
+/// The kept indices per head: the best of the first `due.evictable_tokens` by score (with
+/// the policy's sink and window protection inside them), then every later token.
+fn select_layer(
+    scores: &[Vec<f32>],
+    policy: &SeqCompression,
+    due: DueTarget,
+    n: usize,
+    layer_wide: bool,
+) -> Result<Vec<Vec<u32>>, EngineError> {
+    let evictable = due.evictable_tokens.min(n);
+    let kept_after = n - evictable;
+    let keep_evictable = due.target_tokens.saturating_sub(kept_after);
+    let truncated: Vec<Vec<f32>>;
+    let scores = if evictable < n {
+        truncated = scores.iter().map(|s| s[..evictable].to_vec()).collect();
+        &truncated
+    } else {
+        scores
+    };
+    let select = if layer_wide {
+        select_keep_layer_wide
+    } else {
+        select_keep
+    };
+    let config = &policy.config;
+    let mut keep = select(
+        scores,
+        evictable,
+        keep_evictable,
+        config.sink_tokens,
+        config.window_tokens,
+    )?;
+    for head in &mut keep {
+        head.extend(evictable as u32..n as u32);
+    }
+    Ok(keep)
 }
 
 #[cfg(test)]
@@ -286,43 +344,101 @@ mod tests {
     use super::*;
     use starling_evict::CompressionMethod;
 
-    fn policy(ratio: f64, every_n_tokens: usize) -> SeqCompression {
-        SeqCompression::new(&CompressionConfig {
-            method: CompressionMethod::KeyDiff,
-            ratio,
-            sink_tokens: 4,
-            window_tokens: 8,
-            every_n_tokens,
-            seed: 0,
-            head_wise: true,
-        })
+    fn policy(ratio: f64, every_n_tokens: usize, question: Option<usize>) -> SeqCompression {
+        SeqCompression::new(
+            &CompressionConfig {
+                method: CompressionMethod::KeyDiff,
+                ratio,
+                sink_tokens: 4,
+                window_tokens: 8,
+                every_n_tokens,
+                seed: 0,
+                head_wise: true,
+            },
+            question,
+        )
         .expect("evicting config")
     }
 
     #[test]
     fn none_and_ratio_zero_never_compress() {
-        assert!(SeqCompression::new(&CompressionConfig::default()).is_none());
+        assert!(SeqCompression::new(&CompressionConfig::default(), None).is_none());
         let zero = CompressionConfig {
             method: CompressionMethod::KeyDiff,
             ..CompressionConfig::default()
         };
-        assert!(SeqCompression::new(&zero).is_none());
+        assert!(SeqCompression::new(&zero, None).is_none());
     }
 
     #[test]
     fn target_follows_the_logical_length_and_waits_for_a_surplus() {
-        let p = policy(0.5, 16);
+        let p = policy(0.5, 16, None);
+        let due = |l, ph, done| p.due_target(l, ph, done, 100).map(|d| d.target_tokens);
         // 100 logical tokens: protected 12, evict floor(0.5 * 88) = 44 → keep 56.
-        assert_eq!(p.due_target(100, 100, false), Some(56));
+        assert_eq!(due(100, 100, false), Some(56));
         // Already compressed to 56; 10 more tokens: target keep(110) = 61, surplus 5 < 16.
-        assert_eq!(p.due_target(110, 66, false), None);
+        assert_eq!(due(110, 66, false), None);
         // ... unless the prompt just completed.
-        assert_eq!(p.due_target(110, 66, true), Some(61));
+        assert_eq!(due(110, 66, true), Some(61));
         // At or below target: nothing, even at prompt end.
-        assert_eq!(p.due_target(110, 61, true), None);
+        assert_eq!(due(110, 61, true), None);
         // Surplus reaches every_n_tokens.
-        assert_eq!(p.due_target(142, 93, false), Some(77));
+        assert_eq!(due(142, 93, false), Some(77));
         // Short sequences are all protected.
-        assert_eq!(p.due_target(12, 12, true), None);
+        assert_eq!(due(12, 12, true), None);
+        // The whole physical length is open to eviction.
+        assert_eq!(
+            p.due_target(100, 100, false, 100).unwrap().evictable_tokens,
+            100
+        );
+    }
+
+    #[test]
+    fn the_question_split_compresses_the_context_once_at_the_prompt_end() {
+        // 100-token prompt, the last 20 the question: the context of 80 keeps
+        // 80 - floor(0.5 * (80 - 12)) = 46, plus the question's 20.
+        let p = policy(0.5, 16, Some(20));
+        assert_eq!(
+            p.due_target(64, 64, false, 100),
+            None,
+            "not before the prompt is in"
+        );
+        assert_eq!(
+            p.due_target(100, 100, true, 100),
+            Some(DueTarget {
+                target_tokens: 66,
+                evictable_tokens: 80,
+            })
+        );
+        // Never again while decoding, whatever the surplus.
+        assert_eq!(p.due_target(300, 266, false, 100), None);
+        assert_eq!(p.peak_tokens(140), 140);
+        // The observation window is the question.
+        assert_eq!(p.observation_window_tokens(), 20);
+    }
+
+    #[test]
+    fn selection_keeps_every_token_after_the_evictable_prefix() {
+        let p = policy(0.5, 16, Some(3));
+        // 10 tokens, the first 7 evictable, keep 2 of them + the 3 after: with no protection
+        // (sinks 4 + window 8 cover the 7, so all 7 are protected) the target is raised to 7.
+        let scores = vec![(0..10).map(|i| i as f32).collect::<Vec<_>>(); 2];
+        let due = DueTarget {
+            target_tokens: 5,
+            evictable_tokens: 7,
+        };
+        let keep = select_layer(&scores, &p, due, 10, false).unwrap();
+        assert_eq!(keep[0], (0..10).collect::<Vec<u32>>());
+        let unprotected = SeqCompression::new(
+            &CompressionConfig {
+                sink_tokens: 0,
+                window_tokens: 0,
+                ..p.config.clone()
+            },
+            Some(3),
+        )
+        .unwrap();
+        let keep = select_layer(&scores, &unprotected, due, 10, true).unwrap();
+        assert_eq!(keep, vec![vec![5, 6, 7, 8, 9]; 2]);
     }
 }

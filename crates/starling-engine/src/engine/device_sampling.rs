@@ -238,6 +238,7 @@ mod tests {
             rng: SequenceRng::from_seed(seed),
             text: None,
             compression: None,
+            window_tail: None,
             forced_output_ids: None,
             return_full_logprobs: false,
         }

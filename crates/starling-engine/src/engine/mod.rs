@@ -6,6 +6,7 @@
 //! → free finished sequences' blocks at once.
 
 mod batch_builder;
+mod compaction;
 mod compression;
 mod config;
 mod device_sampling;
@@ -16,7 +17,7 @@ mod sequence;
 mod star_kv;
 mod text;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use starling_backend::{Backend, DecodeGraphConfig, DecodeGraphs, DecodeStep};
@@ -26,6 +27,7 @@ use starling_models::llama::{LlamaModel, QueryCapture};
 use crate::sampling::{FinishReason, Finished, SamplingParams, SequenceRng, StopChecker};
 use crate::scheduler::{Footprint, Scheduler, SchedulerError, StepStats};
 
+pub use compaction::DEFAULT_COMPACTION_STEP_BUDGET_TOKENS;
 pub use config::EngineConfig;
 pub use error::EngineError;
 pub use output::{RequestOptions, RequestOutput, TokenLogprob};
@@ -39,7 +41,7 @@ pub fn eviction_peak_tokens(
     total_tokens: usize,
     chunk_tokens: usize,
 ) -> usize {
-    match SeqCompression::new(policy) {
+    match SeqCompression::new(policy, None) {
         None => total_tokens,
         Some(c) => {
             Footprint::compressed(c.peak_tokens(total_tokens), total_tokens, chunk_tokens)
@@ -75,7 +77,8 @@ pub fn longest_evicting_context(
 }
 pub use text::{TextDecoder, TextStream, TokenizerText};
 
-use compression::{CompressionJob, SeqCompression};
+use compaction::Compaction;
+use compression::SeqCompression;
 use row_sampling::{RowSample, SamplerPool};
 use sequence::Sequence;
 
@@ -99,6 +102,9 @@ pub struct EngineCounters {
     /// Wall time spent compacting (scoring, selection, compaction of every layer, with the
     /// device syncs that scoring needs), microseconds: the share of step time eviction costs.
     pub compression_micros: u64,
+    /// Layers compacted (a compression of a model of L layers counts L, spread over one or
+    /// more steps).
+    pub compaction_layers: u64,
 }
 
 /// A snapshot of the engine's load, for logs, metrics and tests.
@@ -141,6 +147,10 @@ pub struct Engine<B: Backend> {
     last_step: Option<StepStats>,
     /// Recorded decode steps (CUDA graphs), when enabled and the backend has them.
     graphs: Option<Box<dyn DecodeGraphs<B>>>,
+    /// Compactions in progress, oldest first (see `compaction.rs`).
+    compactions: VecDeque<Compaction>,
+    /// Token-layers of compaction a step runs while other requests run; `None`: no limit.
+    compaction_step_budget: Option<usize>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -236,6 +246,8 @@ impl<B: Backend> Engine<B> {
             counters: EngineCounters::default(),
             last_step: None,
             graphs: None,
+            compactions: VecDeque::new(),
+            compaction_step_budget: Some(DEFAULT_COMPACTION_STEP_BUDGET_TOKENS),
             model,
         })
     }
@@ -370,7 +382,15 @@ impl<B: Backend> Engine<B> {
         };
         let compression_config = options.compression.as_ref().unwrap_or(&self.compression);
         compression_config.validate()?;
-        let compression = SeqCompression::new(compression_config);
+        if let Some(q) = options.question_tokens {
+            if q == 0 || q >= prompt_ids.len() {
+                return Err(EngineError::InvalidRequest(format!(
+                    "question_tokens {q}: between 1 and {} (the prompt less one context token)",
+                    prompt_ids.len() - 1
+                )));
+            }
+        }
+        let compression = SeqCompression::new(compression_config, options.question_tokens);
         let seq_id = SeqId(self.next_seq_id);
         let total_tokens = prompt_ids.len() + max_output;
         let footprint = match &compression {
@@ -414,6 +434,7 @@ impl<B: Backend> Engine<B> {
                 stop,
                 text,
                 compression,
+                window_tail: None,
                 forced_output_ids: options.forced_output_ids,
                 return_full_logprobs: options.return_full_logprobs,
             },
@@ -427,6 +448,7 @@ impl<B: Backend> Engine<B> {
             .seqs
             .remove(&seq_id)
             .ok_or(EngineError::UnknownRequest(seq_id))?;
+        self.forget_compactions(&[seq_id]);
         self.scheduler.abort(seq_id)?;
         self.counters.finished_requests += 1;
         Ok(RequestOutput {
@@ -471,13 +493,17 @@ impl<B: Backend> Engine<B> {
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
         let plan = self.scheduler.schedule();
         self.last_step = Some(plan.stats);
+        self.forget_compactions(&plan.preempted);
         if plan.is_empty() {
-            return Ok(Vec::new());
+            // Only compactions are left to run (every running request is held): no one waits.
+            let mut outputs = Vec::new();
+            self.advance_compactions(None, &mut outputs);
+            return Ok(outputs);
         }
         self.counters.steps += 1;
         let built = batch_builder::build(&plan, &self.seqs, self.scheduler.kv())?;
-        let (due, mut capture) = self.due_compressions(&plan, &built);
-        let logits = match self.run_model(&built, capture.as_mut()) {
+        let mut compactions = self.plan_compactions(&plan, &built);
+        let logits = match self.run_model(&built, compactions.capture.as_mut()) {
             Ok(l) => l,
             Err(e) => {
                 for s in &plan.scheduled {
@@ -495,129 +521,8 @@ impl<B: Backend> Engine<B> {
         for (&seq_id, sample) in built.sampling_seqs.iter().zip(samples) {
             outputs.push(self.advance(seq_id, sample?)?);
         }
-        self.run_compressions(&due, capture.as_ref(), &mut outputs);
+        self.run_compactions(compactions, &mut outputs);
         Ok(outputs)
-    }
-
-    /// The compressions this step's plan makes due (decided before the forward pass, so
-    /// SnapKV's window queries can be captured in it), and the capture they need.
-    fn due_compressions(
-        &self,
-        plan: &crate::scheduler::StepPlan,
-        built: &batch_builder::BuiltBatch,
-    ) -> (Vec<DueCompression>, Option<QueryCapture>) {
-        let mut due = Vec::new();
-        let mut capture_rows: Vec<u32> = Vec::new();
-        for (s, seq_meta) in plan.scheduled.iter().zip(&built.meta.seqs) {
-            let Some(seq) = self.seqs.get(&s.seq_id) else {
-                continue;
-            };
-            let Some(policy) = &seq.compression else {
-                continue;
-            };
-            let logical = s.start_position + s.num_tokens;
-            let physical = s.physical_start_index + s.num_tokens;
-            let prompt_completed = s.samples_next_token && s.start_position < seq.num_prompt_tokens;
-            let Some(target) = policy.due_target(logical, physical, prompt_completed) else {
-                continue;
-            };
-            let query_rows = policy.needs_queries().then(|| {
-                let window = policy.config.window_tokens.clamp(1, s.num_tokens);
-                let first_row = seq_meta.query_start + s.num_tokens - window;
-                let start = capture_rows.len();
-                capture_rows.extend((first_row..first_row + window).map(|r| r as u32));
-                start..capture_rows.len()
-            });
-            due.push(DueCompression {
-                seq_id: s.seq_id,
-                physical_tokens: physical,
-                target_tokens: target,
-                query_rows,
-            });
-        }
-        let capture = (!capture_rows.is_empty()).then(|| QueryCapture::new(capture_rows));
-        (due, capture)
-    }
-
-    /// Runs the due compressions of requests still alive after sampling. A failure aborts only
-    /// that request (reported as an abort output) and is logged; the engine keeps serving.
-    fn run_compressions(
-        &mut self,
-        due: &[DueCompression],
-        capture: Option<&QueryCapture>,
-        outputs: &mut Vec<RequestOutput>,
-    ) {
-        for d in due {
-            if !self.seqs.contains_key(&d.seq_id) {
-                continue;
-            }
-            match self.compress(d, capture) {
-                Ok(physical) => {
-                    if let Some(o) = outputs.iter_mut().find(|o| o.seq_id == d.seq_id) {
-                        o.kv_physical_tokens = physical;
-                    }
-                }
-                Err(e) => {
-                    tracing::error!("kv compression of {:?} failed, aborting it: {e}", d.seq_id);
-                    outputs.retain(|o| o.seq_id != d.seq_id);
-                    if let Ok(out) = self.abort(d.seq_id) {
-                        outputs.push(out);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Compacts every layer of one request and releases its freed tail blocks; returns the
-    /// physical length after.
-    fn compress(
-        &mut self,
-        due: &DueCompression,
-        capture: Option<&QueryCapture>,
-    ) -> Result<usize, EngineError> {
-        let table = self
-            .scheduler
-            .kv()
-            .table(due.seq_id)
-            .ok_or(EngineError::UnknownRequest(due.seq_id))?;
-        let block_table: Vec<u32> = table.block_ids().iter().map(|b| b.0).collect();
-        let policy = self
-            .seqs
-            .get(&due.seq_id)
-            .and_then(|s| s.compression.as_ref())
-            .ok_or(EngineError::UnknownRequest(due.seq_id))?;
-        let query_rows = match (&due.query_rows, capture) {
-            (Some(rows), Some(c)) => Some((c, rows.clone())),
-            (Some(_), None) => {
-                return Err(EngineError::InvalidRequest(
-                    "queries were not captured for a query-based scorer".into(),
-                ))
-            }
-            (None, _) => None,
-        };
-        let job = CompressionJob {
-            block_table: &block_table,
-            block_size_tokens: self.scheduler.kv().block_size_tokens(),
-            physical_tokens: due.physical_tokens,
-            target_tokens: due.target_tokens,
-            query_rows,
-        };
-        let started = std::time::Instant::now();
-        let evicted = compression::compress_layers(
-            &self.backend,
-            &self.model,
-            &mut self.caches,
-            policy,
-            &job,
-        )?;
-        self.counters.compression_micros += started.elapsed().as_micros() as u64;
-        let freed = self
-            .scheduler
-            .shrink_physical(due.seq_id, due.target_tokens)?;
-        self.counters.compressions += 1;
-        self.counters.evicted_tokens += evicted as u64;
-        self.counters.evicted_blocks += freed as u64;
-        Ok(due.target_tokens)
     }
 
     fn run_model(
@@ -773,13 +678,4 @@ impl<B: Backend> Engine<B> {
             kv_physical_tokens,
         })
     }
-}
-
-/// A compression decided for this step.
-struct DueCompression {
-    seq_id: SeqId,
-    physical_tokens: usize,
-    target_tokens: usize,
-    /// Rows of the step's query capture holding this request's observation window.
-    query_rows: Option<std::ops::Range<usize>>,
 }

@@ -37,7 +37,8 @@ pub struct RequestOutput {
     /// when the request asked for it ([`crate::RequestOptions::return_full_logprobs`]).
     pub full_logprobs: Option<Vec<f32>>,
     /// KV slots (tokens) the request holds in the cache after this step: below the number of
-    /// tokens seen once eviction has dropped some.
+    /// tokens seen once eviction has dropped some. A compaction still spread over later steps
+    /// (see `Engine::set_compaction_step_budget`) shows in the request's next output.
     pub kv_physical_tokens: usize,
 }
 
@@ -52,4 +53,9 @@ pub struct RequestOptions {
     /// Report every step's full log-softmax row in [`RequestOutput::full_logprobs`] (quality
     /// measurements; a vocabulary-sized vector per token).
     pub return_full_logprobs: bool,
+    /// The context/question split (kvpress's protocol): the prompt's last this many tokens (a
+    /// question and the chat template's tail) are never evicted, and the context before them is
+    /// compressed once, when the prompt completes, with the question as SnapKV's observation
+    /// window; generated tokens are kept. `None`: the whole sequence is compressed as it grows.
+    pub question_tokens: Option<usize>,
 }

@@ -3,6 +3,7 @@
 
 use crate::sampling::{SamplingParams, SequenceRng, StopChecker};
 
+use super::compaction::WindowTail;
 use super::compression::SeqCompression;
 use super::text::TextStream;
 
@@ -17,6 +18,9 @@ pub(crate) struct Sequence {
     pub(crate) text: Option<Box<dyn TextStream>>,
     /// Eviction policy; `None` keeps every token.
     pub(crate) compression: Option<SeqCompression>,
+    /// Observation-window queries gathered from the prefill chunks that hold the newest
+    /// tokens (SnapKV, TOVA), for the compaction that follows the prefill.
+    pub(crate) window_tail: Option<WindowTail>,
     /// Teacher-forced output tokens, when the request gave them.
     pub(crate) forced_output_ids: Option<Vec<u32>>,
     pub(crate) return_full_logprobs: bool,

@@ -20,6 +20,12 @@
 //! queue. Nothing is lost, because the engine keeps its token ids; when it
 //! is readmitted, its prompt and generated tokens are prefilled again and the
 //! chunk that reaches the end samples the next token as before.
+//!
+//! A running sequence can be *held* ([`Scheduler::hold`]): it stays running and
+//! keeps its blocks, but no plan schedules it until [`Scheduler::release`]. The
+//! engine holds a request while it compacts its cache over several steps, so
+//! its block table cannot change under the compaction. A held sequence may
+//! still be preempted (that releases it).
 
 mod admission;
 mod config;
@@ -30,7 +36,7 @@ mod step;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use starling_kv::{KvCacheManager, KvError, SeqId};
 
@@ -51,6 +57,8 @@ pub struct Scheduler {
     waiting: VecDeque<SeqId>,
     /// Admission order: the last one is the first preemption victim.
     running: Vec<SeqId>,
+    /// Running sequences no plan schedules until released (see the module doc).
+    held: HashSet<SeqId>,
     num_preemptions: u64,
 }
 
@@ -76,6 +84,7 @@ impl Scheduler {
             seqs: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
+            held: HashSet::new(),
             num_preemptions: 0,
         })
     }
@@ -221,6 +230,36 @@ impl Scheduler {
         }
     }
 
+    /// Keeps a running sequence out of every plan until [`Self::release`]; its blocks and
+    /// progress stay as they are. Refused for a sequence that is not running.
+    pub fn hold(&mut self, seq_id: SeqId) -> Result<(), SchedulerError> {
+        match self.seqs.get(&seq_id) {
+            None => Err(SchedulerError::UnknownSequence(seq_id)),
+            Some(seq) if seq.status != SeqStatus::Running => {
+                Err(SchedulerError::NotRunning(seq_id))
+            }
+            Some(_) => {
+                self.held.insert(seq_id);
+                Ok(())
+            }
+        }
+    }
+
+    /// Lets plans schedule a held sequence again (a no-op for one that is not held).
+    pub fn release(&mut self, seq_id: SeqId) {
+        self.held.remove(&seq_id);
+    }
+
+    /// Whether `seq_id` is held.
+    pub fn is_held(&self, seq_id: SeqId) -> bool {
+        self.held.contains(&seq_id)
+    }
+
+    /// Sequences held.
+    pub fn num_held(&self) -> usize {
+        self.held.len()
+    }
+
     /// Progress of one sequence, if it is waiting or running.
     pub fn sequence(&self, seq_id: SeqId) -> Option<SeqProgress> {
         self.seqs.get(&seq_id).copied()
@@ -302,11 +341,15 @@ impl Scheduler {
         if self.kv.seq_ids().count() != self.running.len() {
             return fail("KV tables held by sequences that are not running".into());
         }
+        if let Some(id) = self.held.iter().find(|id| !self.running.contains(id)) {
+            return fail(format!("{id} is held but not running"));
+        }
         Ok(())
     }
 
     fn remove(&mut self, seq_id: SeqId) -> Result<(), SchedulerError> {
         self.seqs.remove(&seq_id);
+        self.held.remove(&seq_id);
         self.running.retain(|id| *id != seq_id);
         self.waiting.retain(|id| *id != seq_id);
         if self.kv.contains(seq_id) {

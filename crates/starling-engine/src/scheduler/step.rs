@@ -1,6 +1,7 @@
 //! `Scheduler::schedule`: building one step's plan.
 //!
-//! Order of service, under a budget of `max_num_batched_tokens`:
+//! Order of service, under a budget of `max_num_batched_tokens` (held sequences
+//! are skipped):
 //! 1. running sequences with one token left (decodes), one token each;
 //! 2. running sequences still prefilling, a chunk of `min(remaining, budget)`;
 //! 3. waiting sequences in FCFS order, same chunking, while fewer than
@@ -49,8 +50,11 @@ impl Scheduler {
     }
 
     fn schedule_running(&mut self, draft: &mut Draft) {
-        let (decoding, prefilling): (Vec<SeqId>, Vec<SeqId>) =
-            self.running.iter().partition(|id| {
+        let (decoding, prefilling): (Vec<SeqId>, Vec<SeqId>) = self
+            .running
+            .iter()
+            .filter(|id| !self.held.contains(id))
+            .partition(|id| {
                 self.seqs
                     .get(id)
                     .is_some_and(|seq| seq.has_one_token_left())
@@ -145,6 +149,7 @@ impl Scheduler {
         let freed = self.kv.free(victim);
         debug_assert!(freed.is_ok(), "preempting {victim}: {freed:?}");
         self.running.retain(|id| *id != victim);
+        self.held.remove(&victim);
         self.waiting.push_front(victim);
         if let Some(seq) = self.seqs.get_mut(&victim) {
             seq.status = SeqStatus::Waiting;

@@ -530,6 +530,57 @@ fn eviction_shrinks_physical_slots_but_positions_keep_counting() {
     );
 }
 
+#[test]
+fn a_held_sequence_is_skipped_until_released_and_preemption_releases_it() {
+    let mut s = Scheduler::new(config(4, 16, 4), KvCacheManager::new(6, 4).unwrap()).unwrap();
+    s.add_request(SeqId(1), 4).unwrap();
+    s.add_request(SeqId(2), 4).unwrap();
+    s.schedule();
+    s.append_token(SeqId(1)).unwrap();
+    s.append_token(SeqId(2)).unwrap();
+    assert_eq!(
+        s.hold(SeqId(3)),
+        Err(SchedulerError::UnknownSequence(SeqId(3)))
+    );
+    s.hold(SeqId(1)).unwrap();
+    let ids = |plan: &StepPlan| plan.scheduled.iter().map(|d| d.seq_id).collect::<Vec<_>>();
+    let plan = s.schedule();
+    assert_eq!(ids(&plan), vec![SeqId(2)]);
+    assert!(s.is_held(SeqId(1)) && s.num_held() == 1);
+    s.check_invariants().unwrap();
+    s.release(SeqId(1));
+    s.append_token(SeqId(2)).unwrap();
+    assert_eq!(ids(&s.schedule()), vec![SeqId(1), SeqId(2)]);
+    s.abort(SeqId(1)).unwrap();
+    assert!(!s.is_held(SeqId(1)));
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn preempting_a_held_sequence_releases_it() {
+    // Three blocks of 4: two 4-token prompts take one each; the unheld one then grows into the
+    // third and, at its ninth token, preempts the newest running sequence, the held one.
+    let mut s = Scheduler::new(config(4, 16, 4), KvCacheManager::new(3, 4).unwrap()).unwrap();
+    s.add_request(SeqId(1), 4).unwrap();
+    s.add_request(SeqId(2), 4).unwrap();
+    s.schedule();
+    s.append_token(SeqId(2)).unwrap();
+    s.hold(SeqId(2)).unwrap();
+    let mut preempted = Vec::new();
+    for _ in 0..8 {
+        s.append_token(SeqId(1)).unwrap();
+        let plan = s.schedule();
+        s.check_invariants().unwrap();
+        if !plan.preempted.is_empty() {
+            preempted = plan.preempted;
+            break;
+        }
+    }
+    assert_eq!(preempted, vec![SeqId(2)]);
+    assert!(!s.is_held(SeqId(2)));
+    assert_eq!(s.sequence(SeqId(2)).unwrap().status, SeqStatus::Waiting);
+}
+
 /// Four requests that each grow from 8 to 20 tokens in a 40-slot cache: optimistic admission
 /// starts all four (their prompts fit) and must preempt as they grow; reserve-peak starts two
 /// (2 × 20 = 40), then the others as those finish, and never preempts. Both complete correctly.

@@ -5,12 +5,14 @@ mod knorm;
 mod random;
 mod snapkv;
 mod streaming_llm;
+mod tova;
 
 pub use keydiff::KeyDiff;
 pub use knorm::KNorm;
 pub use random::RandomScorer;
 pub use snapkv::SnapKv;
 pub use streaming_llm::StreamingLlm;
+pub use tova::Tova;
 
 use crate::{CompressionConfig, CompressionMethod, EvictError, ScoreInput};
 
@@ -30,6 +32,18 @@ pub trait Scorer: Send + Sync {
         true
     }
 
+    /// How many of the newest queries [`score`](Self::score) reads, given the configuration's
+    /// `window_tokens` (the observation window; unused unless [`needs_queries`](Self::needs_queries)).
+    fn observation_window_tokens(&self, window_tokens: usize) -> usize {
+        window_tokens
+    }
+
+    /// Whether every KV head of a layer keeps the same tokens, chosen by the heads' mean score
+    /// ([`crate::select_keep_layer_wide`]), rather than each head its own.
+    fn layer_wide(&self) -> bool {
+        false
+    }
+
     /// One score per token of `input.keys`, higher = keep.
     fn score(&self, input: &ScoreInput<'_>) -> Result<Vec<f32>, EvictError>;
 }
@@ -46,6 +60,7 @@ pub fn scorer_for(config: &CompressionConfig) -> Option<Box<dyn Scorer>> {
         CompressionMethod::StreamingLlm => Box::new(StreamingLlm),
         CompressionMethod::Random => Box::new(RandomScorer { seed: config.seed }),
         CompressionMethod::SnapKv => Box::new(SnapKv::default()),
+        CompressionMethod::Tova => Box::new(Tova),
     })
 }
 
@@ -75,7 +90,9 @@ mod tests {
                 None => assert_eq!(m, CompressionMethod::None),
                 Some(s) => {
                     assert_eq!(s.name(), m.name());
-                    assert_eq!(s.needs_queries(), m == CompressionMethod::SnapKv);
+                    let windowed = matches!(m, CompressionMethod::SnapKv | CompressionMethod::Tova);
+                    assert_eq!(s.needs_queries(), windowed);
+                    assert_eq!(s.layer_wide(), m == CompressionMethod::Tova);
                 }
             }
         }

@@ -32,49 +32,62 @@ impl Scorer for SnapKv {
     }
 
     fn score(&self, input: &ScoreInput<'_>) -> Result<Vec<f32>, EvictError> {
-        let queries = input.queries.ok_or_else(|| {
-            EvictError::Shape("snapkv needs the window queries of the KV head".into())
-        })?;
-        let keys = input.keys;
-        let (n, hd) = (keys.len_tokens(), keys.head_dim());
-        let window = queries.window_tokens();
-        if window > n {
-            return Err(EvictError::Shape(format!(
-                "snapkv: window of {window} queries over {n} tokens"
-            )));
-        }
-        let key_rows: Vec<&[f32]> = keys.rows().collect();
-        let scale = 1.0 / (hd as f32).sqrt();
-        let mut attention = vec![0.0f32; n];
-        let mut logits = Vec::with_capacity(n);
-        for j in 0..window {
-            // Window query j is token n - window + j; causally it sees tokens 0 ..= that.
-            let visible = n - window + j + 1;
-            for q in queries.token(j).chunks_exact(hd) {
-                logits.clear();
-                logits.extend(key_rows[..visible].iter().map(|k| dot(q, k) * scale));
-                let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let denom: f32 = logits.iter().map(|l| (l - max).exp()).sum();
-                for (a, l) in attention.iter_mut().zip(&logits) {
-                    *a += (l - max).exp() / denom;
-                }
+        window_attention_scores(input, self.pool_kernel_tokens, "snapkv")
+    }
+}
+
+/// The observation-window score shared by SnapKV and TOVA: per token, the sum over the window
+/// queries and the KV head's query group of the causal softmax(q·k/√d) weights, max-pooled over
+/// `pool_kernel_tokens` (1: no pooling) within the tokens before the window; window tokens score
+/// +∞. Backends compute the same where the cache lives (`Backend::window_scores`, whose CPU
+/// reference repeats these f32 operations in this order).
+pub(crate) fn window_attention_scores(
+    input: &ScoreInput<'_>,
+    pool_kernel_tokens: usize,
+    method: &str,
+) -> Result<Vec<f32>, EvictError> {
+    let queries = input.queries.ok_or_else(|| {
+        EvictError::Shape(format!("{method} needs the window queries of the KV head"))
+    })?;
+    let keys = input.keys;
+    let (n, hd) = (keys.len_tokens(), keys.head_dim());
+    let window = queries.window_tokens();
+    if window > n {
+        return Err(EvictError::Shape(format!(
+            "{method}: window of {window} queries over {n} tokens"
+        )));
+    }
+    let key_rows: Vec<&[f32]> = keys.rows().collect();
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut attention = vec![0.0f32; n];
+    let mut logits = Vec::with_capacity(n);
+    for j in 0..window {
+        // Window query j is token n - window + j; causally it sees tokens 0 ..= that.
+        let visible = n - window + j + 1;
+        for q in queries.token(j).chunks_exact(hd) {
+            logits.clear();
+            logits.extend(key_rows[..visible].iter().map(|k| dot(q, k) * scale));
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let denom: f32 = logits.iter().map(|l| (l - max).exp()).sum();
+            for (a, l) in attention.iter_mut().zip(&logits) {
+                *a += (l - max).exp() / denom;
             }
         }
-        let prefix = n - window;
-        let half = self.pool_kernel_tokens / 2;
-        let mut scores: Vec<f32> = (0..prefix)
-            .map(|i| {
-                let lo = i.saturating_sub(half);
-                let hi = (i + half + 1).min(prefix);
-                attention[lo..hi]
-                    .iter()
-                    .copied()
-                    .fold(f32::NEG_INFINITY, f32::max)
-            })
-            .collect();
-        scores.resize(n, f32::INFINITY);
-        Ok(scores)
     }
+    let prefix = n - window;
+    let half = pool_kernel_tokens / 2;
+    let mut scores: Vec<f32> = (0..prefix)
+        .map(|i| {
+            let lo = i.saturating_sub(half);
+            let hi = (i + half + 1).min(prefix);
+            attention[lo..hi]
+                .iter()
+                .copied()
+                .fold(f32::NEG_INFINITY, f32::max)
+        })
+        .collect();
+    scores.resize(n, f32::INFINITY);
+    Ok(scores)
 }
 
 #[cfg(test)]

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# Issue 17 on the H200, one unattended device call (about 7 minutes): eviction at serving scale.
+#  1. parity of the new window-score kernels (SnapKV/TOVA) and of the key-score and compaction
+#     kernels they sit beside, against the CPU reference, up to 30k tokens;
+#  2. compaction time of one 28k-token prompt per method (one prefill chunk, so one compaction
+#     of the whole cache; from the engine's debug log): SnapKV against KeyDiff;
+#  3. stall figures before/after: 16 requests decode while 4 prompts of 28k tokens arrive with a
+#     compression policy; the longest gap between two tokens of a decoding request, and the
+#     server's starling:engine_step_seconds histogram over that window (scripts/bench/stall_probe.py).
+#     "before" is the main branch's binary (host SnapKV scoring, every compaction inside one
+#     step), "after" this branch's (scores where the cache lives, compaction spread over steps
+#     under --compaction-step-budget-tokens; "unbudgeted" = the same with the budget off).
+#
+# Built here (scripts/device/build_evict_scale.sh), carried in .device/ (about 55 MiB; the
+# "before" binary can be staged instead, see that script):
+#   .device/starling           this branch, release, stripped
+#   .device/starling-before    main at the issue's base commit, release, stripped
+#   .device/tests/parity-*     starling-cuda's parity test binary, stripped
+# Staged on the machine: $HOME/stage/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf (../shared/tools/
+# stage-chunks, 18 pieces). Results: $OUT/evict_scale.md (the table) and $OUT/evict_scale.tgz.
+#  4. (PHASES=saturation, a second call of about 4 minutes) ITL p99 and output tokens/s at
+#     saturation on synthetic qwen2.5-7b, 8 GiB of KV, 48 prompts of 3k tokens: none, keydiff@0.5,
+#     and keydiff@0.5 with the budget off (every compaction inside its step, as before).
+#   PHASES="parity timing stall" (default), ARMS (stall arms, default below), LONG_TIMEOUT.
+set -uo pipefail
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64
+PHASES=${PHASES:-parity timing stall}
+ARMS=${ARMS:-after-snapkv after-keydiff after-tova after-snapkv-unbudgeted before-keydiff before-snapkv}
+LONG_TIMEOUT=${LONG_TIMEOUT:-60}
+name=qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
+gguf=$HOME/stage/$name
+work=$HOME/evict_scale
+mkdir -p "$work"
+md=$OUT/evict_scale.md
+{ date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } > "$work/date.txt"
+echo "# Issue 17 on $(sed -n 2p "$work/date.txt")" > "$md"
+echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  $gguf" | sha256sum -c - \
+  || { echo "model not staged at $gguf" | tee -a "$md"; }
+
+wait_health() {
+  for _ in $(seq 1 180); do
+    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$1/health', timeout=2)" 2>/dev/null && return 0
+    sleep 1
+  done
+  return 1
+}
+
+serve() { # serve BINARY PORT LOG [flags...]: starts a server in the background, sets $pid
+  local bin=$1 port=$2 log=$3; shift 3
+  STARLING_LOG=info,starling_engine::engine::compaction=debug "$bin" serve --device cuda \
+    --model "$gguf" --max-model-len 32768 --port "$port" "$@" > "$log" 2>&1 &
+  pid=$!
+  wait_health "$port" || { echo "server on $port did not start:"; tail -5 "$log"; }
+}
+
+stop() { kill -TERM "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; }
+
+if [[ " $PHASES " == *" parity "* ]]; then
+  echo "== parity (window scores, key scores, compaction)"
+  exe=$(ls .device/tests/parity-* | head -1)
+  timeout 240 "$exe" --include-ignored --test-threads 1 window_scores key_scores compaction 2>&1 \
+    | tee "$work/parity.log" | grep -E "window_scores|key_scores|compact|test result|panicked"
+  { echo; echo "## Parity"; echo '```'; grep -E "^window_scores|test result" "$work/parity.log"; echo '```'; } >> "$md"
+fi
+
+if [[ " $PHASES " == *" timing "* ]]; then
+  echo "== compaction of one 28k prompt per method (one chunk)"
+  serve .device/starling 8030 "$work/timing.log" --max-num-batched-tokens 32768
+  for method in keydiff snapkv tova knorm streaming_llm; do
+    python3 - "$method" <<'EOF'
+import json, random, sys, urllib.request
+rng = random.Random(3)
+body = {"model": "m", "prompt": [rng.randrange(1000, 20000) for _ in range(28000)], "max_tokens": 4,
+        "ignore_eos": True, "temperature": 0, "kv_compression": {"method": sys.argv[1], "ratio": 0.75}}
+req = urllib.request.Request("http://127.0.0.1:8030/v1/completions", json.dumps(body).encode(),
+                             {"Content-Type": "application/json"})
+urllib.request.urlopen(req, timeout=600).read()
+EOF
+  done
+  stop
+  { echo; echo "## One 28k-token prompt compacted at once (ratio 0.75, 28 layers)"; echo
+    echo "| method | tokens | compaction ms | steps |"; echo "|---|---:|---:|---:|"
+    i=0; for method in keydiff snapkv tova knorm streaming_llm; do
+      line=$(grep "compaction of" "$work/timing.log" | sed -n "$((i + 1))p"); i=$((i + 1))
+      echo "$line" | sed -E "s/.*: ([0-9]+) layers, ([0-9]+) -> ([0-9]+) tokens, ([0-9.]+) ms over ([0-9]+) steps.*/| $method | \2 -> \3 | \4 | \5 |/"
+    done; } >> "$md"
+  tail -8 "$md"
+fi
+
+if [[ " $PHASES " == *" stall "* ]]; then
+  echo "== stalls: 16 decoding requests, 4 x 28k-token prompts arriving"
+  port=8040
+  for arm in $ARMS; do
+    port=$((port + 1))
+    # Decode graphs are recorded lazily per batch-size bucket: off, so a bucket first seen
+    # inside the window (the long requests joining the decode batch) is not mistaken for a stall.
+    bin=.device/starling; flags=(--cuda-graphs off)
+    case $arm in
+      before-*) bin=${BEFORE_BIN:-.device/starling-before} ;;
+      *-unbudgeted) flags+=(--compaction-step-budget-tokens 0) ;;
+    esac
+    [ -x "$bin" ] || { echo "$arm: no $bin, skipped"; continue; }
+    method=${arm#*-}; method=${method%-unbudgeted}
+    serve "$bin" "$port" "$work/serve_$arm.log" "${flags[@]}"
+    timeout $((LONG_TIMEOUT + 150)) python3 scripts/bench/stall_probe.py --base-url "http://127.0.0.1:$port" \
+      --label "$arm" --long-compression "{\"method\":\"$method\",\"ratio\":0.75}" \
+      --timeout "$LONG_TIMEOUT" --output "$work/stall_$arm.json"
+    stop
+  done
+  python3 - "$work" >> "$md" <<'EOF'
+import glob, json, sys
+rows = [json.load(open(p)) for p in sorted(glob.glob(sys.argv[1] + "/stall_*.json"))]
+print("\n## Other requests' waits while 4 prompts of 28k tokens arrive (ratio 0.75)\n")
+print("| arm | long done | window s | quiet gap max ms | gap max ms | gap p99 ms | gaps > 250 ms | steps > 0.3 s | steps > 1 s | long latency s |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+for r in rows:
+    q, d, s = r["quiet"], r["during_long"], r["engine_steps"]
+    lat = ", ".join("%.1f" % x if x is not None else "-" for x in r["long_latency_s"])
+    print(f"| {r['label']} | {r['long_finished']}/{r['long']} | {r['window_s']:.1f} | {q.get('max_ms', 0):.0f} | "
+          f"{d.get('max_ms', 0):.0f} | {d.get('p99_ms', 0):.0f} | {d.get('over_250ms', 0)} | {s['over_0.3s']:.0f} | "
+          f"{s['over_1s']:.0f} | {lat} |")
+EOF
+  tail -10 "$md"
+fi
+if [[ " $PHASES " == *" saturation "* ]]; then
+  echo "== saturation: synthetic qwen2.5-7b, 8 GiB KV, 48 x 3k-token prompts"
+  port=8060
+  for arm in none keydiff@0.5 keydiff@0.5-unbudgeted; do
+    port=$((port + 1)); policy=${arm%-unbudgeted}
+    method=${policy%@*}; ratio=${policy#*@}; [ "$method" = none ] && ratio=0
+    flags=(); [[ $arm == *-unbudgeted ]] && flags=(--compaction-step-budget-tokens 0)
+    .device/starling serve --device cuda --load-format synthetic --model qwen2.5-7b --tokenizer "$gguf" \
+      --max-model-len 4096 --max-num-batched-tokens 1024 --kv-cache-memory 8GiB \
+      --kv-compression "{\"method\":\"$method\",\"ratio\":$ratio}" --port $port "${flags[@]}" \
+      > "$work/sat_$arm.log" 2>&1 &
+    pid=$!
+    wait_health $port || { echo "$arm: server did not start"; tail -5 "$work/sat_$arm.log"; continue; }
+    timeout 200 .device/starling bench serve --base-url http://127.0.0.1:$port --model qwen2.5-7b \
+      --dataset random --random-input-len 3072 --random-output-len 256 --ignore-eos --seed 5 \
+      --num-prompts 48 --max-concurrency 48 --output-json "$work/sat_$arm.json" | tail -3
+    stop
+  done
+  python3 - "$work" >> "$md" <<'EOF2'
+import json, os, sys
+print("\n## Saturation (synthetic qwen2.5-7b, 8 GiB KV, 48 x 3072 in / 256 out, concurrency 48)\n")
+print("| policy | output tok/s | ITL p99 ms | TPOT median ms |")
+print("|---|---:|---:|---:|")
+for arm in ["none", "keydiff@0.5", "keydiff@0.5-unbudgeted"]:
+    path = f"{sys.argv[1]}/sat_{arm}.json"
+    if not os.path.exists(path):
+        print(f"| {arm} | - | - | - |"); continue
+    m = json.load(open(path))["run"]["metrics"]
+    print(f"| {arm} | {m['output_throughput']:.0f} | {m['itl']['p99_ms']:.1f} | {m['tpot']['median_ms']:.1f} |")
+EOF2
+  tail -6 "$md"
+fi
+tar czf "$OUT/evict_scale.tgz" -C "$HOME" evict_scale
