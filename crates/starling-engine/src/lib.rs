@@ -6,4 +6,7 @@ pub mod engine;
 pub mod sampling;
 pub mod scheduler;
 
-pub use engine::{Engine, EngineConfig, EngineError, EngineStats, RequestOptions, RequestOutput};
+pub use engine::{
+    Engine, EngineConfig, EngineError, EngineStats, FailureKind, RequestFailure, RequestOptions,
+    RequestOutput,
+};
