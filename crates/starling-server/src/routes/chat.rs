@@ -3,6 +3,7 @@
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use starling_engine::sampling::MAX_TOP_LOGPROBS;
 use starling_engine::RequestOutput;
 
 use super::generation::{
@@ -76,6 +77,14 @@ pub async fn create(
         max_param,
         "messages",
     )?;
+    if let Some(top) = request.top_logprobs {
+        if top > MAX_TOP_LOGPROBS as u64 {
+            return Err(ApiError::bad_request(
+                format!("top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top}"),
+                Some("top_logprobs"),
+            ));
+        }
+    }
     let logprobs = match request.logprobs {
         Some(true) => Some(request.top_logprobs.unwrap_or(0)),
         _ => None,

@@ -103,7 +103,7 @@ pub async fn submit(
     match events.recv().await {
         Some(RequestEvent::Accepted) => Ok(events),
         Some(RequestEvent::Rejected(e)) => Err(ApiError::from_engine(&e)),
-        Some(RequestEvent::Failed(message)) => Err(ApiError::internal(message)),
+        Some(RequestEvent::Failed(error)) => Err(error),
         Some(RequestEvent::Output(_)) => Err(ApiError::internal(
             "the engine sent an output before accepting the request",
         )),
@@ -140,7 +140,7 @@ pub async fn for_each_output(
                     return Ok(output);
                 }
             }
-            Some(RequestEvent::Failed(message)) => return Err(ApiError::internal(message)),
+            Some(RequestEvent::Failed(error)) => return Err(error),
             Some(RequestEvent::Accepted) | Some(RequestEvent::Rejected(_)) => {}
             None => {
                 return Err(ApiError::unavailable(

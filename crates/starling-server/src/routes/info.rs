@@ -22,15 +22,25 @@ pub async fn models(State(state): State<AppState>) -> Json<ModelList> {
             object: "model".into(),
             created: state.model.created_unix_s,
             owned_by: "starling".into(),
-            root: state.model.root.clone(),
+            root: state.model.served_name.clone(),
             max_model_len: state.engine.info().max_model_len_tokens,
         }],
     })
 }
 
-/// `GET /health`: 200 while the server runs.
-pub async fn health() -> StatusCode {
-    StatusCode::OK
+/// `GET /health`: 200 while the server runs; 503 once the model has produced non-finite logits
+/// for every request for a while (its weights are probably corrupt), so a load balancer stops
+/// sending it work.
+pub async fn health(State(state): State<AppState>) -> Response {
+    match state.engine.metrics().lock().model_output_non_finite {
+        None => StatusCode::OK.into_response(),
+        Some(streak) => ApiError::unavailable(format!(
+            "the model produces non-finite logits (NaN or +inf): the last {streak} requests it \
+             ran all failed on them; its weights are probably corrupt"
+        ))
+        .with_code("model_output_non_finite")
+        .into_response(),
+    }
 }
 
 /// `GET /metrics`: Prometheus text.
@@ -92,11 +102,5 @@ pub async fn detokenize(
 
 /// Any other path: an OpenAI-shaped 404.
 pub async fn not_found() -> ApiError {
-    ApiError {
-        status: StatusCode::NOT_FOUND,
-        message: "no such endpoint".into(),
-        error_type: "invalid_request_error",
-        param: None,
-        code: Some("not_found"),
-    }
+    ApiError::for_status(StatusCode::NOT_FOUND, "no such endpoint").with_code("not_found")
 }
