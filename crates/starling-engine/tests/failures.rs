@@ -22,6 +22,16 @@ const POISON_TOKEN: u32 = 7;
 /// logit of a sequence that has seen that token is NaN, other sequences are untouched (the LM
 /// head is not tied to the embedding).
 fn engine(poisoned: bool) -> Engine<CpuBackend> {
+    engine_with(poisoned, 16, 200, 96)
+}
+
+/// [`engine`] running at most `max_num_seqs` requests at once in `kv_blocks` blocks.
+fn engine_with(
+    poisoned: bool,
+    max_num_seqs: usize,
+    kv_blocks: u64,
+    max_model_len_tokens: usize,
+) -> Engine<CpuBackend> {
     let cfg = ModelConfig::tiny_llama_for_tests();
     let mut weights = tiny_weights(&cfg, 11).into_inner();
     if poisoned {
@@ -37,13 +47,13 @@ fn engine(poisoned: bool) -> Engine<CpuBackend> {
         Engine::cache_layout(&CpuBackend::new(), &model).bytes_per_block(BLOCK_TOKENS);
     let config = EngineConfig {
         scheduler: SchedulerConfig {
-            max_num_seqs: 16,
+            max_num_seqs,
             max_num_batched_tokens: 64,
-            max_model_len_tokens: 96,
+            max_model_len_tokens,
             block_size_tokens: BLOCK_TOKENS,
             admission: AdmissionPolicy::Optimistic,
         },
-        kv_cache_memory_bytes: bytes_per_block * 200,
+        kv_cache_memory_bytes: bytes_per_block * kv_blocks,
         compression: Default::default(),
     };
     Engine::new(CpuBackend::new(), model, None, config).unwrap()
@@ -183,4 +193,40 @@ fn a_model_that_is_nan_everywhere_fails_every_request_without_hanging() {
         );
     }
     assert_eq!(e.stats().counters.failed_requests, 5);
+}
+
+/// The NaN K/V a failed request leaves in its freed blocks never reach the request that gets
+/// them next: the same schedule with a request that simply finishes in place of the failing one
+/// gives bit-identical tokens to everyone else, including a request admitted into its blocks.
+#[test]
+fn a_failed_requests_blocks_carry_nothing_to_their_next_owner() {
+    let schedule = |poisoned: bool| {
+        // Three clean requests and the one that fails (or, unpoisoned, ends after one token)
+        // fill the 4 slots and all 13 blocks (2 + 3 + 4 + 4); the fifth waits for the freed
+        // slot and gets 3 of the 4 freed blocks, the only free ones.
+        let mut e = engine_with(poisoned, 4, 13, 48);
+        let mut ids = Vec::new();
+        for i in 0..3 {
+            ids.push(
+                e.add_request(clean_prompt(i, 7 + 3 * i as usize), greedy(8))
+                    .unwrap(),
+            );
+        }
+        let mut doomed = clean_prompt(7, 13);
+        doomed[2] = POISON_TOKEN;
+        let doomed_id = e.add_request(doomed, greedy(1)).unwrap();
+        ids.push(e.add_request(clean_prompt(8, 10), greedy(8)).unwrap());
+        let outputs = run(&mut e);
+        let doomed_failed = outputs[&doomed_id].iter().any(|o| o.error.is_some());
+        assert_eq!(doomed_failed, poisoned);
+        ids.iter()
+            .map(|id| tokens(&outputs[id]))
+            .collect::<Vec<_>>()
+    };
+    let with_failure = schedule(true);
+    assert!(
+        with_failure.iter().all(|t| t.len() == 8),
+        "{with_failure:?}"
+    );
+    assert_eq!(with_failure, schedule(false));
 }
