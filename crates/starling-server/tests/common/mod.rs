@@ -6,7 +6,7 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use starling_backend::cpu::CpuBackend;
@@ -18,7 +18,9 @@ use starling_models::chat::ChatTemplate;
 use starling_models::llama::LlamaModel;
 use starling_models::tokenizer::Tokenizer;
 use starling_models::{load_model, synthetic_weights, ModelConfig, WeightMap};
-use starling_server::{AccessPolicy, AppState, EngineHandle, EngineInfo, ModelInfo, ServeOptions};
+use starling_server::{
+    AccessPolicy, AppState, EngineHandle, EngineInfo, ModelInfo, ServeOptions, ServerError,
+};
 
 /// Served model name used by every test.
 pub const MODEL_NAME: &str = "smollm2-test";
@@ -40,6 +42,10 @@ pub struct TestServer {
     pub info: EngineInfo,
     /// Where the SmolLM2 weights are on disk (never to be shown to clients).
     pub model_path: PathBuf,
+    /// Each message is one shutdown signal (the first drains, the second forces the end).
+    pub signals: tokio::sync::mpsc::UnboundedSender<()>,
+    /// What `serve` returned, once it has.
+    pub served: Arc<Mutex<Option<Result<(), ServerError>>>>,
 }
 
 /// Which weights a test server runs.
@@ -236,6 +242,18 @@ pub fn start(setup: Setup) -> TestServer {
         ),
         ..setup.options
     };
+    let (signal_tx, signal_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let signal_rx = Arc::new(tokio::sync::Mutex::new(signal_rx));
+    let signals = move || {
+        let signal_rx = signal_rx.clone();
+        async move {
+            if signal_rx.lock().await.recv().await.is_none() {
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    let served = Arc::new(Mutex::new(None));
+    let served_by_thread = served.clone();
     let (address_tx, address_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -246,9 +264,8 @@ pub fn start(setup: Setup) -> TestServer {
         runtime.block_on(async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             address_tx.send(listener.local_addr().unwrap()).unwrap();
-            starling_server::serve(listener, state, std::future::pending::<()>, options)
-                .await
-                .unwrap();
+            let result = starling_server::serve(listener, state, signals, options).await;
+            *served_by_thread.lock().unwrap() = Some(result);
         });
     });
     let address = address_rx.recv().unwrap();
@@ -257,6 +274,8 @@ pub fn start(setup: Setup) -> TestServer {
         address: address.to_string(),
         info,
         model_path: smollm2().path.clone(),
+        signals: signal_tx,
+        served,
     }
 }
 
