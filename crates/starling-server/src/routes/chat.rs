@@ -7,7 +7,8 @@ use starling_engine::sampling::MAX_TOP_LOGPROBS;
 use starling_engine::RequestOutput;
 
 use super::generation::{
-    check_lengths, finish_fields, for_each_output, new_request_id, submit, token_text, unix_now_s,
+    check_lengths, finish_fields, for_each_output, new_request_id, prepare, submit, token_text,
+    unix_now_s,
 };
 use super::sse::{sse_response, ChunkFormatter};
 use crate::api_error::ApiError;
@@ -64,7 +65,10 @@ pub async fn create(
     JsonBody(request): JsonBody<ChatRequest>,
 ) -> Result<Response, ApiError> {
     state.check_model(request.model.as_deref())?;
-    let prompt_ids = encode_chat(&state, &request.messages, true)?;
+    let prompt_ids = {
+        let (state, messages) = (state.clone(), request.messages.clone());
+        prepare(move || encode_chat(&state, &messages, true)).await?
+    };
     let (max_tokens, max_param) = match (request.max_completion_tokens, request.max_tokens) {
         (Some(m), _) => (Some(m), "max_completion_tokens"),
         (None, m) => (m, "max_tokens"),

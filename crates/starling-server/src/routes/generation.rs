@@ -12,6 +12,17 @@ use crate::api_error::ApiError;
 use crate::engine_thread::RequestEvent;
 use crate::state::AppState;
 
+/// Runs CPU-heavy request preparation (tokenizing a long prompt, rendering a chat template) on
+/// the blocking pool, so a large request never holds one of the few async workers every other
+/// connection needs.
+pub async fn prepare<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))?
+}
+
 /// Unix time now, seconds.
 pub fn unix_now_s() -> u64 {
     SystemTime::now()

@@ -6,6 +6,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::chat::encode_chat;
+use super::generation::prepare;
 use crate::api_error::ApiError;
 use crate::json_body::JsonBody;
 use crate::protocol::tokenize::{
@@ -62,23 +63,23 @@ pub async fn tokenize(
     JsonBody(request): JsonBody<TokenizeRequest>,
 ) -> Result<Json<TokenizeResponse>, ApiError> {
     state.check_model(request.model.as_deref())?;
-    let tokens = match (&request.prompt, &request.messages) {
-        (Some(prompt), None) => state
+    let worker_state = state.clone();
+    let tokens = prepare(move || match (request.prompt, request.messages) {
+        (Some(prompt), None) => worker_state
             .tokenizer
-            .encode(prompt, request.add_special_tokens.unwrap_or(true))
-            .map_err(|e| ApiError::bad_request(format!("cannot tokenize: {e}"), Some("prompt")))?,
+            .encode(&prompt, request.add_special_tokens.unwrap_or(true))
+            .map_err(|e| ApiError::bad_request(format!("cannot tokenize: {e}"), Some("prompt"))),
         (None, Some(messages)) => encode_chat(
-            &state,
-            messages,
+            &worker_state,
+            &messages,
             request.add_generation_prompt.unwrap_or(true),
-        )?,
-        _ => {
-            return Err(ApiError::bad_request(
-                "give exactly one of `prompt` and `messages`",
-                None,
-            ))
-        }
-    };
+        ),
+        _ => Err(ApiError::bad_request(
+            "give exactly one of `prompt` and `messages`",
+            None,
+        )),
+    })
+    .await?;
     Ok(Json(TokenizeResponse {
         count: tokens.len(),
         max_model_len: state.engine.info().max_model_len_tokens,
