@@ -54,8 +54,22 @@ pub(crate) struct GgufHeader {
 pub(crate) fn read_gguf_header(path: &Path) -> Result<GgufHeader, ModelError> {
     let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
     let file_len_bytes = file.metadata().map_err(|e| ModelError::io(path, e))?.len();
+    parse_gguf_header(
+        BufReader::with_capacity(1 << 20, file),
+        file_len_bytes,
+        path,
+    )
+}
+
+/// Reads and checks the header of a GGUF file of `file_len_bytes` from `source`; `path` only
+/// names the file in errors.
+pub(crate) fn parse_gguf_header(
+    source: impl Read,
+    file_len_bytes: u64,
+    path: &Path,
+) -> Result<GgufHeader, ModelError> {
     let mut reader = HeaderReader {
-        inner: BufReader::with_capacity(1 << 20, file),
+        inner: source,
         position_bytes: 0,
         file_len_bytes,
         path: path.to_owned(),
