@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use candle_core::quantized::gguf_file::Value;
 use candle_core::quantized::GgmlDType;
-use common::{gguf_bytes, pattern, TensorSpec};
+use common::{gguf_bytes, patterned};
 use starling_fuzz::{Budget, Target, Verdict};
 use starling_models::chat::{ChatMessage, ChatTemplate};
 
@@ -319,17 +319,7 @@ fn micro_gguf(architecture: &str) -> Vec<u8> {
         specs.push(("blk.0.attn_k.bias".into(), vec![kv], GgmlDType::F32));
         specs.push(("blk.0.attn_v.bias".into(), vec![kv], GgmlDType::F32));
     }
-    let tensors: Vec<TensorSpec> = specs
-        .into_iter()
-        .enumerate()
-        .map(|(salt, (name, shape, dtype))| TensorSpec {
-            values: pattern(shape.iter().product(), salt),
-            name,
-            shape,
-            dtype,
-        })
-        .collect();
-    gguf_bytes(&metadata, &tensors)
+    gguf_bytes(&metadata, &patterned(specs))
 }
 
 /// A safetensors shard of small bf16, f16 and f32 tensors.

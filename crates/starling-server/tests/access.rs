@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::OnceLock;
 
-use common::{json_of, openai_error, start, Setup, TestServer};
+use common::{json_of, openai_error, post, start, Setup, TestServer};
 use serde_json::json;
 
 const KEY: &str = "sk-starling-test-key";
@@ -35,6 +35,11 @@ fn client() -> reqwest::Client {
     reqwest::Client::new()
 }
 
+/// GETs `url` with one extra header.
+async fn get_with(url: &str, name: &str, value: &str) -> reqwest::Response {
+    client().get(url).header(name, value).send().await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v1_routes_need_the_bearer_key() {
     let base = &locked().base_url;
@@ -50,21 +55,11 @@ async fn v1_routes_need_the_bearer_key() {
         KEY,
         "Basic c2stc3Rhcmxpbmc=",
     ] {
-        let response = client()
-            .get(&models)
-            .header("authorization", wrong)
-            .send()
-            .await
-            .unwrap();
+        let response = get_with(&models, "authorization", wrong).await;
         assert_eq!(response.status(), 401, "{wrong}");
     }
     for good in [format!("Bearer {KEY}"), "bearer another-key".to_owned()] {
-        let response = client()
-            .get(&models)
-            .header("authorization", &good)
-            .send()
-            .await
-            .unwrap();
+        let response = get_with(&models, "authorization", &good).await;
         assert_eq!(response.status(), 200, "{good}");
     }
     let completion = client()
@@ -153,12 +148,7 @@ async fn cross_origin_requests_need_an_allowed_origin() {
     );
     // The same origin as the Host is not cross-origin.
     let own = format!("http://{}", open().address);
-    let response = client()
-        .get(format!("{}/v1/models", open().base_url))
-        .header("origin", own)
-        .send()
-        .await
-        .unwrap();
+    let response = get_with(&format!("{}/v1/models", open().base_url), "origin", &own).await;
     assert_eq!(response.status(), 200);
 }
 
@@ -166,28 +156,19 @@ async fn cross_origin_requests_need_an_allowed_origin() {
 async fn unknown_host_headers_are_refused_when_hosts_are_listed() {
     let server = locked();
     let port = server.address.rsplit(':').next().unwrap();
-    let rebound = client()
-        .get(format!("{}/health", server.base_url))
-        .header("host", format!("attacker.example:{port}"))
-        .send()
-        .await
-        .unwrap();
+    let health = format!("{}/health", server.base_url);
+    let rebound = get_with(&health, "host", &format!("attacker.example:{port}")).await;
     assert_eq!(rebound.status(), 403);
     openai_error(&rebound.text().await.unwrap(), "host");
-    let local = client()
-        .get(format!("{}/health", server.base_url))
-        .header("host", format!("localhost:{port}"))
-        .send()
-        .await
-        .unwrap();
+    let local = get_with(&health, "host", &format!("localhost:{port}")).await;
     assert_eq!(local.status(), 200);
     // Without --allowed-hosts any Host is served.
-    let any = client()
-        .get(format!("{}/health", open().base_url))
-        .header("host", "whatever.example")
-        .send()
-        .await
-        .unwrap();
+    let any = get_with(
+        &format!("{}/health", open().base_url),
+        "host",
+        "whatever.example",
+    )
+    .await;
     assert_eq!(any.status(), 200);
 }
 
@@ -207,14 +188,8 @@ async fn the_model_path_is_never_shown() {
     assert!(!models.contains(&path), "{models}");
     assert!(!models.contains(&directory), "{models}");
     assert_eq!(json_of(&models)["data"][0]["root"], common::MODEL_NAME);
-    let missing = client()
-        .post(format!("{}/v1/completions", server.base_url))
-        .json(&json!({"model": "other", "prompt": "Hi"}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = json!({"model": "other", "prompt": "Hi"});
+    let (status, missing) = post(&client(), &server.base_url, "/v1/completions", &body).await;
+    assert_eq!(status, 404);
     assert!(!missing.contains(&directory), "{missing}");
 }
