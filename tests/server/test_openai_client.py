@@ -26,13 +26,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server():
+def start_server(*extra_args, env=None, grace_s=5):
+    """Starts `starling serve` on a free port; returns the process and its base URL once
+    /health answers."""
     port = free_port()
     proc = subprocess.Popen(
         [str(BINARY), "serve", "--model", MODEL, "--port", str(port),
-         "--max-model-len", "512", "--kv-cache-memory", "32MiB", "--shutdown-grace-s", "5"],
-        stderr=subprocess.PIPE, text=True,
+         "--max-model-len", "512", "--kv-cache-memory", "32MiB",
+         "--shutdown-grace-s", str(grace_s), *extra_args],
+        stderr=subprocess.PIPE, text=True, env=env,
     )
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
@@ -49,10 +51,20 @@ def server():
             proc.kill()
             pytest.fail("server did not become healthy in 120 s")
         time.sleep(0.2)
-    yield proc, base
+    return proc, base
+
+
+def stop(proc):
     if proc.poll() is None:
         proc.kill()
         proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc, base = start_server()
+    yield proc, base
+    stop(proc)
 
 
 @pytest.fixture(scope="module")
@@ -133,3 +145,39 @@ def test_sigterm_shuts_down_cleanly(server, client):
     rest = list(stream)
     assert rest[-1].choices[0].finish_reason in ("length", "abort")
     assert proc.wait(timeout=30) == 0
+
+
+def test_api_key_from_vllm_api_key_guards_v1(tmp_path):
+    env = dict(os.environ, VLLM_API_KEY="sk-from-env")
+    proc, base = start_server(env=env)
+    try:
+        locked = openai.OpenAI(base_url=base + "/v1", api_key="wrong", max_retries=0, timeout=60)
+        with pytest.raises(openai.AuthenticationError):
+            locked.models.list()
+        good = openai.OpenAI(base_url=base + "/v1", api_key="sk-from-env", max_retries=0,
+                             timeout=60)
+        assert good.completions.create(model=MODEL, prompt="Hi", max_tokens=1).choices
+        # As in vLLM, only /v1 needs the key.
+        with urllib.request.urlopen(base + "/health", timeout=5) as r:
+            assert r.status == 200
+    finally:
+        stop(proc)
+
+
+def test_a_second_signal_forces_exit():
+    proc, base = start_server(grace_s=600)
+    try:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=60)
+        stream = client.completions.create(
+            model=MODEL, prompt="Once upon a time", max_tokens=400, temperature=0, stream=True,
+            extra_body={"ignore_eos": True})
+        assert next(iter(stream)).choices
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert proc.poll() is None, "the first signal drains (the grace period is 600 s)"
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=10)
+        assert code != 0, "a forced exit is not a clean one"
+        assert "forced" in proc.stderr.read().lower()
+    finally:
+        stop(proc)

@@ -23,6 +23,14 @@ const TEMPLATE_NAME: &str = "chat";
 /// Prefix marking errors raised by the template itself through `raise_exception`.
 const RAISED_PREFIX: &str = "raise_exception: ";
 
+/// Instructions one render may run. Real templates take tens per message, so this allows
+/// conversations far longer than any request body; a template that loops without bound (nested
+/// `range(100000)` loops ran for hours) stops with an error instead of holding its thread.
+pub const RENDER_FUEL: u64 = 10_000_000;
+
+/// Longest prompt one render may write (far beyond any context window's worth of text).
+pub const MAX_RENDERED_BYTES: usize = 16 << 20;
+
 /// Plain ChatML, used when a model ships no chat template. It adds no system prompt and no
 /// BOS; SmolLM2 and Qwen2.5 use this turn format, so for them it differs from their own
 /// templates only by their default system message.
@@ -84,6 +92,13 @@ pub enum ChatTemplateError {
         /// minijinja's description, with the line.
         message: String,
     },
+    /// Rendering needed more than [`RENDER_FUEL`] instructions or wrote more than
+    /// [`MAX_RENDERED_BYTES`].
+    #[error("chat template exceeded its render budget: {message}")]
+    TooExpensive {
+        /// Which limit, and where.
+        message: String,
+    },
 }
 
 /// A compiled chat template with the special-token texts it is rendered with.
@@ -99,6 +114,7 @@ impl ChatTemplate {
     /// model has none).
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, ChatTemplateError> {
         let mut env = Environment::new();
+        env.set_fuel(Some(RENDER_FUEL));
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -148,7 +164,41 @@ impl ChatTemplate {
             eos_token => self.eos_token.as_str(),
             tools => Value::from(()),
         };
-        template.render(context).map_err(classify_render_error)
+        let mut rendered = BoundedBuffer::default();
+        let result = template
+            .render_captured_to(context, &mut rendered)
+            .map(drop);
+        if rendered.overflowed {
+            return Err(ChatTemplateError::TooExpensive {
+                message: format!("the prompt is longer than {MAX_RENDERED_BYTES} bytes"),
+            });
+        }
+        result.map_err(classify_render_error)?;
+        String::from_utf8(rendered.bytes).map_err(|e| ChatTemplateError::Render {
+            message: format!("the rendered prompt is not UTF-8: {e}"),
+        })
+    }
+}
+
+/// Render output that refuses to grow past [`MAX_RENDERED_BYTES`].
+#[derive(Default)]
+struct BoundedBuffer {
+    bytes: Vec<u8>,
+    overflowed: bool,
+}
+
+impl std::io::Write for BoundedBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > MAX_RENDERED_BYTES {
+            self.overflowed = true;
+            return Err(std::io::Error::other("render output limit"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -160,8 +210,16 @@ fn raise_exception(message: String) -> Result<String, minijinja::Error> {
     ))
 }
 
-/// Splits template-raised errors from other render failures.
+/// Splits template-raised errors and exhausted budgets from other render failures.
 fn classify_render_error(error: minijinja::Error) -> ChatTemplateError {
+    if error.kind() == ErrorKind::OutOfFuel {
+        return ChatTemplateError::TooExpensive {
+            message: format!(
+                "more than {RENDER_FUEL} instructions ({})",
+                describe(&error)
+            ),
+        };
+    }
     // The raise may be wrapped (e.g. inside an include or macro); look through the chain.
     let mut current: Option<&(dyn std::error::Error + 'static)> = Some(&error);
     while let Some(err) = current {

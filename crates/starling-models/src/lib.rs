@@ -21,4 +21,6 @@ pub use loader::{
 };
 
 pub mod chat;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod tokenizer;

@@ -4,7 +4,9 @@
 use std::path::Path;
 
 use serde::Deserialize;
-use starling_models::chat::{ChatMessage, ChatTemplate, CHATML_FALLBACK_TEMPLATE};
+use starling_models::chat::{
+    ChatMessage, ChatTemplate, ChatTemplateError, CHATML_FALLBACK_TEMPLATE,
+};
 
 #[derive(Deserialize)]
 struct Fixture {
@@ -83,4 +85,47 @@ fn chatml_fallback_matches_smollm2_when_a_system_message_is_given() {
         fallback.render(&messages(chat), true).unwrap(),
         chat.rendered
     );
+}
+
+/// r23 (found while writing the chat-template fuzz target): nested `range(100000)` loops ran
+/// for hours on the thread rendering the prompt; a render now stops at its instruction budget.
+#[test]
+fn r23_unbounded_loops_stop_at_the_render_budget() {
+    let source = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fuzz/regressions/chat_template/nested-ranges.jinja"),
+    )
+    .unwrap();
+    let template = ChatTemplate::new(&source, "", "").unwrap();
+    let started = std::time::Instant::now();
+    let err = template
+        .render(&[ChatMessage::user("hi")], true)
+        .unwrap_err();
+    assert!(
+        matches!(err, ChatTemplateError::TooExpensive { .. }),
+        "{err}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+}
+
+/// r23: a template could write a prompt of any size (100 MB and more from one short message);
+/// renders past `MAX_RENDERED_BYTES` are refused.
+#[test]
+fn r23_output_without_bound_is_refused() {
+    for name in ["output-without-bound.jinja", "string-repeat.jinja"] {
+        let source = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../fuzz/regressions/chat_template")
+                .join(name),
+        )
+        .unwrap();
+        let template = ChatTemplate::new(&source, "<s>", "").unwrap();
+        let err = template
+            .render(&[ChatMessage::user("some words")], true)
+            .unwrap_err();
+        assert!(
+            matches!(err, ChatTemplateError::TooExpensive { .. }),
+            "{name}: {err}"
+        );
+    }
 }

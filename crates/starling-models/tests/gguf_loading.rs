@@ -288,3 +288,64 @@ fn corrupted_headers_never_panic() {
         let _ = load_bytes(dir.path(), &corrupted);
     }
 }
+
+/// Where the data offset of tensor `name` sits in the directory of a GGUF file: after the name,
+/// the dimension count, the dimensions and the type id.
+fn offset_field(bytes: &[u8], name: &str) -> usize {
+    let mut entry = (name.len() as u64).to_le_bytes().to_vec();
+    entry.extend_from_slice(name.as_bytes());
+    let start = bytes
+        .windows(entry.len())
+        .position(|w| w == entry.as_slice())
+        .unwrap_or_else(|| panic!("{name} not in the directory"));
+    let dims_at = start + entry.len();
+    let n_dims = u32::from_le_bytes(bytes[dims_at..dims_at + 4].try_into().unwrap()) as usize;
+    dims_at + 4 + 8 * n_dims + 4
+}
+
+fn read_u64(bytes: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap())
+}
+
+/// A tensor whose data offset is off the file's alignment loaded before and read shifted bytes
+/// (NaN and garbage); it must be refused, naming the tensor.
+#[test]
+fn a_misaligned_tensor_offset_names_the_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = gguf_bytes(&tiny_metadata("llama"), &tiny_tensors(TinyOptions::llama()));
+    let at = offset_field(&bytes, "blk.0.attn_q.weight");
+    let shifted = read_u64(&bytes, at) + 4;
+    bytes[at..at + 8].copy_from_slice(&shifted.to_le_bytes());
+    let err = load_bytes(dir.path(), &bytes).expect_err("refused");
+    let text = err.to_string();
+    assert!(matches!(err, ModelError::Malformed { .. }), "{text}");
+    assert!(text.contains("blk.0.attn_q.weight"), "{text}");
+    assert!(text.contains("alignment"), "{text}");
+
+    // The same in a hand-written file with a custom alignment of 64 bytes.
+    let raw = RawGguf::new(3, 1, 1)
+        .string("general.alignment")
+        .u32(4)
+        .u32(64)
+        .tensor_entry("token_embd.weight", &[8, 4], 0, 32)
+        .with_data(1024);
+    let err = load_bytes(dir.path(), &raw).expect_err("refused");
+    assert!(err.to_string().contains("token_embd.weight"), "{err}");
+    assert!(err.to_string().contains("64"), "{err}");
+}
+
+/// Two tensors whose data overlap would alias each other's weights.
+#[test]
+fn overlapping_tensor_data_names_both_tensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = gguf_bytes(&tiny_metadata("llama"), &tiny_tensors(TinyOptions::llama()));
+    let q = offset_field(&bytes, "blk.0.attn_q.weight");
+    let k = offset_field(&bytes, "blk.0.attn_k.weight");
+    let q_offset = read_u64(&bytes, q);
+    bytes[k..k + 8].copy_from_slice(&q_offset.to_le_bytes());
+    let err = load_bytes(dir.path(), &bytes).expect_err("refused");
+    let text = err.to_string();
+    assert!(text.contains("blk.0.attn_q.weight"), "{text}");
+    assert!(text.contains("blk.0.attn_k.weight"), "{text}");
+    assert!(text.contains("overlap"), "{text}");
+}

@@ -13,11 +13,21 @@ use std::time::Instant;
 
 use starling_backend::Backend;
 use starling_engine::sampling::{FinishReason, SamplingParams};
-use starling_engine::{Engine, EngineError, RequestOptions, RequestOutput};
+use starling_engine::{
+    Engine, EngineError, FailureKind, RequestFailure, RequestOptions, RequestOutput,
+};
 use starling_kv::SeqId;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
-use crate::metrics::Metrics;
+use crate::api_error::ApiError;
+use crate::metrics::{Metrics, MetricsState};
+
+/// Requests in a row ended by non-finite logits, with no valid token sampled in between, after
+/// which the model itself (not a prompt) is reported broken: `/health` answers 503.
+pub const NON_FINITE_STREAK_BROKEN: u64 = 4;
+/// Failed steps in a row that removed no request before every request is failed (a step error
+/// the engine could not pin on its requests must not spin the loop).
+const MAX_FRUITLESS_FAILED_STEPS: u32 = 3;
 
 /// Failures starting or reaching the engine thread.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +41,9 @@ pub enum ServerError {
     /// Binding or serving the socket failed.
     #[error("serving HTTP: {0}")]
     Io(#[from] std::io::Error),
+    /// A second shutdown signal arrived while draining; in-flight requests were abandoned.
+    #[error("forced shutdown: a second signal arrived while draining")]
+    ForcedShutdown,
 }
 
 /// Limits of the engine that the HTTP layer validates requests against.
@@ -55,8 +68,8 @@ pub enum RequestEvent {
     Rejected(EngineError),
     /// A step produced a token (or the final output) for the request.
     Output(RequestOutput),
-    /// The engine failed while running the request; the request is over.
-    Failed(String),
+    /// The engine failed while running the request; the request is over and its blocks free.
+    Failed(ApiError),
 }
 
 /// A request for the engine thread.
@@ -214,6 +227,10 @@ struct EngineLoop<B: Backend> {
     /// To the dispatcher thread, which does the per-request sends (each one may wake an async
     /// task: at batch 64 that is 64 wake-ups per step, kept off the engine's critical path).
     dispatch: Sender<Deliveries>,
+    /// Whether the model, rather than some prompts, produces non-finite logits.
+    non_finite: NonFiniteWatch,
+    /// Failed steps in a row that ended no request.
+    fruitless_failed_steps: u32,
 }
 
 /// Starts the thread that hands events to the requests' channels, in the order produced.
@@ -243,6 +260,8 @@ impl<B: Backend> EngineLoop<B> {
             pending: Vec::new(),
             dispatch: spawn_dispatcher(),
             live: HashMap::new(),
+            non_finite: NonFiniteWatch::default(),
+            fruitless_failed_steps: 0,
         }
     }
 
@@ -301,6 +320,8 @@ impl<B: Backend> EngineLoop<B> {
             self.abort_disconnected();
             if self.engine.has_unfinished() {
                 self.step();
+            } else if !self.live.is_empty() {
+                self.fail_orphans();
             }
         }
     }
@@ -361,6 +382,27 @@ impl<B: Backend> EngineLoop<B> {
         self.metrics.record_step(self.engine.stats(), None);
     }
 
+    /// Fails requests the engine no longer holds but that never got a last output, so a client
+    /// is never left waiting and the loop never spins on them.
+    fn fail_orphans(&mut self) {
+        let orphans: Vec<SeqId> = self
+            .live
+            .keys()
+            .copied()
+            .filter(|&id| !self.engine.has_request(id))
+            .collect();
+        let mut metrics = self.metrics.lock();
+        for seq_id in orphans {
+            if let Some(live) = self.live.remove(&seq_id) {
+                tracing::error!("{seq_id:?} ended without a last output");
+                metrics.finished_error += 1;
+                let error = ApiError::internal("the engine ended this request without an answer");
+                self.pending
+                    .push((live.events, RequestEvent::Failed(error)));
+            }
+        }
+    }
+
     fn abort_all(&mut self) {
         let ids: Vec<SeqId> = self.live.keys().copied().collect();
         for seq_id in ids {
@@ -388,6 +430,7 @@ impl<B: Backend> EngineLoop<B> {
         let now = Instant::now();
         match result {
             Ok(outputs) => {
+                self.fruitless_failed_steps = 0;
                 let mut metrics = self.metrics.lock();
                 if !outputs.is_empty() {
                     metrics
@@ -399,7 +442,17 @@ impl<B: Backend> EngineLoop<B> {
                     let Some(live) = self.live.get_mut(&seq_id) else {
                         continue;
                     };
+                    if let Some(failure) = &output.error {
+                        // The engine ended this request alone (its blocks are already free).
+                        let error = self.non_finite.failed(failure, &mut metrics);
+                        metrics.finished_error += 1;
+                        self.pending
+                            .push((live.events.clone(), RequestEvent::Failed(error)));
+                        self.live.remove(&seq_id);
+                        continue;
+                    }
                     if output.token_id.is_some() {
+                        self.non_finite.sampled(&mut metrics);
                         match live.last_token_at {
                             None => metrics
                                 .ttft_s
@@ -421,32 +474,113 @@ impl<B: Backend> EngineLoop<B> {
                             FinishReason::Stop => metrics.finished_stop += 1,
                             FinishReason::Length => metrics.finished_length += 1,
                             FinishReason::Abort => metrics.finished_abort += 1,
+                            FinishReason::Error => metrics.finished_error += 1,
                         }
                         self.live.remove(&seq_id);
                     }
                 }
             }
-            Err(e) => {
-                // The engine aborted the step's requests; tell their clients and keep serving.
-                tracing::error!("engine step failed: {e}");
-                let message = format!("the engine failed while running this request: {e}");
-                let failed: Vec<SeqId> = self
-                    .live
-                    .keys()
-                    .copied()
-                    .filter(|&id| !self.engine.has_request(id))
-                    .collect();
-                let mut metrics = self.metrics.lock();
-                for seq_id in failed {
-                    if let Some(live) = self.live.remove(&seq_id) {
-                        metrics.finished_abort += 1;
-                        self.pending
-                            .push((live.events, RequestEvent::Failed(message.clone())));
-                    }
-                }
-            }
+            Err(e) => self.step_failed(&e),
         }
         let stats = self.engine.stats();
         self.metrics.record_step(stats, stats.last_step);
+    }
+
+    /// A step failed as a whole (the forward pass, say): the engine aborted that step's
+    /// requests; tell their clients and keep serving. A failure that ended no request, repeated,
+    /// fails every request rather than spinning.
+    fn step_failed(&mut self, e: &EngineError) {
+        tracing::error!("engine step failed: {e}");
+        let error =
+            ApiError::internal(format!("the engine failed while running this request: {e}"));
+        let mut failed: Vec<SeqId> = self
+            .live
+            .keys()
+            .copied()
+            .filter(|&id| !self.engine.has_request(id))
+            .collect();
+        if failed.is_empty() {
+            self.fruitless_failed_steps += 1;
+            if self.fruitless_failed_steps < MAX_FRUITLESS_FAILED_STEPS {
+                return;
+            }
+            tracing::error!(
+                "{} failed steps in a row ended no request: failing all {} requests",
+                self.fruitless_failed_steps,
+                self.live.len()
+            );
+            failed = self.live.keys().copied().collect();
+            for &seq_id in &failed {
+                if let Err(e) = self.engine.abort(seq_id) {
+                    tracing::warn!("aborting {seq_id:?}: {e}");
+                }
+            }
+        }
+        self.fruitless_failed_steps = 0;
+        let mut metrics = self.metrics.lock();
+        for seq_id in failed {
+            if let Some(live) = self.live.remove(&seq_id) {
+                metrics.finished_error += 1;
+                self.pending
+                    .push((live.events, RequestEvent::Failed(error.clone())));
+            }
+        }
+    }
+}
+
+/// Tells a model that produces non-finite logits for every request from a prompt that trips it.
+#[derive(Debug, Default)]
+struct NonFiniteWatch {
+    /// Requests in a row ended by non-finite logits, with no valid token since.
+    streak: u64,
+}
+
+impl NonFiniteWatch {
+    /// A request got a valid token: the model works.
+    fn sampled(&mut self, metrics: &mut MetricsState) {
+        self.streak = 0;
+        if metrics.model_output_non_finite.take().is_some() {
+            tracing::warn!("the model produced a valid token again; /health reports it healthy");
+        }
+    }
+
+    /// The client's error for a request the engine ended with `failure`.
+    fn failed(&mut self, failure: &RequestFailure, metrics: &mut MetricsState) -> ApiError {
+        let code = match failure.kind {
+            FailureKind::NonFiniteLogits => "non_finite_logits",
+            FailureKind::Sampling => "sampling_failed",
+            FailureKind::Compression => "kv_compression_failed",
+            FailureKind::Internal => "engine_error",
+        };
+        if failure.kind != FailureKind::NonFiniteLogits {
+            tracing::error!("request failed: {}", failure.message);
+            return ApiError::internal(format!(
+                "the engine stopped this request: {}",
+                failure.message
+            ))
+            .with_code(code);
+        }
+        metrics.non_finite_requests_total += 1;
+        self.streak += 1;
+        if self.streak >= NON_FINITE_STREAK_BROKEN {
+            if metrics.model_output_non_finite.is_none() {
+                tracing::error!(
+                    "the model produced non-finite logits for each of the last {} requests: its \
+                     weights are probably corrupt; /health now answers 503",
+                    self.streak
+                );
+            }
+            metrics.model_output_non_finite = Some(self.streak);
+        } else {
+            tracing::warn!("request stopped: {}", failure.message);
+        }
+        let mut message = format!("{}; the request was stopped", failure.message);
+        if let Some(streak) = metrics.model_output_non_finite {
+            message.push_str(&format!(
+                ". The model produces non-finite logits for every request (the last {streak} in \
+                 a row): its weights are probably corrupt"
+            ));
+        }
+        ApiError::internal(message).with_code(code)
     }
 }

@@ -89,8 +89,15 @@ pub struct MetricsState {
     pub finished_stop: u64,
     /// Requests that hit their length limit.
     pub finished_length: u64,
-    /// Requests aborted (client gone, shutdown, engine failure).
+    /// Requests aborted (client gone, shutdown, a failed step).
     pub finished_abort: u64,
+    /// Requests the engine ended with an error of their own (NaN logits, a failed compaction).
+    pub finished_error: u64,
+    /// Of those, requests ended by NaN or +inf logits.
+    pub non_finite_requests_total: u64,
+    /// Set (to the run of failures) while every recent request has failed on non-finite
+    /// logits: the model, not a prompt, is at fault; `/health` answers 503 meanwhile.
+    pub model_output_non_finite: Option<u64>,
     /// Requests refused by the engine at admission.
     pub rejected_total: u64,
     /// Steps that decoded at least one sequence.
@@ -122,6 +129,9 @@ impl Default for MetricsState {
             finished_stop: 0,
             finished_length: 0,
             finished_abort: 0,
+            finished_error: 0,
+            non_finite_requests_total: 0,
+            model_output_non_finite: None,
             rejected_total: 0,
             decode_steps_total: 0,
             decode_steps_batch1_total: 0,
@@ -241,6 +251,7 @@ fn render_state(state: &MetricsState, model_name: &str) -> String {
         ("stop", state.finished_stop),
         ("length", state.finished_length),
         ("abort", state.finished_abort),
+        ("error", state.finished_error),
     ] {
         let _ = writeln!(
             out,
@@ -325,6 +336,18 @@ fn render_state(state: &MetricsState, model_name: &str) -> String {
         "counter",
         "Wall time the engine spent compacting caches (scoring, selection, compaction).",
         format!("{:.6}", counters.compression_micros as f64 / 1e6),
+    );
+    metric(
+        "starling:non_finite_logits_requests_total",
+        "counter",
+        "Requests ended because the model produced NaN or +inf logits for them.",
+        state.non_finite_requests_total.to_string(),
+    );
+    metric(
+        "starling:model_output_non_finite",
+        "gauge",
+        "1 while every recent request has failed on non-finite logits (the model is broken).",
+        u8::from(state.model_output_non_finite.is_some()).to_string(),
     );
     metric(
         "starling:requests_rejected_total",

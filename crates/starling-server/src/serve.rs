@@ -1,54 +1,85 @@
-//! Running the router until a shutdown signal, then draining.
+//! Running the router until a shutdown signal, then draining; a second signal forces the end.
 
 use std::future::Future;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 
+use crate::access::AccessPolicy;
+use crate::connection::{accept_loop, ConnectionLimits};
 use crate::engine_thread::ServerError;
 use crate::routes::router;
 use crate::state::AppState;
 
-/// How shutdown behaves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How the server accepts, limits and shuts down.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ServeOptions {
-    /// After the signal, how long in-flight requests may run before they are aborted (their
-    /// streams then end with finish reason `abort`).
+    /// After the first signal, how long in-flight requests may run before they are aborted
+    /// (their streams then end with finish reason `abort`).
     pub shutdown_grace: Duration,
+    /// Timeouts, the connection limit and the body limit.
+    pub limits: ConnectionLimits,
+    /// API keys, allowed origins and hosts.
+    pub access: AccessPolicy,
 }
 
 impl Default for ServeOptions {
     fn default() -> Self {
         ServeOptions {
             shutdown_grace: Duration::from_secs(30),
+            limits: ConnectionLimits::default(),
+            access: AccessPolicy::default(),
         }
     }
 }
 
-/// Serves `state` on `listener` until `shutdown` resolves; then stops accepting, lets in-flight
-/// requests finish (aborting them after the grace period), and stops the engine thread.
-pub async fn serve(
+/// Serves `state` on `listener` until the first future `signals` makes resolves; then stops
+/// accepting, lets in-flight requests finish (aborting them after the grace period), stops the
+/// engine thread and returns `Ok`. If the second future `signals` makes resolves before the
+/// drain is over, returns [`ServerError::ForcedShutdown`] at once (the caller should exit).
+pub async fn serve<S, F>(
     listener: TcpListener,
     state: AppState,
-    shutdown: impl Future<Output = ()> + Send + 'static,
+    mut signals: S,
     options: ServeOptions,
-) -> Result<(), ServerError> {
+) -> Result<(), ServerError>
+where
+    S: FnMut() -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
     let engine = state.engine.clone();
-    let grace_engine = engine.clone();
-    let on_signal = async move {
-        shutdown.await;
-        tracing::info!(
-            "shutting down: no new connections; in-flight requests get {:?}",
-            options.shutdown_grace
-        );
-        tokio::spawn(async move {
-            tokio::time::sleep(options.shutdown_grace).await;
-            grace_engine.abort_all();
-        });
-    };
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(on_signal)
-        .await?;
+    let app = router(state, &options);
+    let (draining_tx, draining_rx) = watch::channel(false);
+    let accepting = accept_loop(listener, app, options.limits, draining_rx);
+    tokio::pin!(accepting);
+    let first = signals();
+    tokio::select! {
+        () = &mut accepting => {}
+        () = first => {
+            tracing::info!(
+                "shutting down: no new connections; in-flight requests get {:?} (a second signal \
+                 forces exit)",
+                options.shutdown_grace
+            );
+            let _ = draining_tx.send(true);
+            let grace_engine = engine.clone();
+            let grace = options.shutdown_grace;
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                grace_engine.abort_all();
+            });
+            let second = signals();
+            tokio::select! {
+                () = &mut accepting => {}
+                () = second => {
+                    tracing::warn!("second signal: forcing exit without draining");
+                    engine.abort_all();
+                    return Err(ServerError::ForcedShutdown);
+                }
+            }
+        }
+    }
     // Joining the engine thread blocks; keep it off the async workers.
     tokio::task::spawn_blocking(move || engine.shutdown())
         .await
@@ -56,7 +87,8 @@ pub async fn serve(
     Ok(())
 }
 
-/// Resolves on SIGINT (Ctrl-C) or, on Unix, SIGTERM.
+/// Resolves on SIGINT (Ctrl-C) or, on Unix, SIGTERM. Each call waits for a new signal, so
+/// [`serve`] can take this function itself as its `signals`.
 pub async fn termination_signal() {
     let ctrl_c = async {
         if let Err(e) = tokio::signal::ctrl_c().await {

@@ -7,13 +7,12 @@ use starling_models::tokenizer::Tokenizer;
 
 use crate::engine_thread::EngineHandle;
 
-/// How the served model is presented at `/v1/models` and checked against `model` fields.
+/// How the served model is presented at `/v1/models` and checked against `model` fields. Where
+/// the weights live is deliberately absent: clients never see a path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelInfo {
-    /// The name clients must use (`--served-model-name`, else the `--model` argument).
+    /// The name clients must use (`--served-model-name`, else the `--model` alias or file name).
     pub served_name: String,
-    /// Where the weights came from, reported as the model's `root`.
-    pub root: String,
     /// Unix time the server started, seconds (the model's `created`).
     pub created_unix_s: u64,
 }

@@ -6,7 +6,9 @@ mod common;
 
 use std::sync::OnceLock;
 
-use common::{metric, metrics_text, post, sse_chunks, start_server, TestServer, MODEL_NAME};
+use common::{
+    json_of, metric, metrics_text, post, sse_chunks, start_server, TestServer, MODEL_NAME,
+};
 use serde_json::{json, Value};
 
 const MAX_MODEL_LEN: usize = 256;
@@ -18,10 +20,6 @@ fn server() -> &'static TestServer {
 
 fn client() -> reqwest::Client {
     reqwest::Client::new()
-}
-
-fn json_of(body: &str) -> Value {
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -280,22 +278,44 @@ async fn bad_requests_get_4xx_with_openai_bodies() {
             "/v1/completions",
             json!({"prompt": "hi", "max_tokens": "ten"}),
             400,
-            None,
+            Some("max_tokens"),
             "invalid request body",
         ),
         (
             "/v1/completions",
             json!({"prompt": 5}),
             400,
-            None,
+            Some("prompt"),
             "invalid request body",
         ),
         (
             "/v1/completions",
             json!({"prompt": "hi", "max_tokens": -3}),
             400,
-            None,
+            Some("max_tokens"),
             "invalid request body",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "temperature": "hot"}),
+            400,
+            Some("temperature"),
+            "invalid request body",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": 7}]}),
+            400,
+            Some("messages"),
+            "invalid request body",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "logprobs": true,
+                   "top_logprobs": 25}),
+            400,
+            Some("top_logprobs"),
+            "top_logprobs",
         ),
         (
             "/v1/completions",
@@ -400,7 +420,7 @@ async fn bad_requests_get_4xx_with_openai_bodies() {
             "/v1/chat/completions",
             json!({"messages": "hi"}),
             400,
-            None,
+            Some("messages"),
             "invalid request body",
         ),
         (

@@ -361,6 +361,9 @@ fn run_window<B: Backend>(
             let Some(&s) = stream_of.get(&out.seq_id) else {
                 continue;
             };
+            if let Some(failure) = &out.error {
+                bail!("{}: {}", streams[s].label, failure.message);
+            }
             if let Some(row) = out.full_logprobs {
                 let position = out
                     .num_output_tokens

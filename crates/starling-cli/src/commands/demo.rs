@@ -70,6 +70,9 @@ fn demo<B: Backend + 'static>(backend: B, args: DemoArgs) -> Result<()> {
     let (mut peak_blocks, mut peak_batch, mut generated) = (0usize, 0usize, 0usize);
     while session.engine.has_unfinished() {
         for out in session.engine.step()? {
+            if let Some(failure) = &out.error {
+                anyhow::bail!("{}", failure.message);
+            }
             generated += usize::from(out.token_id.is_some());
             if let Some(text) = answers.get_mut(&out.seq_id) {
                 text.push_str(&out.text_delta);

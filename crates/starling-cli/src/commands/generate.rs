@@ -143,6 +143,9 @@ fn generate<B: Backend + 'static>(backend: B, args: GenerateArgs) -> Result<()> 
             if out.seq_id != id {
                 continue;
             }
+            if let Some(failure) = &out.error {
+                anyhow::bail!("{}", failure.message);
+            }
             if out.token_id.is_some() {
                 generated += 1;
                 first_token_ms.get_or_insert(started.elapsed().as_secs_f64() * 1e3);

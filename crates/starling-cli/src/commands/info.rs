@@ -151,8 +151,14 @@ pub fn run(args: InfoArgs) -> Result<()> {
                 .num_blocks
         }
     };
-    print_eviction_fit(&engine, &full, c)?;
+    // Whether the cache the flags configure boots: the exit status says it, so a script can
+    // ask `starling info` before it starts a server.
+    let mut refusal = pf.as_ref().err().map(|e| format!("full K/V: {e}"));
+    if let Some(evicting) = print_eviction_fit(&engine, &full, c) {
+        refusal = evicting.err();
+    }
     let rows = star_kv_rows(&args, c)?;
+    let configured_star_kv = args.engine.kv_compression.star_kv().is_some();
     if !rows.is_empty() {
         println!(
             "STAR-KV latent layout ({dtype_name}; what the engine allocates: ranks stored in multiples of {LATENT_RANK_MULTIPLE}, plus each token's position):"
@@ -180,8 +186,21 @@ pub fn run(args: InfoArgs) -> Result<()> {
             longest_context(sized.capacity_tokens(), c),
             row.source
         );
+        if configured_star_kv && row.selected {
+            refusal = preflight(
+                engine.kv_cache_memory_bytes,
+                &layout,
+                sched.block_size_tokens,
+                sched.max_model_len_tokens,
+            )
+            .err()
+            .map(|e| format!("STAR-KV {}: {e}", row.profile.name()));
+        }
     }
-    Ok(())
+    match refusal {
+        Some(why) => bail!("the configured KV cache does not boot: {why}"),
+        None => Ok(()),
+    }
 }
 
 /// The longest context a cache of `capacity_tokens` slots boots (one sequence, every token
@@ -192,15 +211,15 @@ fn longest_context(capacity_tokens: usize, config: &ModelConfig) -> usize {
 
 /// Under an evicting `--kv-compression`, what one `max_model_len` sequence holds at its peak
 /// (kept tokens plus a chunk in flight) and whether the budget boots it, as the engine's
-/// preflight decides.
+/// preflight decides. `None` without eviction; else whether it boots (the refusal as text).
 fn print_eviction_fit(
     engine: &starling_engine::EngineConfig,
     layout: &starling_kv::CacheLayout,
     config: &ModelConfig,
-) -> Result<()> {
+) -> Option<std::result::Result<(), String>> {
     let policy = &engine.compression;
     if !policy.evicts() {
-        return Ok(());
+        return None;
     }
     let sched = &engine.scheduler;
     let max_len = sched.max_model_len_tokens;
@@ -216,7 +235,8 @@ fn print_eviction_fit(
         max_len,
         peak,
     ) {
-        Ok(pf) => println!(
+        Ok(pf) => {
+            println!(
             "eviction:      {} at ratio {}: a {max_len}-token sequence holds at most {peak} tokens (kept + one {}-token chunk) → boots; max concurrency {:.2}; longest bootable context {} tokens",
             policy.method,
             policy.ratio,
@@ -230,10 +250,17 @@ fn print_eviction_fit(
                 ),
                 config
             )
-        ),
-        Err(e) => println!("eviction:      {} at ratio {}: {e}", policy.method, policy.ratio),
+        );
+            Some(Ok(()))
+        }
+        Err(e) => {
+            println!(
+                "eviction:      {} at ratio {}: {e}",
+                policy.method, policy.ratio
+            );
+            Some(Err(format!("eviction {}: {e}", policy.method)))
+        }
     }
-    Ok(())
 }
 
 /// One STAR-KV profile's ranks and where they came from.
@@ -241,6 +268,8 @@ struct StarKvRow {
     profile: RankProfile,
     allocation: RankAllocation,
     source: String,
+    /// The profile `--kv-compression` names (the one the engine would load).
+    selected: bool,
 }
 
 /// The profiles to print: from checkpoints (`--star-kv`, else a star_kv `--kv-compression`),
@@ -269,6 +298,7 @@ fn star_kv_rows(args: &InfoArgs, config: &ModelConfig) -> Result<Vec<StarKvRow>>
                 profile,
                 allocation: uniform_allocation(&shape, &budget, &keep)?,
                 source: "uniform ranks from the budget alone".to_owned(),
+                selected: false,
             })
         })
         .collect()
@@ -311,15 +341,13 @@ fn checkpoint_rows(
         let Some(profile) = manifest.profile else {
             bail!("STAR-KV checkpoint {} has no named profile", path.display());
         };
-        let mark = if selected == Some(profile.name()) {
-            " (selected)"
-        } else {
-            ""
-        };
+        let is_selected = selected == Some(profile.name());
+        let mark = if is_selected { " (selected)" } else { "" };
         rows.push(StarKvRow {
             profile,
             allocation: manifest.allocation()?,
             source: format!("{} ranks, {}{mark}", manifest.rank_strategy, path.display()),
+            selected: is_selected,
         });
     }
     Ok(rows)

@@ -477,19 +477,20 @@ impl<B: Backend> Engine<B> {
         Ok(c.due.target_tokens)
     }
 
-    /// Aborts a request whose compaction failed, replacing its outputs of this step by the
-    /// abort.
+    /// Ends a request whose compaction failed (an error output replacing its outputs of this
+    /// step, blocks freed at once); the others carry on.
     fn abort_for_compaction(
         &mut self,
         seq_id: SeqId,
         error: &EngineError,
         outputs: &mut Vec<RequestOutput>,
     ) {
-        tracing::error!("kv compression of {seq_id:?} failed, aborting it: {error}");
         outputs.retain(|o| o.seq_id != seq_id);
-        if let Ok(out) = self.abort(seq_id) {
-            outputs.push(out);
-        }
+        let failure = super::RequestFailure {
+            kind: super::FailureKind::Compression,
+            message: format!("kv compression failed: {error}"),
+        };
+        outputs.extend(self.fail_request(seq_id, failure));
     }
 
     /// Drops the compactions and captured windows of requests the scheduler preempted (their

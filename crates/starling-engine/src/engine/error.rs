@@ -14,14 +14,15 @@ pub enum EngineError {
     /// The scheduler refused a request or a transition.
     #[error(transparent)]
     Scheduler(#[from] SchedulerError),
-    /// Invalid sampling parameters.
-    #[error("invalid sampling parameters")]
+    /// Invalid sampling parameters, or logits that cannot be sampled (NaN, all masked); the
+    /// message says which.
+    #[error(transparent)]
     Sampling(#[from] SamplingError),
     /// The model or backend failed while running a step.
-    #[error("model error")]
+    #[error("model error: {0}")]
     Model(#[from] starling_models::ModelError),
     /// A backend failure outside the model (cache allocation, batch upload).
-    #[error("backend error")]
+    #[error("backend error: {0}")]
     Backend(#[from] starling_backend::BackendError),
     /// Token eviction failed (invalid compression configuration or scorer input).
     #[error("kv compression: {0}")]

@@ -30,7 +30,7 @@ use crate::scheduler::{Footprint, Scheduler, SchedulerError, StepStats};
 pub use compaction::DEFAULT_COMPACTION_STEP_BUDGET_TOKENS;
 pub use config::EngineConfig;
 pub use error::EngineError;
-pub use output::{RequestOptions, RequestOutput, TokenLogprob};
+pub use output::{FailureKind, RequestFailure, RequestOptions, RequestOutput, TokenLogprob};
 pub use star_kv::{load_model, StarKvInfo};
 
 /// The most token slots one sequence of `total_tokens` holds at once under `policy` (all of
@@ -105,6 +105,9 @@ pub struct EngineCounters {
     /// Layers compacted (a compression of a model of L layers counts L, spread over one or
     /// more steps).
     pub compaction_layers: u64,
+    /// Requests ended by a failure of their own (NaN logits, a failed compaction), counted in
+    /// `finished_requests` too.
+    pub failed_requests: u64,
 }
 
 /// A snapshot of the engine's load, for logs, metrics and tests.
@@ -444,6 +447,16 @@ impl<B: Backend> Engine<B> {
 
     /// Aborts a request (waiting or running); its blocks are free when this returns.
     pub fn abort(&mut self, seq_id: SeqId) -> Result<RequestOutput, EngineError> {
+        self.finish_early(seq_id, FinishReason::Abort)
+    }
+
+    /// Removes a request before it finished (its blocks are free when this returns) and makes
+    /// its last output, finished with `reason`.
+    fn finish_early(
+        &mut self,
+        seq_id: SeqId,
+        reason: FinishReason,
+    ) -> Result<RequestOutput, EngineError> {
         let seq = self
             .seqs
             .remove(&seq_id)
@@ -457,14 +470,35 @@ impl<B: Backend> Engine<B> {
             text_delta: String::new(),
             logprob: None,
             finished: Some(Finished {
-                reason: FinishReason::Abort,
+                reason,
                 stop_match: None,
             }),
             num_prompt_tokens: seq.num_prompt_tokens,
             num_output_tokens: seq.output_ids().len(),
             full_logprobs: None,
             kv_physical_tokens: 0,
+            error: None,
         })
+    }
+
+    /// Ends one request because of `failure` while the rest of its step carries on; its blocks
+    /// are free when this returns and its last output, finished with [`FinishReason::Error`],
+    /// carries the failure. `None` when the engine no longer holds the request.
+    fn fail_request(&mut self, seq_id: SeqId, failure: RequestFailure) -> Option<RequestOutput> {
+        tracing::warn!("request {seq_id:?} failed: {}", failure.message);
+        match self.finish_early(seq_id, FinishReason::Error) {
+            Ok(output) => {
+                self.counters.failed_requests += 1;
+                Some(RequestOutput {
+                    error: Some(failure),
+                    ..output
+                })
+            }
+            Err(e) => {
+                tracing::error!("ending failed request {seq_id:?}: {e}");
+                None
+            }
+        }
     }
 
     /// Whether any request is waiting or running.
@@ -487,9 +521,11 @@ impl<B: Backend> Engine<B> {
 
     /// Runs one step. Returns an output for every request that generated a token or finished.
     ///
-    /// If the forward pass fails, every request scheduled in the step is aborted (its blocks
-    /// freed, reported with [`FinishReason::Abort`]) and the error is returned; the engine keeps
-    /// serving the others.
+    /// A failure confined to one request (NaN logits, a failed sample or compaction) ends that
+    /// request with [`FinishReason::Error`] and a [`RequestFailure`] in its output, its blocks
+    /// freed at once; the others in the step carry on. If the step fails as a whole (batch
+    /// building, the forward pass), every request scheduled in it is aborted (blocks freed, no
+    /// output) and the error is returned; the engine keeps serving the rest.
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
         let plan = self.scheduler.schedule();
         self.last_step = Some(plan.stats);
@@ -501,28 +537,62 @@ impl<B: Backend> Engine<B> {
             return Ok(outputs);
         }
         self.counters.steps += 1;
-        let built = batch_builder::build(&plan, &self.seqs, self.scheduler.kv())?;
+        let built = match batch_builder::build(&plan, &self.seqs, self.scheduler.kv()) {
+            Ok(built) => built,
+            Err(e) => return Err(self.abort_scheduled(&plan, e)),
+        };
         let mut compactions = self.plan_compactions(&plan, &built);
         let logits = match self.run_model(&built, compactions.capture.as_mut()) {
             Ok(l) => l,
-            Err(e) => {
-                for s in &plan.scheduled {
-                    if self.seqs.remove(&s.seq_id).is_some() {
-                        // Already removed sequences cannot fail to abort; ignore the echo.
-                        let _ = self.scheduler.abort(s.seq_id);
-                    }
-                }
-                return Err(e);
-            }
+            Err(e) => return Err(self.abort_scheduled(&plan, e)),
         };
         self.counters.prefill_tokens += plan.stats.num_prefill_tokens as u64;
-        let samples = self.sample_rows(&built.sampling_seqs, logits.as_ref())?;
-        let mut outputs = Vec::with_capacity(built.sampling_seqs.len());
-        for (&seq_id, sample) in built.sampling_seqs.iter().zip(samples) {
-            outputs.push(self.advance(seq_id, sample?)?);
-        }
+        let mut outputs = self.sample_and_advance(&built.sampling_seqs, logits.as_ref());
         self.run_compactions(compactions, &mut outputs);
         Ok(outputs)
+    }
+
+    /// Aborts every request `plan` scheduled, for a failure of the whole step; returns `error`.
+    fn abort_scheduled(
+        &mut self,
+        plan: &crate::scheduler::StepPlan,
+        error: EngineError,
+    ) -> EngineError {
+        for s in &plan.scheduled {
+            if self.seqs.remove(&s.seq_id).is_some() {
+                // Already removed sequences cannot fail to abort; ignore the echo.
+                let _ = self.scheduler.abort(s.seq_id);
+            }
+        }
+        error
+    }
+
+    /// Samples the step's rows and appends the tokens. A row that cannot be sampled (NaN
+    /// logits) or advanced fails its request alone; if sampling fails as a whole, every request
+    /// that was to sample fails.
+    fn sample_and_advance(
+        &mut self,
+        seq_ids: &[SeqId],
+        logits: Option<&B::Tensor>,
+    ) -> Vec<RequestOutput> {
+        let samples = match self.sample_rows(seq_ids, logits) {
+            Ok(samples) => samples,
+            Err(e) => {
+                let failure = RequestFailure::from_error(&e);
+                return seq_ids
+                    .iter()
+                    .filter_map(|&id| self.fail_request(id, failure.clone()))
+                    .collect();
+            }
+        };
+        let mut outputs = Vec::with_capacity(seq_ids.len());
+        for (&seq_id, sample) in seq_ids.iter().zip(samples) {
+            match sample.and_then(|sample| self.advance(seq_id, sample)) {
+                Ok(output) => outputs.push(output),
+                Err(e) => outputs.extend(self.fail_request(seq_id, RequestFailure::from_error(&e))),
+            }
+        }
+        outputs
     }
 
     fn run_model(
@@ -676,6 +746,7 @@ impl<B: Backend> Engine<B> {
             num_output_tokens,
             full_logprobs,
             kv_physical_tokens,
+            error: None,
         })
     }
 }

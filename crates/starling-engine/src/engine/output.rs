@@ -40,6 +40,50 @@ pub struct RequestOutput {
     /// tokens seen once eviction has dropped some. A compaction still spread over later steps
     /// (see `Engine::set_compaction_step_budget`) shows in the request's next output.
     pub kv_physical_tokens: usize,
+    /// Why the request failed, on the output of a request that finished with
+    /// [`FinishReason::Error`](crate::sampling::FinishReason::Error).
+    pub error: Option<RequestFailure>,
+}
+
+/// What ended a request that failed on its own while the others in its step ran on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureKind {
+    /// The model produced NaN or +inf logits for it (on the device or the host).
+    NonFiniteLogits,
+    /// Its logits could not be sampled otherwise (every token masked, no logits).
+    Sampling,
+    /// Its token-eviction compaction failed.
+    Compression,
+    /// Any other failure confined to this request.
+    Internal,
+}
+
+/// A request's failure: what kind, and a message for its client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestFailure {
+    /// The kind of failure.
+    pub kind: FailureKind,
+    /// What happened, for the client and the log.
+    pub message: String,
+}
+
+impl RequestFailure {
+    /// Classifies an engine error that ended one request.
+    pub fn from_error(error: &super::EngineError) -> Self {
+        use crate::sampling::SamplingError;
+        let kind = match error {
+            super::EngineError::Sampling(SamplingError::NonFiniteLogit { .. }) => {
+                FailureKind::NonFiniteLogits
+            }
+            super::EngineError::Sampling(_) => FailureKind::Sampling,
+            super::EngineError::Compression(_) => FailureKind::Compression,
+            _ => FailureKind::Internal,
+        };
+        RequestFailure {
+            kind,
+            message: error.to_string(),
+        }
+    }
 }
 
 /// Per-request choices beyond sampling: eviction policy, teacher forcing, full distributions.

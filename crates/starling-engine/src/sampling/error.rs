@@ -41,7 +41,10 @@ pub enum SamplingError {
     #[error("cannot sample from an empty logits vector")]
     EmptyLogits,
     /// The model produced a NaN or +inf logit, which has no probability meaning.
-    #[error("logit of token {token_id} is {value}; logits must be finite or -inf")]
+    #[error(
+        "the model produced a non-finite logit ({value} for token {token_id}); logits must be \
+         finite or -inf"
+    )]
     NonFiniteLogit {
         /// The token whose logit is invalid.
         token_id: u32,
@@ -54,6 +57,17 @@ pub enum SamplingError {
 }
 
 impl SamplingError {
+    /// Whether the request's parameters are at fault (a 400), rather than the logits the model
+    /// produced for it.
+    pub fn is_parameter_error(&self) -> bool {
+        !matches!(
+            self,
+            SamplingError::EmptyLogits
+                | SamplingError::NonFiniteLogit { .. }
+                | SamplingError::NoCandidate
+        )
+    }
+
     /// The request field this error is about, or `None` when the error is not about a parameter.
     pub fn field(&self) -> Option<&'static str> {
         match self {

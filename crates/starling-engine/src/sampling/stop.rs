@@ -15,15 +15,19 @@ pub enum FinishReason {
     Length,
     /// The client or the engine cancelled the request.
     Abort,
+    /// The request failed on its own (NaN logits, a failed compaction): its output carries the
+    /// [`crate::RequestFailure`] (vLLM's `FinishReason.ERROR`).
+    Error,
 }
 
 impl FinishReason {
-    /// The OpenAI spelling: `"stop"`, `"length"` or `"abort"`.
+    /// The OpenAI spelling: `"stop"`, `"length"`, `"abort"` or `"error"`.
     pub fn as_str(self) -> &'static str {
         match self {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
             FinishReason::Abort => "abort",
+            FinishReason::Error => "error",
         }
     }
 }

@@ -64,7 +64,10 @@ pub(crate) fn load_gguf(path: &Path) -> Result<GgufModel, ModelError> {
 }
 
 /// Fails unless every tensor the config implies is in the directory with the implied shape.
-fn check_directory(config: &ModelConfig, tensors: &[GgufTensorInfo]) -> Result<(), ModelError> {
+pub(crate) fn check_directory(
+    config: &ModelConfig,
+    tensors: &[GgufTensorInfo],
+) -> Result<(), ModelError> {
     let shapes: HashMap<String, &[usize]> = tensors
         .iter()
         .filter_map(|info| Some((canonical_name(&info.name)?, info.shape.as_slice())))

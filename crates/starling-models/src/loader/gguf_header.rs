@@ -54,8 +54,22 @@ pub(crate) struct GgufHeader {
 pub(crate) fn read_gguf_header(path: &Path) -> Result<GgufHeader, ModelError> {
     let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
     let file_len_bytes = file.metadata().map_err(|e| ModelError::io(path, e))?.len();
+    parse_gguf_header(
+        BufReader::with_capacity(1 << 20, file),
+        file_len_bytes,
+        path,
+    )
+}
+
+/// Reads and checks the header of a GGUF file of `file_len_bytes` from `source`; `path` only
+/// names the file in errors.
+pub(crate) fn parse_gguf_header(
+    source: impl Read,
+    file_len_bytes: u64,
+    path: &Path,
+) -> Result<GgufHeader, ModelError> {
     let mut reader = HeaderReader {
-        inner: BufReader::with_capacity(1 << 20, file),
+        inner: source,
         position_bytes: 0,
         file_len_bytes,
         path: path.to_owned(),
@@ -98,7 +112,42 @@ pub(crate) fn read_gguf_header(path: &Path) -> Result<GgufHeader, ModelError> {
         .map(|raw| raw.locate(data_start_bytes, file_len_bytes, path))
         .collect::<Result<Vec<_>, _>>()?;
     check_unique_names(&tensors).map_err(|reason| reader.malformed(reason))?;
+    check_layout(&tensors, data_start_bytes, alignment_bytes)
+        .map_err(|reason| reader.malformed(reason))?;
     Ok(GgufHeader { metadata, tensors })
+}
+
+/// Every tensor's data must start on the file's alignment (the GGUF spec's rule; a shifted
+/// offset reads the wrong bytes: NaNs and garbage) and no two tensors' data may overlap.
+fn check_layout(
+    tensors: &[GgufTensorInfo],
+    data_start_bytes: u64,
+    alignment_bytes: u64,
+) -> Result<(), String> {
+    if let Some(t) = tensors
+        .iter()
+        .find(|t| !(t.file_offset_bytes - data_start_bytes).is_multiple_of(alignment_bytes))
+    {
+        return Err(format!(
+            "tensor `{}`: data offset {} is not a multiple of the file's alignment of \
+             {alignment_bytes} bytes",
+            t.name,
+            t.file_offset_bytes - data_start_bytes
+        ));
+    }
+    let mut by_offset: Vec<&GgufTensorInfo> = tensors.iter().filter(|t| t.size_bytes > 0).collect();
+    by_offset.sort_by_key(|t| t.file_offset_bytes);
+    for pair in by_offset.windows(2) {
+        let (first, next) = (pair[0], pair[1]);
+        let first_end = first.file_offset_bytes + first.size_bytes as u64;
+        if first_end > next.file_offset_bytes {
+            return Err(format!(
+                "the data of tensors `{}` (bytes {}..{first_end}) and `{}` (from byte {}) overlap",
+                first.name, first.file_offset_bytes, next.name, next.file_offset_bytes
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn alignment_bytes(metadata: &HashMap<String, Value>) -> Result<u64, String> {

@@ -3,12 +3,12 @@
 
 mod float_decode;
 mod ggml_types;
-mod gguf;
-mod gguf_config;
-mod gguf_header;
+pub(crate) mod gguf;
+pub(crate) mod gguf_config;
+pub(crate) mod gguf_header;
 mod gguf_names;
-mod hf_config;
-mod safetensors;
+pub(crate) mod hf_config;
+pub(crate) mod safetensors;
 mod synthetic;
 mod weight_map;
 pub mod weight_names;

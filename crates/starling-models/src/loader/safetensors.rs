@@ -50,7 +50,15 @@ fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
 
 fn read_shard(path: &Path) -> Result<Vec<(String, HostTensor)>, ModelError> {
     let bytes = std::fs::read(path).map_err(|e| ModelError::io(path, e))?;
-    let file = SafeTensors::deserialize(&bytes).map_err(|e| ModelError::Malformed {
+    parse_shard(&bytes, path)
+}
+
+/// Every tensor of one safetensors shard's bytes, as f32; `path` only names it in errors.
+pub(crate) fn parse_shard(
+    bytes: &[u8],
+    path: &Path,
+) -> Result<Vec<(String, HostTensor)>, ModelError> {
+    let file = SafeTensors::deserialize(bytes).map_err(|e| ModelError::Malformed {
         path: path.to_owned(),
         reason: e.to_string(),
     })?;

@@ -87,6 +87,11 @@ pub fn tiny_tensors(options: TinyOptions) -> Vec<TensorSpec> {
         specs.push((name("ffn_up.weight"), vec![ffn, d], GgmlDType::Q8_0));
         specs.push((name("ffn_down.weight"), vec![d, ffn], GgmlDType::Q8_0));
     }
+    patterned(specs)
+}
+
+/// Tensors of the given names, shapes and types, each filled with its own [`pattern`].
+pub fn patterned(specs: Vec<(String, Vec<usize>, GgmlDType)>) -> Vec<TensorSpec> {
     specs
         .into_iter()
         .enumerate()

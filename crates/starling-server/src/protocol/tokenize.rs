@@ -57,7 +57,8 @@ pub struct ModelCard {
     pub created: u64,
     /// `starling`.
     pub owned_by: String,
-    /// Where the weights came from.
+    /// vLLM's field for where the weights came from; here the served name again, since a
+    /// client has no business knowing paths on the server.
     pub root: String,
     /// The context window.
     pub max_model_len: usize,

@@ -3,10 +3,12 @@
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use starling_engine::sampling::MAX_TOP_LOGPROBS;
 use starling_engine::RequestOutput;
 
 use super::generation::{
-    check_lengths, finish_fields, for_each_output, new_request_id, submit, token_text, unix_now_s,
+    check_lengths, finish_fields, for_each_output, new_request_id, prepare, submit, token_text,
+    unix_now_s,
 };
 use super::sse::{sse_response, ChunkFormatter};
 use crate::api_error::ApiError;
@@ -63,7 +65,10 @@ pub async fn create(
     JsonBody(request): JsonBody<ChatRequest>,
 ) -> Result<Response, ApiError> {
     state.check_model(request.model.as_deref())?;
-    let prompt_ids = encode_chat(&state, &request.messages, true)?;
+    let prompt_ids = {
+        let (state, messages) = (state.clone(), request.messages.clone());
+        prepare(move || encode_chat(&state, &messages, true)).await?
+    };
     let (max_tokens, max_param) = match (request.max_completion_tokens, request.max_tokens) {
         (Some(m), _) => (Some(m), "max_completion_tokens"),
         (None, m) => (m, "max_tokens"),
@@ -76,6 +81,14 @@ pub async fn create(
         max_param,
         "messages",
     )?;
+    if let Some(top) = request.top_logprobs {
+        if top > MAX_TOP_LOGPROBS as u64 {
+            return Err(ApiError::bad_request(
+                format!("top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top}"),
+                Some("top_logprobs"),
+            ));
+        }
+    }
     let logprobs = match request.logprobs {
         Some(true) => Some(request.top_logprobs.unwrap_or(0)),
         _ => None,

@@ -6,8 +6,8 @@ use axum::Json;
 use starling_engine::RequestOutput;
 
 use super::generation::{
-    check_lengths, check_token_ids, finish_fields, for_each_output, new_request_id, submit,
-    token_text, unix_now_s,
+    check_lengths, check_token_ids, finish_fields, for_each_output, new_request_id, prepare,
+    submit, token_text, unix_now_s,
 };
 use super::sse::{sse_response, ChunkFormatter};
 use crate::api_error::ApiError;
@@ -30,9 +30,18 @@ pub async fn create(
         return Err(ApiError::bad_request("echo is not supported", Some("echo")));
     }
     let prompt_ids = match request.prompt.clone().single()? {
-        SinglePrompt::Text(text) => state.tokenizer.encode(&text, true).map_err(|e| {
-            ApiError::bad_request(format!("cannot tokenize the prompt: {e}"), Some("prompt"))
-        })?,
+        SinglePrompt::Text(text) => {
+            let tokenizer = state.tokenizer.clone();
+            prepare(move || {
+                tokenizer.encode(&text, true).map_err(|e| {
+                    ApiError::bad_request(
+                        format!("cannot tokenize the prompt: {e}"),
+                        Some("prompt"),
+                    )
+                })
+            })
+            .await?
+        }
         SinglePrompt::Tokens(ids) => {
             check_token_ids(&state, &ids, "prompt")?;
             ids

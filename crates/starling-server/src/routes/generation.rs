@@ -12,6 +12,17 @@ use crate::api_error::ApiError;
 use crate::engine_thread::RequestEvent;
 use crate::state::AppState;
 
+/// Runs CPU-heavy request preparation (tokenizing a long prompt, rendering a chat template) on
+/// the blocking pool, so a large request never holds one of the few async workers every other
+/// connection needs.
+pub async fn prepare<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))?
+}
+
 /// Unix time now, seconds.
 pub fn unix_now_s() -> u64 {
     SystemTime::now()
@@ -103,7 +114,7 @@ pub async fn submit(
     match events.recv().await {
         Some(RequestEvent::Accepted) => Ok(events),
         Some(RequestEvent::Rejected(e)) => Err(ApiError::from_engine(&e)),
-        Some(RequestEvent::Failed(message)) => Err(ApiError::internal(message)),
+        Some(RequestEvent::Failed(error)) => Err(error),
         Some(RequestEvent::Output(_)) => Err(ApiError::internal(
             "the engine sent an output before accepting the request",
         )),
@@ -140,7 +151,7 @@ pub async fn for_each_output(
                     return Ok(output);
                 }
             }
-            Some(RequestEvent::Failed(message)) => return Err(ApiError::internal(message)),
+            Some(RequestEvent::Failed(error)) => return Err(error),
             Some(RequestEvent::Accepted) | Some(RequestEvent::Rejected(_)) => {}
             None => {
                 return Err(ApiError::unavailable(

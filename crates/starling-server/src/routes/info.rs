@@ -6,6 +6,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::chat::encode_chat;
+use super::generation::prepare;
 use crate::api_error::ApiError;
 use crate::json_body::JsonBody;
 use crate::protocol::tokenize::{
@@ -22,15 +23,25 @@ pub async fn models(State(state): State<AppState>) -> Json<ModelList> {
             object: "model".into(),
             created: state.model.created_unix_s,
             owned_by: "starling".into(),
-            root: state.model.root.clone(),
+            root: state.model.served_name.clone(),
             max_model_len: state.engine.info().max_model_len_tokens,
         }],
     })
 }
 
-/// `GET /health`: 200 while the server runs.
-pub async fn health() -> StatusCode {
-    StatusCode::OK
+/// `GET /health`: 200 while the server runs; 503 once the model has produced non-finite logits
+/// for every request for a while (its weights are probably corrupt), so a load balancer stops
+/// sending it work.
+pub async fn health(State(state): State<AppState>) -> Response {
+    match state.engine.metrics().lock().model_output_non_finite {
+        None => StatusCode::OK.into_response(),
+        Some(streak) => ApiError::unavailable(format!(
+            "the model produces non-finite logits (NaN or +inf): the last {streak} requests it \
+             ran all failed on them; its weights are probably corrupt"
+        ))
+        .with_code("model_output_non_finite")
+        .into_response(),
+    }
 }
 
 /// `GET /metrics`: Prometheus text.
@@ -52,23 +63,23 @@ pub async fn tokenize(
     JsonBody(request): JsonBody<TokenizeRequest>,
 ) -> Result<Json<TokenizeResponse>, ApiError> {
     state.check_model(request.model.as_deref())?;
-    let tokens = match (&request.prompt, &request.messages) {
-        (Some(prompt), None) => state
+    let worker_state = state.clone();
+    let tokens = prepare(move || match (request.prompt, request.messages) {
+        (Some(prompt), None) => worker_state
             .tokenizer
-            .encode(prompt, request.add_special_tokens.unwrap_or(true))
-            .map_err(|e| ApiError::bad_request(format!("cannot tokenize: {e}"), Some("prompt")))?,
+            .encode(&prompt, request.add_special_tokens.unwrap_or(true))
+            .map_err(|e| ApiError::bad_request(format!("cannot tokenize: {e}"), Some("prompt"))),
         (None, Some(messages)) => encode_chat(
-            &state,
-            messages,
+            &worker_state,
+            &messages,
             request.add_generation_prompt.unwrap_or(true),
-        )?,
-        _ => {
-            return Err(ApiError::bad_request(
-                "give exactly one of `prompt` and `messages`",
-                None,
-            ))
-        }
-    };
+        ),
+        _ => Err(ApiError::bad_request(
+            "give exactly one of `prompt` and `messages`",
+            None,
+        )),
+    })
+    .await?;
     Ok(Json(TokenizeResponse {
         count: tokens.len(),
         max_model_len: state.engine.info().max_model_len_tokens,
@@ -92,11 +103,5 @@ pub async fn detokenize(
 
 /// Any other path: an OpenAI-shaped 404.
 pub async fn not_found() -> ApiError {
-    ApiError {
-        status: StatusCode::NOT_FOUND,
-        message: "no such endpoint".into(),
-        error_type: "invalid_request_error",
-        param: None,
-        code: Some("not_found"),
-    }
+    ApiError::for_status(StatusCode::NOT_FOUND, "no such endpoint").with_code("not_found")
 }

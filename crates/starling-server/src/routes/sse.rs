@@ -46,7 +46,7 @@ impl<F: ChunkFormatter> StreamState<F> {
                     self.finish();
                 }
             }
-            Some(RequestEvent::Failed(message)) => self.fail(ApiError::internal(message)),
+            Some(RequestEvent::Failed(error)) => self.fail(error),
             Some(RequestEvent::Accepted) | Some(RequestEvent::Rejected(_)) => {}
             None => self.fail(ApiError::unavailable(
                 "the engine stopped before the request finished",
