@@ -9,7 +9,8 @@
 //                        on the tensor cores (Z·B_hᵀ, mma.sync), biased and rotated at each
 //                        slot's position (RoPE table), and dotted with the group's queries
 //                        (Kᵀ·Q on the tensor cores); scores (log2 units) go to a per-row range of
-//                        a scratch buffer, each head's split maximum to part_m.
+//                        a scratch buffer ([head][token] within the row), each head's split
+//                        maximum to part_m.
 //   latent_values_mt{MT} grid (row, split, value chunk): P = 2^(S − m) for every head at once
 //                        (MT m-tiles of 16 heads), O_latent += P·U on the tensor cores: the value
 //                        latent is read once per (row, split), whatever the head count.
@@ -29,6 +30,22 @@
 #define LV_BN 16      // tokens per tile of latent_values (one k-step; its U ring fits static
                       // shared memory at 512 columns: 2 × 16 × 520 × 2 B)
 #define LV_STAGES 2
+
+// The latent kernels cut each split of the step's attention plan (the dense kernels' plan, so a
+// replayed step reads the same one) into `sub` finer splits of whole key tiles: reconstructing
+// keys makes a latent split far more work than a dense one, and shapes with few KV heads would
+// otherwise leave most SMs idle. Eager launches and replays refine the same plan alike.
+__device__ __forceinline__ void refine_split(const unsigned* __restrict__ plan, int sub,
+                                             int& splits, int& split_len) {
+    if (plan != nullptr) {
+        splits = (int)plan[0];
+        split_len = (int)plan[1];
+    }
+    if (sub > 1) {
+        splits *= sub;
+        split_len = (((split_len + sub - 1) / sub) + 63) & ~63;
+    }
+}
 
 // Bits of the slot's position (stored as two bf16 words: the row-moving kernels copy it as data).
 __device__ __forceinline__ unsigned slot_position(const unsigned* __restrict__ positions,
@@ -118,12 +135,9 @@ __device__ void latent_scores_impl(
     const unsigned* __restrict__ rows, const unsigned* __restrict__ tok_seq,
     const unsigned* __restrict__ tok_visible, const unsigned* __restrict__ score_offsets,
     const unsigned* __restrict__ block_tables, int max_blocks, int block_size, int num_kv_heads,
-    int group, float scale, int splits, int split_len, const unsigned* __restrict__ plan) {
-    if (plan != nullptr) {
-        splits = (int)plan[0];
-        split_len = (int)plan[1];
-        if ((int)blockIdx.z >= splits) return;
-    }
+    int group, float scale, int splits, int split_len, const unsigned* __restrict__ plan, int sub) {
+    refine_split(plan, sub, splits, split_len);
+    if ((int)blockIdx.z >= splits) return;
     constexpr int NT = D / 8;    // 8-wide n-tiles of a reconstructed key row
     constexpr int KS = D / 16;   // k-steps of the score over the head dim
     constexpr int HALF = D / 2;
@@ -144,6 +158,9 @@ __device__ void latent_scores_impl(
     const int kv_end = min((int)tok_visible[t], kv_start + split_len);
     const int n_tiles = kv_end > kv_start ? (kv_end - kv_start + LS_BN - 1) / LS_BN : 0;
     const unsigned* table = block_tables + (size_t)tok_seq[t] * max_blocks;
+    // The row's scores, head-major ([head][visible]): the values kernel reads a head's run of
+    // tokens in one coalesced load.
+    const int visible = (int)tok_visible[t];
     float* row_scores = scores + (size_t)score_offsets[i_row] * num_q_heads;
 
     // B_h, zero past the rank (the k-steps cover r16).
@@ -271,7 +288,7 @@ __device__ void latent_scores_impl(
             const int j = e < 2 ? j0 : j1, h = 2 * q4 + (e & 1);
             const float v = j < kv_end ? s[e] * scale_log2 : NEG_INF;
             if (j < kv_end && h < group)
-                row_scores[(size_t)j * num_q_heads + kvh * group + h] = v;
+                row_scores[(size_t)(kvh * group + h) * visible + j] = v;
             run_max[e & 1] = fmaxf(run_max[e & 1], v);
         }
     }
@@ -304,12 +321,13 @@ __device__ void latent_scores_impl(
         const unsigned* rows, const unsigned* tok_seq, const unsigned* tok_visible,              \
         const unsigned* score_offsets, const unsigned* block_tables, int max_blocks,             \
         int block_size, int num_kv_heads, int group, float scale, int splits, int split_len,     \
-        const unsigned* plan) {                                                                  \
+        const unsigned* plan, int sub) {                                                         \
         pdl_entry();                                                                             \
         latent_scores_impl<D>(scores, part_m, qkv, qkv_width, key_plane, key_width, pos_plane,   \
                               latent_heads, key_up, key_bias, rope_table, interleaved, rs, rows, \
                               tok_seq, tok_visible, score_offsets, block_tables, max_blocks,     \
-                              block_size, num_kv_heads, group, scale, splits, split_len, plan);  \
+                              block_size, num_kv_heads, group, scale, splits, split_len, plan,   \
+                              sub);                                                              \
     }
 INSTANTIATE_SCORES(64)
 INSTANTIATE_SCORES(128)
@@ -326,12 +344,9 @@ __device__ void latent_values_impl(
     const unsigned* __restrict__ tok_seq, const unsigned* __restrict__ tok_visible,
     const unsigned* __restrict__ score_offsets, const unsigned* __restrict__ block_tables,
     int max_blocks, int block_size, int num_q_heads, int splits, int split_len,
-    const unsigned* __restrict__ plan) {
-    if (plan != nullptr) {
-        splits = (int)plan[0];
-        split_len = (int)plan[1];
-        if ((int)blockIdx.y >= splits) return;
-    }
+    const unsigned* __restrict__ plan, int sub) {
+    refine_split(plan, sub, splits, split_len);
+    if ((int)blockIdx.y >= splits) return;
     constexpr int CH = 512 / MT;       // value columns of this block
     constexpr int WN = CH / 4;         // ... of each warp
     constexpr int NTW = WN / 8;        // n-tiles per warp
@@ -351,6 +366,7 @@ __device__ void latent_values_impl(
     const int kv_end = min((int)tok_visible[t], kv_start + split_len);
     const int n_tiles = kv_end > kv_start ? (kv_end - kv_start + LV_BN - 1) / LV_BN : 0;
     const unsigned* table = block_tables + (size_t)tok_seq[t] * max_blocks;
+    const int visible = (int)tok_visible[t];
     const float* row_scores = scores + (size_t)score_offsets[i_row] * num_q_heads;
     for (int h = tid; h < HP; h += LV_THREADS) {
         m_s[h] = h < num_q_heads ? part_m[((size_t)i_row * num_q_heads + h) * splits + split]
@@ -380,23 +396,38 @@ __device__ void latent_values_impl(
     cp_async_commit();
     __syncthreads();  // m_s, l_s
 
+    // Each half-warp takes one head at a time (heads 2w + hw, then + 8, ...), lane & 15 = the
+    // token; a tile's scores are loaded one tile ahead, into registers, so their latency hides
+    // behind the previous tile's products.
+    constexpr int HPT = HP / (2 * LV_THREADS / 32);  // heads per thread
+    float sc[HPT];
+    auto load_scores = [&](int tile) {
+        const int j = kv_start + tile * LV_BN + (lane & 15);
+#pragma unroll
+        for (int k = 0; k < HPT; k++) {
+            const int h = 2 * warp + (lane >> 4) + k * (2 * LV_THREADS / 32);
+            sc[k] = h < num_q_heads && j < kv_end ? row_scores[(size_t)h * visible + j] : NEG_INF;
+        }
+    };
+    if (n_tiles > 0) load_scores(0);
     for (int it = 0; it < n_tiles; it++) {
         if (it + 1 < n_tiles) load_tile(it + 1, (it + 1) % LV_STAGES);
         cp_async_commit();
-        // P tile: each half-warp takes one head (heads 2w + hw, then + 8, ...), lane & 15 = the
-        // token; each head's sum of the unrounded weights goes to l_s (one half-warp owns it).
+        // P tile; each head's sum of the unrounded weights goes to l_s (one half-warp owns it).
         const int j = kv_start + it * LV_BN + (lane & 15);
-        for (int h = 2 * warp + (lane >> 4); h < HP; h += 2 * LV_THREADS / 32) {
+#pragma unroll
+        for (int k = 0; k < HPT; k++) {
+            const int h = 2 * warp + (lane >> 4) + k * (2 * LV_THREADS / 32);
             float p = 0.f;
             const float m = m_s[h];
-            if (h < num_q_heads && j < kv_end && m != NEG_INF)
-                p = fast_exp2(row_scores[(size_t)j * num_q_heads + h] - m);
+            if (h < num_q_heads && j < kv_end && m != NEG_INF) p = fast_exp2(sc[k] - m);
             p_s[h * PS + (lane & 15)] = __float2bfloat16(p);
             float sum = p;
 #pragma unroll
             for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
             if ((lane & 15) == 0) l_s[h] += sum;
         }
+        if (it + 1 < n_tiles) load_scores(it + 1);
         cp_async_wait<LV_STAGES - 1>();  // tile it has landed (tile it + 1 may be in flight)
         __syncthreads();
         const bf16* u = u_s + (it % LV_STAGES) * LV_BN * US;
@@ -447,11 +478,11 @@ __device__ void latent_values_impl(
         const bf16* value_plane, int value_width, const unsigned* rows, const unsigned* tok_seq, \
         const unsigned* tok_visible, const unsigned* score_offsets,                              \
         const unsigned* block_tables, int max_blocks, int block_size, int num_q_heads,           \
-        int splits, int split_len, const unsigned* plan) {                                       \
+        int splits, int split_len, const unsigned* plan, int sub) {                              \
         pdl_entry();                                                                             \
         latent_values_impl<MT>(part_acc, part_l, scores, part_m, value_plane, value_width, rows, \
                                tok_seq, tok_visible, score_offsets, block_tables, max_blocks,    \
-                               block_size, num_q_heads, splits, split_len, plan);                \
+                               block_size, num_q_heads, splits, split_len, plan, sub);           \
     }
 INSTANTIATE_VALUES(1)
 INSTANTIATE_VALUES(2)
@@ -464,10 +495,11 @@ extern "C" __global__ void latent_combine_bf16(bf16* __restrict__ w, const float
                                                const float* __restrict__ part_m,
                                                const float* __restrict__ part_l, int num_rows,
                                                int num_q_heads, int value_width, int splits,
-                                               const unsigned* __restrict__ plan) {
+                                               const unsigned* __restrict__ plan, int sub) {
     pdl_entry();
-    // A replayed step's split count (every latent kernel indexes the partials by it).
-    if (plan != nullptr) splits = (int)plan[0];
+    // The refined split count (every latent kernel indexes the partials by it).
+    int split_len = 1;
+    refine_split(plan, sub, splits, split_len);
     const int i_row = blockIdx.x, h = blockIdx.y;
     const size_t base = ((size_t)i_row * num_q_heads + h) * splits;
     float m = NEG_INF;

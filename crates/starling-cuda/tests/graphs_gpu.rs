@@ -11,7 +11,7 @@ use starling_backend::{
 };
 use starling_cuda::{CudaBackend, CudaDecodeGraphs, CudaKvCache};
 use starling_kv::{KvCacheManager, SeqId};
-use starling_models::llama::LlamaModel;
+use starling_models::llama::{LatentRanks, LlamaModel};
 use starling_models::ModelConfig;
 
 const BLOCK_TOKENS: usize = 16;
@@ -54,8 +54,19 @@ fn argmax(row: &[f32]) -> u32 {
 /// Prefills `batch` sequences with prompts of `prompt_lens[i % len]` tokens, then decodes
 /// `steps` tokens eagerly and by replay, asserting bit-equal logits at every step.
 fn replay_matches_eager(cfg: &ModelConfig, batch: usize, prompt_lens: &[usize], steps: usize) {
+    replay_matches_eager_with(cfg, &vec![None; cfg.num_layers], batch, prompt_lens, steps);
+}
+
+/// [`replay_matches_eager`] on a model whose layers given `Some` ranks cache STAR-KV latents.
+fn replay_matches_eager_with(
+    cfg: &ModelConfig,
+    latent_ranks: &[Option<LatentRanks>],
+    batch: usize,
+    prompt_lens: &[usize],
+    steps: usize,
+) {
     let gpu = CudaBackend::new(0).expect("these tests need a CUDA GPU");
-    let model = LlamaModel::synthetic(&gpu, cfg, 11).expect("model");
+    let model = LlamaModel::synthetic_latent(&gpu, cfg, 11, latent_ranks).expect("model");
     let max_model_len = prompt_lens.iter().max().expect("prompts") + steps + 1;
     let blocks = batch * max_model_len.div_ceil(BLOCK_TOKENS) + 1;
     let mut kv = KvCacheManager::new(blocks, BLOCK_TOKENS).expect("manager");
@@ -219,4 +230,25 @@ fn qwen2_shaped_replay_equals_eager() {
     for batch in [1, 2, 3, 6] {
         replay_matches_eager(&qwen2_shaped(), batch, &[14, 300], 18);
     }
+}
+
+/// Mixed layers in one graph: the first layer caches full K/V, the others STAR-KV latents
+/// (decode attention on latents, the latent write) — replayed bit for bit, split contexts
+/// included.
+#[test]
+#[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
+fn replay_equals_eager_with_latent_layers() {
+    let cfg = ModelConfig {
+        num_layers: 3,
+        ..qwen2_shaped()
+    };
+    let latent = Some(LatentRanks {
+        key_ranks: vec![64, 40],
+        value_rank: 128,
+    });
+    let ranks = vec![None, latent.clone(), latent];
+    for batch in [1, 3, 6] {
+        replay_matches_eager_with(&cfg, &ranks, batch, &[14, 300], 18);
+    }
+    replay_matches_eager_with(&cfg, &ranks, 2, &[700, 1500], 12);
 }

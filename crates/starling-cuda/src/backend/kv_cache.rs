@@ -23,6 +23,10 @@ pub struct CudaKvCache {
     pub(crate) positions: Option<CudaSlice<bf16>>,
     /// A latent layer's `(offset, rank)` of each KV head's key latent in the key row.
     pub(crate) latent_heads: Option<CudaSlice<i32>>,
+    /// One past the largest position ever stored (latent layers): the decode kernels rotate
+    /// keys from a cos/sin table that must cover every stored position, which may exceed the
+    /// batch's own (rows scattered in, positions kept across compaction).
+    pub(crate) position_bound: usize,
 }
 
 /// bf16 words of one slot's position.
@@ -79,6 +83,7 @@ impl CudaBackend {
             values: zeros(slots * vw)?,
             positions,
             latent_heads,
+            position_bound: 0,
         })
     }
 }

@@ -246,6 +246,9 @@ impl CudaBackend {
             "scatter_kv",
         )?;
         check_distinct_blocks(block_table, block_size_tokens, len, "scatter_kv")?;
+        if let Some(&max) = rows.positions.iter().max() {
+            cache.position_bound = cache.position_bound.max(max as usize + 1);
+        }
         let words: Vec<bf16> = rows
             .positions
             .iter()

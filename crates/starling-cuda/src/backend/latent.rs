@@ -140,6 +140,7 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
+        cache.position_bound = cache.position_bound.max(self.rope_positions_needed(batch));
         let freqs = self.rope_freqs(&rope.inv_freqs)?;
         let items = dims.num_heads * dims.head_dim / 2 + (kw + vw) / 8 + 1;
         let config = super::rope_grid(n, items);
@@ -271,13 +272,18 @@ impl CudaBackend {
                 "latent_attention: head_dim {d} unsupported on CUDA (64 or 128)"
             ))
         })?;
-        let m_tiles = heads.div_ceil(16);
+        let (kw, vw) = cache.plane_widths();
+        // The values kernel's tiles of 16 heads: enough for the heads, and small enough that
+        // its 512 / m_tiles value columns per block leave no warp without columns.
+        let mut m_tiles = heads.div_ceil(16);
+        while m_tiles < 4 && 512 / m_tiles > vw.div_ceil(128) * 128 {
+            m_tiles *= 2;
+        }
         let values_kernel = self.kernels.latent_values(m_tiles).ok_or_else(|| {
             CudaError::Shape(format!(
                 "latent_attention: {heads} query heads unsupported on CUDA (up to 64)"
             ))
         })?;
-        let (kw, vw) = cache.plane_widths();
         let ranks = cache.spec.require_latent("latent_attention")?;
         let max_rank = ranks.iter().copied().max().unwrap_or(0);
         if max_rank > d {
@@ -294,7 +300,12 @@ impl CudaBackend {
             }
             Some(shape) => (shape.max_splits, 1, batch.plan().device_ptr(&self.stream).0),
         };
-        let table = self.latent_rope_table(rope, d, self.rope_positions_needed(batch))?;
+        let needed = self.rope_positions_needed(batch).max(cache.position_bound);
+        let table = self.latent_rope_table(rope, d, needed)?;
+        // Finer splits than the dense plan's (see refine_split in latent.cu): a function of the
+        // shape only, so an eager step and its replay split alike.
+        let sub = latent_sub_splits(kv_heads);
+        let sub_i = int_arg(sub, "sub-splits")?;
         let freqs_table = table.as_ref();
         let rs = max_rank.div_ceil(16) * 16 + 8;
         let shared = latent_scores_shared_bytes(d, rs);
@@ -302,7 +313,7 @@ impl CudaBackend {
             DeviceBuf::F32(self.alloc_f32(score_tokens.max(1) * heads)?),
             vec![score_tokens.max(1), heads],
         );
-        let parts = count * heads * splits;
+        let parts = count * heads * splits * sub;
         let mut part_m = self.tensor(DeviceBuf::F32(self.alloc_f32(parts)?), vec![parts]);
         let mut part_l = self.tensor(DeviceBuf::F32(self.alloc_f32(parts)?), vec![parts]);
         let mut part_acc =
@@ -339,7 +350,7 @@ impl CudaBackend {
             self,
             scores_kernel,
             LaunchConfig {
-                grid_dim: (count as u32, kv_heads as u32, splits as u32),
+                grid_dim: (count as u32, kv_heads as u32, (splits * sub) as u32),
                 block_dim: (LATENT_THREADS, 1, 1),
                 shared_mem_bytes: shared,
             },
@@ -368,14 +379,19 @@ impl CudaBackend {
             &dims.scale,
             &splits_i,
             &split_len_i,
-            &plan_ptr
+            &plan_ptr,
+            &sub_i
         )?;
         let chunk_cols = 512 / m_tiles;
         launch!(
             self,
             values_kernel,
             LaunchConfig {
-                grid_dim: (count as u32, splits as u32, vw.div_ceil(chunk_cols) as u32),
+                grid_dim: (
+                    count as u32,
+                    (splits * sub) as u32,
+                    vw.div_ceil(chunk_cols) as u32,
+                ),
                 block_dim: (LATENT_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             },
@@ -395,7 +411,8 @@ impl CudaBackend {
             &heads_i,
             &splits_i,
             &split_len_i,
-            &plan_ptr
+            &plan_ptr,
+            &sub_i
         )?;
         let mut w = self.tensor(
             DeviceBuf::Bf16(self.alloc_bf16(heads * count * vw)?),
@@ -417,7 +434,8 @@ impl CudaBackend {
             &heads_i,
             &vw_i,
             &splits_i,
-            &plan_ptr
+            &plan_ptr,
+            &sub_i
         )?;
         // O_g[(group · rows) × D] = W_g · B_v,gᵀ for every KV head g (W head-major).
         let mut o = self.tensor(
@@ -811,4 +829,12 @@ impl GemmShape {
 pub(crate) const fn latent_scores_shared_bytes(head_dim: usize, rs: usize) -> u32 {
     ((head_dim * rs + LATENT_SCORE_STAGES * LATENT_SCORE_KEYS * rs) * 2 + head_dim * 4 + 4 * 8 * 4)
         as u32
+}
+
+/// How many finer splits the latent decode kernels cut each split of the step's plan into.
+/// The dense plan fills the GPU with `rows × KV heads × splits` light blocks; a latent block
+/// reconstructs its keys on the tensor cores, so shapes with few KV heads (GQA) get more, finer
+/// splits. Depends on the shape alone: eager steps and graph replays must split alike.
+pub(crate) fn latent_sub_splits(num_kv_heads: usize) -> usize {
+    (8 / num_kv_heads.clamp(1, 8)).max(1)
 }

@@ -154,6 +154,28 @@ fn fill_latents(
     .unwrap();
 }
 
+/// Prints each sequence's relative error (query length, context) when the batch's is past the
+/// tolerance, so a failure names the rows it comes from.
+fn report_rows(label: &str, meta: &BatchMeta, got: &HostTensor, want: &HostTensor) {
+    if rel_err(got, want) < BF16_REL_TOL {
+        return;
+    }
+    let width = want.shape()[1];
+    for seq in &meta.seqs {
+        let rows = seq.query_start * width..(seq.query_start + seq.query_len) * width;
+        let (g, w) = (&got.data()[rows.clone()], &want.data()[rows]);
+        let num: f64 = g.iter().zip(w).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+        let den: f64 = w.iter().map(|b| (*b as f64).powi(2)).sum();
+        println!(
+            "{label}: rows {}+{} (context {}): rel err {:.2e}",
+            seq.query_start,
+            seq.query_len,
+            seq.context_len_tokens,
+            (num / den.max(1e-30)).sqrt()
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
 fn latent_write_attention_and_reconstruction_match_cpu() {
@@ -216,9 +238,9 @@ fn latent_write_attention_and_reconstruction_match_cpu() {
         let decode: Vec<(usize, usize)> = mixed.iter().copied().filter(|s| s.1 == 1).collect();
         let prefill: Vec<(usize, usize)> = mixed.iter().copied().filter(|s| s.1 > 1).collect();
         for (part, shape) in [
-            ("mixed", &mixed),
             ("decode", &decode),
             ("prefill", &prefill),
+            ("mixed", &mixed),
         ] {
             let meta = random_batch(&mut rng, shape, 16, num_blocks);
             let qkv = rand_host(&mut rng, vec![meta.num_tokens(), width], 1.0);
@@ -239,11 +261,9 @@ fn latent_write_attention_and_reconstruction_match_cpu() {
                     &bg,
                 )
                 .unwrap();
-            check(
-                &format!("{label} {part}"),
-                &gpu.to_host(&got).unwrap(),
-                &want,
-            );
+            let got = gpu.to_host(&got).unwrap();
+            report_rows(&format!("{label} {part}"), &meta, &got, &want);
+            check(&format!("{label} {part}"), &got, &want);
         }
 
         // Reconstruction of one long sequence into a full cache.
