@@ -60,7 +60,8 @@ def run(label, hq, hkv, d, batch, seq, query):
 
 def main():
     out, quick = sys.argv[1], "--quick" in sys.argv
-    shapes = [("MHA 32x128", 32, 32, 128), ("GQA 32/8x128", 32, 8, 128)]
+    # Qwen 12/2x128: the dense counterpart of the Qwen2.5-Coder-1.5B latent rows.
+    shapes = [("MHA 32x128", 32, 32, 128), ("GQA 32/8x128", 32, 8, 128), ("Qwen 12/2x128", 12, 2, 128)]
     seqs = [1024, 8192] if quick else [1024, 2048, 4096, 8192]
     batches = [1, 64] if quick else [1, 16, 64]
     rows = []

@@ -34,5 +34,29 @@ lines += ["", "| KV write | tokens | write ms | copy ms | write / copy |", "|---
 for item in ours["kv_write"]:
     r = item["row"]
     lines.append(f"| {item['shape']} | {r['tokens']} | {r['write_ms']:.4f} | {r['copy_ms']:.4f} | {r['ratio_to_copy']:.2f} |")
+lines += [
+    "",
+    "STAR-KV latent attention beside the dense kernel of the same heads and FA2 (dense), same run:",
+    "",
+    "| latent shape | kind | batch | seq | query | latent ms | dense ms | FA2 ms | latent vs dense | latent vs FA2 | byte ratio | latent % copy |",
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+]
+for item in ours.get("latent_attention", []):
+    r = item["row"]
+    lat, den = r["latent"], r["dense"]
+    f = index.get((item["dense_shape"], lat["batch"], lat["seq_tokens"], lat["query_tokens"]), {})
+    fms = f.get("median_ms")
+    fa2_ms = f"{fms:.4f}" if fms else "n/a"
+    vs_fa2 = f"{fms / lat['median_ms']:.2f}x" if fms else "n/a"
+    lines.append(
+        f"| {item['shape']} | {lat['kind']} | {lat['batch']} | {lat['seq_tokens']} | {lat['query_tokens']} | "
+        f"{lat['median_ms']:.4f} | {den['median_ms']:.4f} | {fa2_ms} | "
+        f"{r['speedup_vs_dense']:.2f}x | {vs_fa2} | "
+        f"{r['byte_ratio']:.2f}x | {100 * lat['achieved_tb_s'] / copy:.0f}% |"
+    )
+lines += ["", "| latent projection + write | tokens | latent ms | dense ms | latent / dense |", "|---|---:|---:|---:|---:|"]
+for item in ours.get("latent_write", []):
+    r = item["row"]
+    lines.append(f"| {item['shape']} | {r['tokens']} | {r['latent_ms']:.4f} | {r['dense_ms']:.4f} | {r['ratio_to_dense']:.2f} |")
 open(sys.argv[3], "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))

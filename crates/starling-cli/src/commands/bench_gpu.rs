@@ -10,7 +10,8 @@ use clap::Args;
 use starling_backend::sampling::{RowSamplingParams, TokenFilter};
 use starling_backend::{AttentionDims, Backend, DecodeGraphConfig, DecodeStep};
 use starling_cuda::bench::{
-    attention_meta, bench_attention, bench_kv_write, copy_bandwidth_tb_s, fill_cache,
+    attention_meta, bench_attention, bench_kv_write, bench_latent_attention, bench_latent_write,
+    copy_bandwidth_tb_s, fill_cache, LatentRanks,
 };
 use starling_cuda::CudaBackend;
 use starling_models::llama::LlamaModel;
@@ -25,6 +26,9 @@ pub struct KernelsArgs {
     /// Smaller grid (for a quick check).
     #[arg(long)]
     quick: bool,
+    /// Only the STAR-KV latent rows (each still beside its dense row): for profiling them.
+    #[arg(long)]
+    latent_only: bool,
 }
 
 /// `starling bench decode` flags.
@@ -104,6 +108,42 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
     }
     decode_points.push((20, 32768));
     let mut rows = Vec::new();
+    let mut writes = Vec::new();
+    if !args.latent_only {
+        dense_kernels(
+            &gpu,
+            copy_tb_s,
+            &shapes,
+            &decode_points,
+            &mut rows,
+            &mut writes,
+        )?;
+    }
+    let (latent_rows, latent_writes) = latent_kernels(&gpu, &decode_points, args.quick)?;
+    write_json(
+        &args.output,
+        serde_json::json!({
+            "bench": "kernels",
+            "device": gpu.name(),
+            "copy_tb_s": copy_tb_s,
+            "attention": rows,
+            "kv_write": writes,
+            "latent_attention": latent_rows,
+            "latent_write": latent_writes,
+        }),
+    )
+}
+
+/// The dense rows: paged attention at every decode point and prefill chunk, and the KV write
+/// against a copy of the same bytes.
+fn dense_kernels(
+    gpu: &CudaBackend,
+    copy_tb_s: f64,
+    shapes: &[(&str, AttentionDims)],
+    decode_points: &[(usize, usize)],
+    rows: &mut Vec<serde_json::Value>,
+    writes: &mut Vec<serde_json::Value>,
+) -> Result<()> {
     println!("| kind | shape | batch | seq | query | ms | KV GB | TB/s | % of copy |");
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
     let mut emit = |label: &str, r: starling_cuda::bench::AttentionRow| {
@@ -120,24 +160,23 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
         );
         rows.push(serde_json::json!({ "shape": label, "row": r }));
     };
-    for (label, dims) in shapes {
-        for &(b, s) in &decode_points {
-            emit(label, bench_attention(&gpu, dims, b, s, 1)?);
+    for &(label, dims) in shapes {
+        for &(b, s) in decode_points {
+            emit(label, bench_attention(gpu, dims, b, s, 1)?);
         }
         for &s in &[8192usize, 32768] {
             for &b in &[1usize, 4] {
                 for &chunk in &[128usize, 512] {
-                    emit(label, bench_attention(&gpu, dims, b, s, chunk)?);
+                    emit(label, bench_attention(gpu, dims, b, s, chunk)?);
                 }
             }
         }
     }
-    let mut writes = Vec::new();
     println!("\n| KV write tokens | kv width | write ms | copy ms | write / copy |");
     println!("|---:|---:|---:|---:|---:|");
-    for &(label, dims) in &shapes {
+    for &(label, dims) in shapes {
         for &tokens in &[16usize, 512, 8192, 65536] {
-            let r = bench_kv_write(&gpu, dims, tokens)?;
+            let r = bench_kv_write(gpu, dims, tokens)?;
             println!(
                 "| {} ({label}) | {} | {:.4} | {:.4} | {:.2} |",
                 r.tokens, r.kv_width, r.write_ms, r.copy_ms, r.ratio_to_copy
@@ -145,16 +184,156 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
             writes.push(serde_json::json!({ "shape": label, "row": r }));
         }
     }
-    write_json(
-        &args.output,
-        serde_json::json!({
-            "bench": "kernels",
-            "device": gpu.name(),
-            "copy_tb_s": copy_tb_s,
-            "attention": rows,
-            "kv_write": writes,
-        }),
-    )
+    Ok(())
+}
+
+/// One STAR-KV latent layer shape of the kernel bench.
+struct LatentShape {
+    label: String,
+    /// The dense shape of the same heads, as the FA2 baseline names it.
+    dense_label: &'static str,
+    dims: AttentionDims,
+    ranks: LatentRanks,
+    hidden_size: usize,
+}
+
+/// The latent shapes the issue names: the prior work's MHA shape at half its K/V bytes, and
+/// Qwen2.5-Coder-1.5B at its balanced checkpoint's ranks and its aggressive profile's.
+fn latent_shapes() -> Result<Vec<LatentShape>> {
+    let mha = AttentionDims {
+        num_heads: 32,
+        num_kv_heads: 32,
+        head_dim: 128,
+        scale: 0.088,
+    };
+    let qwen = preset("qwen2.5-coder-1.5b")?;
+    let qwen_dims = AttentionDims {
+        num_heads: qwen.num_attention_heads,
+        num_kv_heads: qwen.num_kv_heads,
+        head_dim: qwen.head_dim,
+        scale: 1.0 / (qwen.head_dim as f32).sqrt(),
+    };
+    // The aggressive profile's ranks from its budget (uniform over the compressed layers);
+    // no GPU-distilled aggressive checkpoint exists at the current 30% share.
+    let shape = starling_starkv::KvShape::of(&qwen);
+    let keep = starling_starkv::UncompressedLayers::reference(qwen.num_layers);
+    let budget = starling_starkv::CacheBudget::new(
+        &shape,
+        starling_starkv::RankProfile::Aggressive.target(),
+        &keep,
+    )?;
+    let aggressive = starling_starkv::uniform_allocation(&shape, &budget, &keep)?
+        .cache_layout(starling_kv::CacheDtype::BF16)
+        .layers
+        .into_iter()
+        .find_map(|layer| match layer {
+            starling_kv::LayerLayout::LowRank {
+                key_rank_per_head,
+                value_rank,
+                ..
+            } => Some(LatentRanks {
+                key_rank_per_head,
+                value_rank,
+            }),
+            starling_kv::LayerLayout::Full { .. } => None,
+        })
+        .context("the aggressive profile compresses no layer")?;
+    Ok(vec![
+        LatentShape {
+            label: "MHA 32x128 latent k64/head v2048".to_owned(),
+            dense_label: "MHA 32x128",
+            dims: mha,
+            ranks: LatentRanks {
+                key_rank_per_head: vec![64; 32],
+                value_rank: 2048,
+            },
+            hidden_size: 4096,
+        },
+        // The median stored ranks over the compressed layers of the GPU-distilled balanced
+        // checkpoint (bench/results/gpu/starkv_qwen1_5b_2026-11-30_s7/manifest_kd_balanced.json).
+        LatentShape {
+            label: "Qwen1.5B 12/2x128 latent balanced".to_owned(),
+            dense_label: "Qwen 12/2x128",
+            dims: qwen_dims,
+            ranks: LatentRanks {
+                key_rank_per_head: vec![96, 96],
+                value_rank: 256,
+            },
+            hidden_size: qwen.hidden_size,
+        },
+        LatentShape {
+            label: format!(
+                "Qwen1.5B 12/2x128 latent aggressive k{:?} v{}",
+                aggressive.key_rank_per_head, aggressive.value_rank
+            ),
+            dense_label: "Qwen 12/2x128",
+            dims: qwen_dims,
+            ranks: aggressive,
+            hidden_size: qwen.hidden_size,
+        },
+    ])
+}
+
+/// Latent attention (decode points and prefill chunks) and latent projection + write, each
+/// beside the dense kernel of the same shape.
+fn latent_kernels(
+    gpu: &CudaBackend,
+    decode_points: &[(usize, usize)],
+    quick: bool,
+) -> Result<(Vec<serde_json::Value>, Vec<serde_json::Value>)> {
+    println!(
+        "\n| latent shape | kind | batch | seq | query | latent ms | dense ms | latent / dense speed | byte ratio |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    let mut rows = Vec::new();
+    let mut writes = Vec::new();
+    let prefill_points: &[(usize, usize, usize)] = if quick {
+        &[(1, 8192, 512)]
+    } else {
+        &[
+            (1, 8192, 512),
+            (4, 8192, 512),
+            (1, 32768, 512),
+            (4, 8192, 128),
+        ]
+    };
+    let shapes = latent_shapes()?;
+    for shape in &shapes {
+        let points = decode_points
+            .iter()
+            .map(|&(b, s)| (b, s, 1))
+            .chain(prefill_points.iter().copied());
+        for (batch, seq, query) in points {
+            let r = bench_latent_attention(gpu, shape.dims, &shape.ranks, batch, seq, query)?;
+            println!(
+                "| {} | {} | {batch} | {seq} | {query} | {:.4} | {:.4} | {:.2}× | {:.2}× |",
+                shape.label,
+                r.latent.kind,
+                r.latent.median_ms,
+                r.dense.median_ms,
+                r.speedup_vs_dense,
+                r.byte_ratio
+            );
+            rows.push(serde_json::json!({
+                "shape": shape.label, "dense_shape": shape.dense_label,
+                "ranks": shape.ranks, "row": r,
+            }));
+        }
+    }
+    println!("\n| latent shape | tokens | latent proj + write ms | dense proj + write ms | latent / dense time |");
+    println!("|---|---:|---:|---:|---:|");
+    for shape in &shapes {
+        for &tokens in &[1usize, 16, 512, 8192] {
+            let r = bench_latent_write(gpu, shape.dims, &shape.ranks, shape.hidden_size, tokens)?;
+            println!(
+                "| {} | {tokens} | {:.4} | {:.4} | {:.2} |",
+                shape.label, r.latent_ms, r.dense_ms, r.ratio_to_dense
+            );
+            writes
+                .push(serde_json::json!({ "shape": shape.label, "ranks": shape.ranks, "row": r }));
+        }
+    }
+    Ok((rows, writes))
 }
 
 /// Runs `starling bench decode`.

@@ -9,6 +9,11 @@ use starling_kv::CacheDtype;
 
 use crate::{CudaBackend, CudaError, CudaKvCache};
 
+pub mod latent;
+pub use latent::{
+    bench_latent_attention, bench_latent_write, LatentAttentionRow, LatentRanks, LatentWriteRow,
+};
+
 /// Median milliseconds of `iters` runs of `f`, timed with device events after `warmup` runs.
 pub fn time_ms(
     backend: &CudaBackend,
