@@ -552,3 +552,87 @@ fn zero_row_ops_leave_neighbouring_device_memory_intact() {
         "{bad} neighbouring buffers were overwritten by zero-row ops"
     );
 }
+
+/// STAR-KV on a real model: the latent path (the cache stores latents, the kernels attend on
+/// them) against the reference path (K/V weights replaced by their reconstructions, full K/V
+/// cached) of the same checkpoint, on the GPU. They compute the same function; the latent path
+/// rounds the latents to bf16 where the reference path rounds K/V, so the logits may differ by
+/// bf16 noise only: at most a few times what chunking alone moves the reference path's logits
+/// (the same kind of reordering noise), and greedy tokens equal up to a near-tie.
+/// Set STARLING_TEST_GGUF and STARLING_TEST_STARKV (a `starling calibrate --output` directory;
+/// STARLING_TEST_STARKV_PROFILE, default balanced).
+#[test]
+#[ignore = "needs a CUDA GPU, a staged GGUF (STARLING_TEST_GGUF) and a STAR-KV checkpoint (STARLING_TEST_STARKV)"]
+fn real_model_latent_path_matches_the_reference_path() {
+    use starling_evict::{StarKvCache, StarKvSelection};
+    let (Ok(path), Ok(checkpoint)) = (
+        std::env::var("STARLING_TEST_GGUF"),
+        std::env::var("STARLING_TEST_STARKV"),
+    ) else {
+        panic!("set STARLING_TEST_GGUF and STARLING_TEST_STARKV");
+    };
+    let profile =
+        std::env::var("STARLING_TEST_STARKV_PROFILE").unwrap_or_else(|_| "balanced".to_owned());
+    let gpu = CudaBackend::new(0).unwrap();
+    let build = |cache: StarKvCache| {
+        let loaded = load_model(&path).unwrap();
+        let selection = StarKvSelection {
+            checkpoint: checkpoint.clone().into(),
+            rank_profile: profile.clone(),
+            factors: Default::default(),
+            cache,
+        };
+        let (model, info) = starling_engine::engine::load_model(
+            &gpu,
+            &loaded.config,
+            loaded.weights,
+            Some(&selection),
+        )
+        .unwrap();
+        println!("{cache:?}: {info:?}");
+        (model, loaded.gguf_metadata)
+    };
+    let (latent, metadata) = build(StarKvCache::Latent);
+    let (reference, _) = build(StarKvCache::Reference);
+    assert!(latent.has_latent_layers() && !reference.has_latent_layers());
+    let tokenizer = Tokenizer::from_gguf_metadata(metadata.as_ref().unwrap()).unwrap();
+    let paragraph = "The committee met on a grey morning to weigh the harbour plans. Each \
+        speaker argued for a different route, and the clerk wrote down every figure twice. ";
+    let mut prompt = Vec::new();
+    while prompt.len() < 3000 {
+        prompt.extend(tokenizer.encode(paragraph, prompt.is_empty()).unwrap());
+    }
+    prompt.truncate(3000);
+    let ref_one = engine_style_prefill(&gpu, &reference, &prompt, prompt.len());
+    let ref_chunked = engine_style_prefill(&gpu, &reference, &prompt, 512);
+    let lat_one = engine_style_prefill(&gpu, &latent, &prompt, prompt.len());
+    let lat_chunked = engine_style_prefill(&gpu, &latent, &prompt, 512);
+    let noise = rel_err(&ref_one, &ref_chunked);
+    let one = rel_err(&ref_one, &lat_one);
+    let chunked = rel_err(&ref_chunked, &lat_chunked);
+    println!(
+        "3000 tokens: latent vs reference rel err {one:.2e} (one step), {chunked:.2e} (512-token \
+         chunks); reference chunked vs one step {noise:.2e}"
+    );
+    let tol = (5.0 * noise).max(0.01);
+    assert!(
+        one < tol && chunked < tol,
+        "latent vs reference beyond bf16 noise ({tol:.2e})"
+    );
+
+    let question = tokenizer.encode("The capital of France is", true).unwrap();
+    let steps = 24;
+    let (t_ref, l_ref) = greedy(&gpu, &reference, &question, steps);
+    let (t_lat, _) = greedy(&gpu, &latent, &question, steps);
+    println!("reference {t_ref:?}\nlatent    {t_lat:?}");
+    if let Some(i) = t_ref.iter().zip(&t_lat).position(|(a, b)| a != b) {
+        let row = &l_ref[i];
+        let gap = (row[t_ref[i] as usize] - row[t_lat[i] as usize]).abs();
+        let scale = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+        println!("first divergence at step {i}: reference logit gap {gap:.4} (max {scale:.1})");
+        assert!(
+            gap < 0.01 * scale,
+            "divergence at step {i} is not a near-tie"
+        );
+    }
+}

@@ -72,6 +72,18 @@ impl Trace {
         Self { requests }
     }
 
+    /// The trace teacher-forced to `outcome`'s tokens (each request emits exactly what it
+    /// generated there, with its full log-softmax rows): another backend then runs the same
+    /// schedule, and its probabilities of the same tokens can be compared position by position.
+    pub fn forced_to(&self, outcome: &TraceOutcome) -> Self {
+        let mut forced = self.clone();
+        for (r, result) in forced.requests.iter_mut().zip(&outcome.requests) {
+            r.options.forced_output_ids = Some(result.token_ids.clone());
+            r.options.return_full_logprobs = true;
+        }
+        forced
+    }
+
     /// The trace with every request's options set by `f` (given its index).
     pub fn with_options(mut self, f: impl Fn(usize, &mut RequestOptions)) -> Self {
         for (i, r) in self.requests.iter_mut().enumerate() {
@@ -90,6 +102,9 @@ pub struct RequestResult {
     pub finish_reason: String,
     /// The most cache slots it held after any step.
     pub max_physical_tokens: usize,
+    /// Every generated token's full log-softmax row, when its options ask for them
+    /// (`return_full_logprobs`); empty otherwise.
+    pub logprob_rows: Vec<Vec<f32>>,
 }
 
 /// What a whole trace produced, and how the cache was used.
@@ -160,6 +175,7 @@ impl EngineTester {
                 token_ids: Vec::new(),
                 finish_reason: String::new(),
                 max_physical_tokens: 0,
+                logprob_rows: Vec::new(),
             })
             .collect();
         let mut max_blocks_in_use = 0;
@@ -189,6 +205,7 @@ impl EngineTester {
                 };
                 let result = &mut results[i];
                 result.token_ids.extend(out.token_id);
+                result.logprob_rows.extend(out.full_logprobs);
                 result.max_physical_tokens = result.max_physical_tokens.max(out.kv_physical_tokens);
                 if let Some(f) = &out.finished {
                     result.finish_reason = f.reason.as_str().to_owned();
