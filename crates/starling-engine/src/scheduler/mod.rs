@@ -94,8 +94,9 @@ impl Scheduler {
         &self.config
     }
 
-    /// Longest a sequence may grow: `min(max_model_len, KV capacity)`, so a
-    /// sequence running alone always fits in the cache.
+    /// Longest an uncompressed sequence may grow: `min(max_model_len, KV capacity)`, so a
+    /// sequence running alone always fits in the cache. A compressing one grows to
+    /// max_model_len: admission checked that its peak fits.
     pub fn max_seq_len_tokens(&self) -> usize {
         let capacity = self.kv.num_total_blocks() * self.kv.block_size_tokens();
         self.config.max_model_len_tokens.min(capacity)
@@ -171,11 +172,19 @@ impl Scheduler {
     /// and at [`Self::max_seq_len_tokens`] ([`SchedulerError::LengthLimit`]:
     /// the engine should finish the sequence).
     pub fn append_token(&mut self, seq_id: SeqId) -> Result<(), SchedulerError> {
-        let limit_tokens = self.max_seq_len_tokens();
+        let (max_model_len, max_seq_len) =
+            (self.config.max_model_len_tokens, self.max_seq_len_tokens());
         let seq = self
             .seqs
             .get_mut(&seq_id)
             .ok_or(SchedulerError::UnknownSequence(seq_id))?;
+        // A compressing sequence holds at most its admitted peak, never its whole length: it
+        // may grow past the cache's slots (that is what eviction buys), up to max_model_len.
+        let limit_tokens = if seq.footprint.compresses {
+            max_model_len
+        } else {
+            max_seq_len
+        };
         if seq.num_computed_tokens != seq.num_tokens {
             return Err(SchedulerError::NotAwaitingToken {
                 seq_id,
