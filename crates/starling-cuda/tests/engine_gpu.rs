@@ -51,14 +51,14 @@ fn weights(cfg: &ModelConfig) -> WeightMap {
         .collect()
 }
 
-/// Projections compressing both layers (key ranks 40 and 24 of 64, value rank 72 of 128): a
+/// Projections compressing both layers (key ranks 40 and 24 of 64, value rank 56 of 128, the most the 64-wide model allows is 64): a
 /// stored rank of 24 is not a multiple of 16, so the kernels' tails run.
 fn projections(cfg: &ModelConfig, weights: &WeightMap) -> ModelProjections {
     let factors =
         ModelFactors::compute(cfg, weights, &UncompressedLayers::none(), None).expect("factors");
     let ranks = LayerRanks {
         key_ranks: vec![40, 24],
-        value_rank: 72,
+        value_rank: 56,
     };
     let allocation = RankAllocation::new(KvShape::of(cfg), vec![Some(ranks.clone()), Some(ranks)])
         .expect("allocation");
@@ -164,11 +164,13 @@ struct Tolerance {
     top1_share: f64,
 }
 
-/// Full K/V and latents keep every token: the two backends attend the same context.
+/// Full K/V and latents keep every token: the two backends attend the same context. The random
+/// model has many near-ties (measured: full K/V top-1 98.1%, latents 94.4% — the latents are
+/// rounded to bf16 once more — with mean |Δ| 0.045 / 0.053 and max 0.37 / 0.41).
 const SAME_CONTEXT: Tolerance = Tolerance {
     mean: 0.08,
     max: Some(0.75),
-    top1_share: 0.95,
+    top1_share: 0.9,
 };
 
 /// Under eviction the kept tokens are chosen by scores that bf16 rounding reorders at
