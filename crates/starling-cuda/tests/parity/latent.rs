@@ -154,6 +154,32 @@ fn fill_latents(
     .unwrap();
 }
 
+/// Every slot of the two latent caches holds the same rows and positions, bit for bit.
+fn assert_same_caches(
+    name: &str,
+    (cpu, gpu): (&CpuBackend, &CudaBackend),
+    (cache_c, cache_g): (
+        &<CpuBackend as Backend>::KvCache,
+        &<CudaBackend as Backend>::KvCache,
+    ),
+    num_blocks: usize,
+) {
+    let all: Vec<u32> = (0..num_blocks as u32).collect();
+    let c = cpu.gather_kv(cache_c, &all, 16, num_blocks * 16).unwrap();
+    let g = gpu.gather_kv(cache_g, &all, 16, num_blocks * 16).unwrap();
+    assert_same(
+        &format!("{name} (key latents)"),
+        &gpu.to_host(&g.keys).unwrap(),
+        &c.keys,
+    );
+    assert_same(
+        &format!("{name} (value latent)"),
+        &gpu.to_host(&g.values).unwrap(),
+        &c.values,
+    );
+    assert_eq!(g.positions, c.positions, "{name} (positions)");
+}
+
 /// Prints each sequence's relative error (query length, context) when the batch's is past the
 /// tolerance, so a failure names the rows it comes from.
 fn report_rows(label: &str, meta: &BatchMeta, got: &HostTensor, want: &HostTensor) {
@@ -211,22 +237,12 @@ fn latent_write_attention_and_reconstruction_match_cpu() {
         let label = format!("latent h{heads}/{kv_heads} d{hd} r{kw}+{vw}");
 
         // The write: Q rotated as rope_qk does, latents and positions stored bit for bit.
-        let all: Vec<u32> = (0..num_blocks as u32).collect();
-        let (rows_c, rows_g) = (
-            cpu.gather_kv(&cache_c, &all, 16, num_blocks * 16).unwrap(),
-            gpu.gather_kv(&cache_g, &all, 16, num_blocks * 16).unwrap(),
+        assert_same_caches(
+            &format!("{label}: written"),
+            (&cpu, &gpu),
+            (&cache_c, &cache_g),
+            num_blocks,
         );
-        assert_same(
-            &format!("{label}: key latents"),
-            &gpu.to_host(&rows_g.keys).unwrap(),
-            &rows_c.keys,
-        );
-        assert_same(
-            &format!("{label}: value latent"),
-            &gpu.to_host(&rows_g.values).unwrap(),
-            &rows_c.values,
-        );
-        assert_eq!(rows_g.positions, rows_c.positions, "{label}: positions");
 
         let factors = Factors::new(&gpu, &mut rng, &dims, kw, vw);
         // Decode rows (short, long, split-K) and prefill chunks, together and apart.
@@ -365,19 +381,7 @@ fn latent_block_ops_match_cpu() {
     let compare = |name: &str,
                    cache_c: &<CpuBackend as Backend>::KvCache,
                    cache_g: &<CudaBackend as Backend>::KvCache| {
-        let c = cpu.gather_kv(cache_c, &all, 16, num_blocks * 16).unwrap();
-        let g = gpu.gather_kv(cache_g, &all, 16, num_blocks * 16).unwrap();
-        assert_same(
-            &format!("{name} (keys)"),
-            &gpu.to_host(&g.keys).unwrap(),
-            &c.keys,
-        );
-        assert_same(
-            &format!("{name} (values)"),
-            &gpu.to_host(&g.values).unwrap(),
-            &c.values,
-        );
-        assert_eq!(g.positions, c.positions, "{name} (positions)");
+        assert_same_caches(name, (&cpu, &gpu), (cache_c, cache_g), num_blocks)
     };
     // Compaction: one kept list for the whole slot, in a shuffled table.
     let mut blocks = all.clone();
