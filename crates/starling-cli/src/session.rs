@@ -103,8 +103,6 @@ pub struct Session<B: Backend> {
     pub engine: Engine<B>,
     /// The model's tokenizer.
     pub tokenizer: Arc<Tokenizer>,
-    /// Where the model came from.
-    pub path: PathBuf,
     /// Milliseconds spent reading the model.
     pub load_ms: u64,
 }
@@ -225,8 +223,8 @@ pub fn start_session<B: Backend + 'static>(
         weights,
         synthetic_latent,
         tokenizer,
-        path,
         load_ms,
+        ..
     } = source;
     let started = std::time::Instant::now();
     let engine_config = engine_config(args, &config, 0);
@@ -276,7 +274,6 @@ pub fn start_session<B: Backend + 'static>(
     Ok(Session {
         engine,
         tokenizer,
-        path,
         load_ms,
     })
 }
