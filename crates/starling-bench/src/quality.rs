@@ -256,6 +256,13 @@ pub struct QualityReport {
     pub reference: QualityRow,
     /// The methods, in the order given.
     pub rows: Vec<QualityRow>,
+    /// The engine's KV cache (`starling_engine::CacheReport` as JSON: layout, bytes per token,
+    /// blocks, longest context); absent in reports written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache: Option<serde_json::Value>,
+    /// The same in one line, for the summary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_summary: Option<String>,
 }
 
 impl QualityReport {
@@ -274,6 +281,11 @@ impl QualityReport {
             self.kv_bytes_per_token,
             self.essays_sha256
         );
+        if let Some(cache) = &self.kv_cache_summary {
+            // Before the table: the layout every row ran on.
+            let table = out.find("| method |").unwrap_or(out.len());
+            out.insert_str(table, &format!("KV cache: {cache}\n\n"));
+        }
         let reference_ppl = self.reference.perplexity;
         for row in std::iter::once(&self.reference).chain(&self.rows) {
             let kl = row
@@ -410,6 +422,8 @@ mod tests {
             essays_sha256: "abc".into(),
             reference: row("none", None, 10.0),
             rows: vec![row("keydiff", Some(0.0123456), 10.5)],
+            kv_cache: None,
+            kv_cache_summary: Some("full K/V in f32: 1 B per token".into()),
         };
         let md = report.markdown();
         let lines: Vec<&str> = md.lines().filter(|l| l.starts_with("| ")).collect();
@@ -420,6 +434,10 @@ mod tests {
         );
         assert!(
             lines[2].contains("| 0.01235 | 10.500 | +0.500 | 100.0 | 2.00 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("KV cache: full K/V in f32: 1 B per token\n\n| method |"),
             "{md}"
         );
     }

@@ -1,5 +1,6 @@
 //! Flags shared by the commands that build an engine.
 
+use anyhow::Context;
 use clap::Args;
 
 use crate::bytes::parse_bytes;
@@ -21,6 +22,36 @@ pub struct ModelArg {
     /// default with `--load-format synthetic`: the default model's.
     #[arg(long)]
     pub tokenizer: Option<String>,
+    /// With `--load-format synthetic`: every layer caches STAR-KV latents keeping this share of
+    /// its K/V elements (key rank per head `round(head_dim × share)`, value rank
+    /// `round(kv_heads × head_dim × share)`, each padded to a multiple of 8), with random
+    /// factors: the latent cache's capacity and speed at real shapes, without a checkpoint.
+    /// 0.5 on llama2-7b is 64 per head and 2048, the prior work's 50% shape.
+    #[arg(long, value_name = "SHARE")]
+    pub synthetic_latent_share: Option<f64>,
+}
+
+impl ModelArg {
+    /// The latent ranks `--synthetic-latent-share` asks for, checked against the load format
+    /// (`None` without the flag).
+    pub fn synthetic_latent_ranks(
+        &self,
+        config: &starling_models::ModelConfig,
+    ) -> anyhow::Result<Option<starling_models::llama::LatentRanks>> {
+        let Some(share) = self.synthetic_latent_share else {
+            return Ok(None);
+        };
+        if self.load_format != LoadFormat::Synthetic {
+            anyhow::bail!(
+                "--synthetic-latent-share builds random latent factors: it needs \
+                 --load-format synthetic (a real model's latents come from a STAR-KV checkpoint, \
+                 --kv-compression star_kv)"
+            );
+        }
+        let ranks = starling_models::llama::LatentRanks::at_share(config, share)
+            .context("--synthetic-latent-share")?;
+        Ok(Some(ranks))
+    }
 }
 
 /// How model weights are obtained.

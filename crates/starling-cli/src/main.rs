@@ -26,8 +26,9 @@ enum Command {
     Info(commands::info::InfoArgs),
     /// Generate a completion, streamed to stdout.
     Generate(commands::generate::GenerateArgs),
-    /// The main job: fetch the default model, run a few chat prompts through the batching engine,
-    /// print the answers and the KV-cache figures.
+    /// The main job: fetch the default model and run a few chat prompts through the batching
+    /// engine plain, with token eviction and with STAR-KV latents on one KV budget; print the
+    /// answers, the KV bytes each arm held and the blocks each leaves free.
     Demo(commands::demo::DemoArgs),
     /// Benchmarks.
     Bench(commands::bench::BenchArgs),

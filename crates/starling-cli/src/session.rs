@@ -11,9 +11,9 @@ use starling_engine::scheduler::SchedulerConfig;
 use starling_engine::{Engine, EngineConfig};
 use starling_hub::DEFAULT_ALIAS;
 use starling_hub::{resolve_model, FetchOptions, ModelLocation};
-use starling_models::llama::LlamaModel;
+use starling_models::llama::{LatentRanks, LlamaModel};
 use starling_models::tokenizer::Tokenizer;
-use starling_models::{load_model, preset, LoadedModel, ModelConfig, PRESET_NAMES};
+use starling_models::{load_model, preset, LoadedModel, ModelConfig, WeightMap, PRESET_NAMES};
 
 use crate::args::{EngineArgs, LoadFormat, ModelArg, CPU_KV_CACHE_DEFAULT_BYTES};
 
@@ -103,18 +103,34 @@ pub struct Session<B: Backend> {
     pub engine: Engine<B>,
     /// The model's tokenizer.
     pub tokenizer: Arc<Tokenizer>,
-    /// Where the model came from.
+    /// Milliseconds spent reading the model.
+    pub load_ms: u64,
+}
+
+/// A model read (or, synthetic, described) and its tokenizer, before any engine: what
+/// [`start_session`] builds an engine from. The demo loads one and starts several engines from
+/// clones of it.
+#[derive(Clone)]
+pub struct ModelSource {
+    /// The model's shapes (end-of-generation ids completed from the tokenizer).
+    pub config: ModelConfig,
+    /// The weights on the host; `None` for `--load-format synthetic`.
+    pub weights: Option<WeightMap>,
+    /// With synthetic weights: every layer caches latents of these ranks
+    /// (`--synthetic-latent-share`); `None`: full K/V.
+    pub synthetic_latent: Option<LatentRanks>,
+    /// The model's tokenizer.
+    pub tokenizer: Arc<Tokenizer>,
+    /// Where the model came from (`synthetic:<preset>` for presets).
     pub path: PathBuf,
     /// Milliseconds spent reading the model.
     pub load_ms: u64,
 }
 
-/// Resolves, loads (or, with `--load-format synthetic`, builds) and starts an engine on `backend`.
-pub fn open_session<B: Backend + 'static>(
-    backend: B,
-    model_arg: &ModelArg,
-    args: &EngineArgs,
-) -> Result<Session<B>> {
+/// Resolves and reads `model_arg` (or builds a preset's config), with its tokenizer; checks
+/// what can be checked before an engine exists (`--max-model-len` against the model's window,
+/// STAR-KV needing real weights).
+pub fn load_source(model_arg: &ModelArg, args: &EngineArgs) -> Result<ModelSource> {
     let (mut config, weights, tokenizer, path, load_ms) = match model_arg.load_format {
         LoadFormat::Auto => {
             let opened = open_model(&model_arg.model)?;
@@ -152,7 +168,7 @@ pub fn open_session<B: Backend + 'static>(
             (config, None, tokenizer, path, 0)
         }
     };
-    let tokenizer = Arc::new(tokenizer);
+    let synthetic_latent = model_arg.synthetic_latent_ranks(&config)?;
     // The tokenizer knows every end-of-generation marker (e.g. Qwen's <|endoftext|> beside
     // <|im_end|>); the model config may list only the declared EOS.
     for &id in tokenizer.eos_token_ids() {
@@ -171,9 +187,45 @@ pub fn open_session<B: Backend + 'static>(
     if weights.is_none() && args.kv_compression.star_kv().is_some() {
         anyhow::bail!(
             "--kv-compression star_kv needs the model's real weights (its checkpoint is tied to \
-             them), not --load-format synthetic"
+             them), not --load-format synthetic (--synthetic-latent-share gives random latents \
+             of a chosen share)"
         );
     }
+    Ok(ModelSource {
+        config,
+        weights,
+        synthetic_latent,
+        tokenizer: Arc::new(tokenizer),
+        path,
+        load_ms,
+    })
+}
+
+/// Resolves, loads (or, with `--load-format synthetic`, builds) and starts an engine on `backend`.
+pub fn open_session<B: Backend + 'static>(
+    backend: B,
+    model_arg: &ModelArg,
+    args: &EngineArgs,
+) -> Result<Session<B>> {
+    start_session(backend, load_source(model_arg, args)?, args)
+}
+
+/// Builds the model of `source` on `backend` (with the STAR-KV checkpoint or the synthetic
+/// latents it asks for) and starts an engine on it, its cache sized from the layout the model
+/// caches.
+pub fn start_session<B: Backend + 'static>(
+    backend: B,
+    source: ModelSource,
+    args: &EngineArgs,
+) -> Result<Session<B>> {
+    let ModelSource {
+        config,
+        weights,
+        synthetic_latent,
+        tokenizer,
+        load_ms,
+        ..
+    } = source;
     let started = std::time::Instant::now();
     let engine_config = engine_config(args, &config, 0);
     let text = Arc::new(TokenizerText(tokenizer.clone()));
@@ -189,7 +241,17 @@ pub fn open_session<B: Backend + 'static>(
                     None => "loading the model".to_owned(),
                 })?
         }
-        None => (LlamaModel::synthetic(&backend, &config, 0)?, None),
+        None => {
+            let model = match synthetic_latent {
+                // Every layer: the shape of the prior work's runs (no layer kept whole).
+                Some(ranks) => {
+                    let ranks = vec![Some(ranks); config.num_layers];
+                    LlamaModel::synthetic_latent(&backend, &config, 0, &ranks)?
+                }
+                None => LlamaModel::synthetic(&backend, &config, 0)?,
+            };
+            (model, None)
+        }
     };
     let load_ms = load_ms + started.elapsed().as_millis() as u64;
     let engine_config = EngineConfig {
@@ -212,7 +274,6 @@ pub fn open_session<B: Backend + 'static>(
     Ok(Session {
         engine,
         tokenizer,
-        path,
         load_ms,
     })
 }

@@ -7,6 +7,7 @@
 
 pub mod config;
 pub mod error;
+mod latent_share;
 pub mod llama;
 pub mod loader;
 

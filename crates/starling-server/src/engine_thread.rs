@@ -14,7 +14,7 @@ use std::time::Instant;
 use starling_backend::Backend;
 use starling_engine::sampling::{FinishReason, SamplingParams};
 use starling_engine::{
-    Engine, EngineError, FailureKind, RequestFailure, RequestOptions, RequestOutput,
+    CacheReport, Engine, EngineError, FailureKind, RequestFailure, RequestOptions, RequestOutput,
 };
 use starling_kv::SeqId;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -101,6 +101,8 @@ struct LiveRequest {
 pub struct EngineHandle {
     commands: Sender<Command>,
     info: EngineInfo,
+    /// What the engine's KV cache is (layout, blocks, longest context), fixed at start.
+    cache: Arc<CacheReport>,
     metrics: Arc<Metrics>,
     thread: Arc<Mutex<Option<JoinHandle<()>>>>,
 }
@@ -134,16 +136,21 @@ impl EngineHandle {
                     kv_blocks_total: engine.stats().kv_blocks_total,
                     block_size_tokens: sched.block_size_tokens,
                 };
-                loop_metrics.lock().kv_compression = Some(engine.compression().to_json());
+                let cache = engine.cache_report();
+                {
+                    let mut state = loop_metrics.lock();
+                    state.kv_compression = Some(engine.compression().to_json());
+                    state.kv_cache = Some(cache.clone());
+                }
                 loop_metrics.record_step(engine.stats(), None);
-                if ready_tx.send(Ok(info)).is_err() {
+                if ready_tx.send(Ok((info, cache))).is_err() {
                     return;
                 }
                 EngineLoop::new(engine, loop_metrics).run(command_rx);
             })
             .map_err(|e| ServerError::ThreadStart(e.to_string()))?;
-        let info = match ready_rx.recv() {
-            Ok(Ok(info)) => info,
+        let (info, cache) = match ready_rx.recv() {
+            Ok(Ok(ready)) => ready,
             Ok(Err(e)) => {
                 let _ = thread.join();
                 return Err(ServerError::EngineStart(e));
@@ -158,6 +165,7 @@ impl EngineHandle {
         Ok(EngineHandle {
             commands,
             info,
+            cache: Arc::new(cache),
             metrics,
             thread: Arc::new(Mutex::new(Some(thread))),
         })
@@ -166,6 +174,11 @@ impl EngineHandle {
     /// The engine's limits.
     pub fn info(&self) -> EngineInfo {
         self.info
+    }
+
+    /// What the engine's KV cache is: layout, bytes per token, blocks, longest context.
+    pub fn cache_report(&self) -> &CacheReport {
+        &self.cache
     }
 
     /// The metrics the engine thread keeps.

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::sync::{Mutex, MutexGuard};
 
 use starling_engine::scheduler::StepStats;
-use starling_engine::EngineStats;
+use starling_engine::{CacheReport, EngineStats};
 
 /// vLLM's bucket bounds for time to first token, seconds.
 const TTFT_BUCKETS_S: &[f64] = &[
@@ -119,6 +119,8 @@ pub struct MetricsState {
     pub step_s: Histogram,
     /// The server-wide token-eviction policy, as JSON.
     pub kv_compression: Option<serde_json::Value>,
+    /// What the KV cache is (layout, bytes per token, blocks, longest context).
+    pub kv_cache: Option<CacheReport>,
 }
 
 impl Default for MetricsState {
@@ -142,6 +144,7 @@ impl Default for MetricsState {
             e2e_s: Histogram::new(E2E_BUCKETS_S),
             step_s: Histogram::new(ITL_BUCKETS_S),
             kv_compression: None,
+            kv_cache: None,
         }
     }
 }
@@ -372,6 +375,9 @@ fn render_state(state: &MetricsState, model_name: &str) -> String {
             escape_label(&field("every_n_tokens")),
         );
     }
+    if let Some(cache) = &state.kv_cache {
+        render_cache(&mut out, cache);
+    }
     state.ttft_s.render(
         &mut out,
         "vllm:time_to_first_token_seconds",
@@ -399,6 +405,83 @@ fn render_state(state: &MetricsState, model_name: &str) -> String {
     out
 }
 
+/// The KV cache's layout as an info series (labels), and its sizes as gauges.
+fn render_cache(out: &mut String, cache: &CacheReport) {
+    let mut labels = vec![
+        ("kind", cache.kind.name().to_owned()),
+        ("dtype", cache.dtype.clone()),
+        ("num_layers", cache.num_layers.to_string()),
+        ("latent_layers", cache.latent_layers.to_string()),
+    ];
+    if let Some(ranks) = &cache.latent_ranks {
+        labels.extend([
+            (
+                "key_rank_per_head_min",
+                ranks.key_rank_per_head_min.to_string(),
+            ),
+            (
+                "key_rank_per_head_max",
+                ranks.key_rank_per_head_max.to_string(),
+            ),
+            ("value_rank_min", ranks.value_rank_min.to_string()),
+            ("value_rank_max", ranks.value_rank_max.to_string()),
+        ]);
+    }
+    if let Some(star_kv) = &cache.star_kv {
+        labels.extend([
+            ("star_kv_profile", star_kv.profile.clone()),
+            ("star_kv_checkpoint", star_kv.checkpoint_name.clone()),
+            ("star_kv_factors", star_kv.factors.clone()),
+        ]);
+    }
+    let labels: Vec<String> = labels
+        .iter()
+        .map(|(name, value)| format!("{name}=\"{}\"", escape_label(value)))
+        .collect();
+    let _ = writeln!(
+        out,
+        "# HELP starling:kv_cache_info The KV-cache layout: full K/V or latents (STAR-KV, or synthetic without a checkpoint), their ranks and checkpoint.\n# TYPE starling:kv_cache_info gauge\nstarling:kv_cache_info{{{}}} 1",
+        labels.join(",")
+    );
+    for (name, help, value) in [
+        (
+            "starling:kv_cache_bytes_per_token",
+            "KV-cache bytes one token occupies across all layers.",
+            cache.bytes_per_token,
+        ),
+        (
+            "starling:kv_cache_full_bytes_per_token",
+            "What one token would occupy as full K/V (the plain model's cache).",
+            cache.full_bytes_per_token,
+        ),
+        (
+            "starling:kv_cache_block_size_tokens",
+            "Token slots per KV block.",
+            cache.block_size_tokens as u64,
+        ),
+        (
+            "starling:kv_cache_capacity_tokens",
+            "Token slots in the KV pool.",
+            cache.capacity_tokens as u64,
+        ),
+        (
+            "starling:kv_cache_latent_layers",
+            "Layers whose cache stores latents.",
+            cache.latent_layers as u64,
+        ),
+        (
+            "starling:kv_cache_longest_context_tokens",
+            "The longest single sequence the pool holds (within the model's window).",
+            cache.longest_context_tokens as u64,
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+        );
+    }
+}
+
 /// Escapes a Prometheus label value (backslash, quote, newline).
 fn escape_label(value: &str) -> String {
     value
@@ -423,6 +506,64 @@ mod tests {
         assert!(out.contains("x_bucket{a=\"b\",le=\"1\"} 3\n"), "{out}");
         assert!(out.contains("x_bucket{a=\"b\",le=\"+Inf\"} 4\n"), "{out}");
         assert!(out.contains("x_count{a=\"b\"} 4\n"), "{out}");
+    }
+
+    #[test]
+    fn a_star_kv_cache_is_reported_with_its_ranks_and_checkpoint() {
+        use starling_engine::engine::{CacheKind, LatentRankSummary, StarKvInfo};
+        let metrics = Metrics::default();
+        metrics.lock().kv_cache = Some(CacheReport {
+            kind: CacheKind::Latent,
+            dtype: "bf16".into(),
+            bytes_per_token: 20_000,
+            full_bytes_per_token: 23_040,
+            block_size_tokens: 16,
+            num_blocks: 100,
+            capacity_tokens: 1600,
+            cache_bytes: 32_000_000,
+            num_layers: 30,
+            latent_layers: 27,
+            latent_ranks: Some(LatentRankSummary {
+                key_rank_per_head_min: 40,
+                key_rank_per_head_max: 64,
+                value_rank_min: 96,
+                value_rank_max: 192,
+            }),
+            max_model_len_tokens: 1024,
+            max_concurrency: 1.56,
+            longest_context_tokens: 1600,
+            star_kv: Some(StarKvInfo {
+                profile: "balanced".into(),
+                cache: "latent".into(),
+                factors: "both".into(),
+                checkpoint_name: "ckpt \"1\"".into(),
+                compressed_layers: 27,
+                kv_bytes_per_token_compressed: 19_584,
+                kv_bytes_per_token_original: 23_040,
+            }),
+        });
+        let text = metrics.render("m");
+        assert!(
+            text.contains(
+                "starling:kv_cache_info{kind=\"latent\",dtype=\"bf16\",num_layers=\"30\",\
+                 latent_layers=\"27\",key_rank_per_head_min=\"40\",key_rank_per_head_max=\"64\",\
+                 value_rank_min=\"96\",value_rank_max=\"192\",star_kv_profile=\"balanced\",\
+                 star_kv_checkpoint=\"ckpt \\\"1\\\"\",star_kv_factors=\"both\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("starling:kv_cache_bytes_per_token 20000\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("starling:kv_cache_latent_layers 27\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("starling:kv_cache_longest_context_tokens 1600\n"),
+            "{text}"
+        );
     }
 
     #[test]

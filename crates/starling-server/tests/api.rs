@@ -216,6 +216,15 @@ async fn models_health_tokenize_detokenize_metrics() {
         .unwrap();
     assert_eq!(models["data"][0]["id"], MODEL_NAME);
     assert_eq!(models["data"][0]["max_model_len"], MAX_MODEL_LEN);
+    // Starling's extension: the cache the model is served with, as the engine reports it.
+    let cache = &models["data"][0]["kv_cache"];
+    assert_eq!(cache["kind"], "full");
+    assert_eq!(cache["num_blocks"], server().info.kv_blocks_total);
+    assert_eq!(cache["latent_layers"], 0);
+    assert!(
+        cache["longest_context_tokens"].as_u64().unwrap() > 0,
+        "{cache}"
+    );
 
     let (status, body) = post(
         &client,
@@ -255,6 +264,9 @@ async fn models_health_tokenize_detokenize_metrics() {
         "starling:decode_steps_total",
         "starling:decode_batch_size_sum",
         "starling:decode_steps_batch1_total",
+        "starling:kv_cache_info",
+        "starling:kv_cache_bytes_per_token",
+        "starling:kv_cache_longest_context_tokens",
         "vllm:time_to_first_token_seconds_count",
         "vllm:inter_token_latency_seconds_count",
         "vllm:e2e_request_latency_seconds_count",
@@ -264,6 +276,12 @@ async fn models_health_tokenize_detokenize_metrics() {
     assert_eq!(
         metric(&text, "starling:kv_blocks_total"),
         server().info.kv_blocks_total as f64
+    );
+    // SmolLM2 on the CPU: 30 layers × K+V × 3 heads × 64 × f32.
+    assert_eq!(metric(&text, "starling:kv_cache_bytes_per_token"), 46080.0);
+    assert!(
+        text.contains("starling:kv_cache_info{kind=\"full\",dtype=\"f32\",num_layers=\"30\",latent_layers=\"0\"} 1"),
+        "{text}"
     );
 }
 

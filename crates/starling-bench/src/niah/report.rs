@@ -85,6 +85,13 @@ pub struct NiahReport {
     /// profile, `--kv-compression`), absent for the original model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_compression: Option<Value>,
+    /// The engine's KV cache (`starling_engine::CacheReport` as JSON: layout, bytes per token,
+    /// blocks, longest context); absent in results written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache: Option<Value>,
+    /// The same in one line, for the summary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_summary: Option<String>,
     /// Every cell of every method.
     pub cells: Vec<NiahCell>,
 }
@@ -161,6 +168,9 @@ impl NiahReport {
         );
         if let Some(protocol) = crate::niah::NiahProtocol::from_name(&self.protocol) {
             let _ = writeln!(out, "{}\n", protocol.description());
+        }
+        if let Some(cache) = &self.kv_cache_summary {
+            let _ = writeln!(out, "KV cache: {cache}\n");
         }
         if let Some(model) = &self.model_compression {
             let _ = writeln!(
@@ -248,6 +258,8 @@ pub(crate) mod tests {
                 },
             ],
             model_compression: None,
+            kv_cache: None,
+            kv_cache_summary: Some("full K/V in f32: 1.00 KiB per token".into()),
             cells,
         }
     }
@@ -277,6 +289,10 @@ pub(crate) mod tests {
         );
         assert!(md.contains("| none | 1.00 | 2.00 | 1.50 |"), "{md}");
         assert!(md.contains("they see the question"), "{md}");
+        assert!(
+            md.contains("KV cache: full K/V in f32: 1.00 KiB per token\n"),
+            "{md}"
+        );
     }
 
     #[test]

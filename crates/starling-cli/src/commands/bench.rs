@@ -162,6 +162,7 @@ fn throughput_on<B: Backend + 'static>(backend: B, args: ThroughputArgs) -> Resu
             "model": args.model.model,
             "backend": backend_name,
             "threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            "kv_cache": session.engine.cache_report(),
             "rows": rows,
         });
         std::fs::write(&path, serde_json::to_string_pretty(&doc)?)

@@ -211,6 +211,7 @@ fn niah<B: Backend + 'static>(backend: B, args: NiahArgs) -> Result<()> {
             },
         )?);
     }
+    let cache = session.engine.cache_report();
     let report = NiahReport {
         model: args.model.model.clone(),
         device: session.engine.backend_name(),
@@ -235,6 +236,8 @@ fn niah<B: Backend + 'static>(backend: B, args: NiahArgs) -> Result<()> {
             .kv_compression
             .star_kv()
             .map(|_| args.engine.kv_compression.to_json()),
+        kv_cache: Some(serde_json::to_value(&cache)?),
+        kv_cache_summary: Some(cache.to_string()),
         cells,
     };
     let mut markdown = report.markdown();

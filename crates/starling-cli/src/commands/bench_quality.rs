@@ -304,6 +304,7 @@ fn quality<B: Backend + 'static>(
     let Some(reference_row) = rows.next() else {
         bail!("no reference run");
     };
+    let cache = prepared.session.engine.cache_report();
     let report = QualityReport {
         model: args.model.model.clone(),
         device: prepared.session.engine.backend_name(),
@@ -314,6 +315,8 @@ fn quality<B: Backend + 'static>(
         essays_sha256: prepared.essays_sha256.clone(),
         reference: reference_row,
         rows: rows.collect(),
+        kv_cache: Some(serde_json::to_value(&cache)?),
+        kv_cache_summary: Some(cache.to_string()),
     };
     let markdown = report.markdown();
     write_json(&args.output.join("quality.json"), &report)?;

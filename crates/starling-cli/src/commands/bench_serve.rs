@@ -11,6 +11,7 @@ use starling_bench::{
     plot, run_benchmark, sharegpt, BenchReport, BenchRequest, Pacing, RandomSpec, RunConfig,
     StreamClient, SweepRow,
 };
+use starling_engine::CacheReport;
 
 /// `starling bench serve` flags (vLLM benchmark_serving names).
 #[derive(Args, Debug)]
@@ -90,6 +91,9 @@ async fn run_async(args: BenchServeArgs) -> Result<()> {
             .context("the server lists no model; pass --model")?
             .to_owned(),
     };
+    // The cache the server runs (Starling's `/v1/models` extension; absent from other
+    // servers), recorded with the results.
+    let kv_cache = server_cache(&models);
     let client = StreamClient::new(&args.base_url, &model);
     let requests = load_dataset(&args, &client).await?;
     let mut doc = serde_json::Map::new();
@@ -148,6 +152,12 @@ async fn run_async(args: BenchServeArgs) -> Result<()> {
         eprintln!("plot written to {}", args.output_png.display());
         doc.insert("sweep".into(), serde_json::to_value(&rows)?);
     }
+    if let Some(report) = kv_cache
+        .as_ref()
+        .and_then(|v| serde_json::from_value::<CacheReport>(v.clone()).ok())
+    {
+        md.push_str(&format!("\nServer KV cache: {report}\n"));
+    }
     println!("{md}");
     if let Some(path) = &args.output_md {
         std::fs::write(path, &md).with_context(|| format!("writing {}", path.display()))?;
@@ -156,10 +166,20 @@ async fn run_async(args: BenchServeArgs) -> Result<()> {
         doc.insert("bench".into(), "serve".into());
         doc.insert("model".into(), model.into());
         doc.insert("dataset".into(), args.dataset.clone().into());
+        if let Some(cache) = kv_cache {
+            doc.insert("kv_cache".into(), cache);
+        }
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+/// The served model's `kv_cache` field from a `/v1/models` answer, if the server sent one.
+fn server_cache(models: &str) -> Option<serde_json::Value> {
+    let value: serde_json::Value = serde_json::from_str(models).ok()?;
+    let cache = value["data"][0].get("kv_cache")?;
+    (!cache.is_null()).then(|| cache.clone())
 }
 
 fn run_config(args: &BenchServeArgs, pacing: Pacing) -> RunConfig {
@@ -198,5 +218,25 @@ fn report_failures(results: &[starling_bench::RequestResult]) {
     let failed: Vec<_> = results.iter().filter_map(|r| r.error.as_deref()).collect();
     if let Some(first) = failed.first() {
         eprintln!("{} requests failed; first error: {first}", failed.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_servers_cache_comes_from_its_model_card_when_it_sends_one() {
+        let starling = r#"{"object":"list","data":[{"id":"m","max_model_len":64,
+            "kv_cache":{"kind":"latent","num_blocks":12}}]}"#;
+        let cache = server_cache(starling).unwrap();
+        assert_eq!(cache["kind"], "latent");
+        assert_eq!(cache["num_blocks"], 12);
+        // vLLM and other servers send no such field.
+        assert_eq!(
+            server_cache(r#"{"object":"list","data":[{"id":"m"}]}"#),
+            None
+        );
+        assert_eq!(server_cache("not json"), None);
     }
 }

@@ -10,7 +10,7 @@
 //! the ranks already fixed (`starling_starkv::distill::refine_with`): the KV bytes per token
 //! stay the profile's, and the manifest records the refinement and its last-step KL.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -18,6 +18,8 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use starling_backend::Backend;
 use starling_models::llama::LlamaModel;
+use starling_models::tokenizer::Tokenizer;
+use starling_models::{ModelConfig, WeightMap};
 use starling_starkv::checkpoint::{weights_identity, CalibrationInfo};
 use starling_starkv::distill::{
     distill_with, distilled_checkpoint, refine_with, refined_checkpoint, DistillConfig, Distiller,
@@ -33,7 +35,7 @@ use starling_starkv::{
 use super::bench_eval::{essay_tokens, EssaysArg};
 use crate::args::DeviceArg;
 use crate::device::{with_backend, BackendJob};
-use crate::session::{open_model, tokenizer_for, OpenedModel};
+use crate::session::{open_model, tokenizer_for};
 
 /// How ranks are spread over heads and layers.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,31 +134,104 @@ impl BackendJob for CalibrateArgs {
     }
 }
 
+/// The model a calibration reads: what it is called, its shapes, weights and tokenizer, and
+/// the identity its checkpoints record.
+pub struct CalibrationModel<'a> {
+    /// The model argument (for the summary line).
+    pub name: &'a str,
+    /// Where the model came from.
+    pub path: &'a Path,
+    /// Its shapes.
+    pub config: &'a ModelConfig,
+    /// Its weights on the host.
+    pub weights: &'a WeightMap,
+    /// Its tokenizer (for the calibration text).
+    pub tokenizer: &'a Tokenizer,
+    /// `weights_identity(weights)`, which every checkpoint records and loading re-checks.
+    pub identity: &'a str,
+}
+
+impl CalibrateArgs {
+    /// The flags of a checkpoint the CLI calibrates for itself (the demo's, see
+    /// `commands/demo/checkpoint.rs`): `profile` only, whitened SVD on `calibration_tokens` tokens in
+    /// windows of 512, greedy ranks, no distillation or refinement, written under `output`.
+    pub fn svd_only(
+        model: &str,
+        profile: RankProfile,
+        calibration_tokens: usize,
+        output: PathBuf,
+    ) -> Self {
+        Self {
+            model: model.to_owned(),
+            profiles: vec![profile.name().to_owned()],
+            strategy: StrategyArg::Greedy,
+            output,
+            seed: 0,
+            no_whiten: false,
+            calibration_tokens,
+            window_tokens: 512,
+            distill_steps: Some(0),
+            distill_window_tokens: 128,
+            refine_steps: 0,
+            refine_lr: RefineConfig::DEFAULT_LEARNING_RATE,
+            device: DeviceArg::Auto,
+            essays: EssaysArg { essays_dir: None },
+        }
+    }
+}
+
 fn calibrate<B: Backend>(backend: &B, args: CalibrateArgs) -> Result<()> {
-    let profiles = parse_profiles(&args.profiles)?;
-    let distill = distill_config(&args)?;
-    let refine = refine_config(&args)?;
     let started = Instant::now();
-    let bar = stage_bar(profiles.len() as u64 + 4);
+    let bar = stage_bar(parse_profiles(&args.profiles)?.len() as u64 + 4);
     bar.set_message(format!("loading {}", args.model));
     let opened = open_model(&args.model)?;
-    let config = &opened.loaded.config;
+    let tokenizer = tokenizer_for(&opened)?;
     bar.inc(1);
 
     bar.set_message("hashing the weights (model identity)");
     let identity = weights_identity(&opened.loaded.weights);
     bar.inc(1);
+    let model = CalibrationModel {
+        name: &args.model,
+        path: &opened.path,
+        config: &opened.loaded.config,
+        weights: &opened.loaded.weights,
+        tokenizer: &tokenizer,
+        identity: &identity,
+    };
+    let lines = write_checkpoints(backend, &model, &args, &bar, started)?;
+    for line in lines {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+/// Calibrates `model` as `args` say and writes one checkpoint per profile under
+/// `args.output`; `bar` has two stages left for the text and the factors, and one per
+/// profile. Returns the summary lines (the first: what was done and how long it took since
+/// `started`).
+pub fn write_checkpoints<B: Backend>(
+    backend: &B,
+    model: &CalibrationModel<'_>,
+    args: &CalibrateArgs,
+    bar: &ProgressBar,
+    started: Instant,
+) -> Result<Vec<String>> {
+    let profiles = parse_profiles(&args.profiles)?;
+    let distill = distill_config(args)?;
+    let refine = refine_config(args)?;
+    let config = model.config;
+    let identity = model.identity;
 
     let text = if args.no_whiten && distill.is_none() && refine.is_none() {
         None
     } else {
         bar.set_message("tokenising the calibration essays");
-        Some(CalibrationText::load(&opened, &args)?)
+        Some(CalibrationText::load(model.tokenizer, args)?)
     };
     let (whiteners, calibration) = match (&text, args.no_whiten) {
         (Some(text), false) => {
-            let (whiteners, calibration) =
-                activation_whiteners(backend, &opened, &args, text, &bar)?;
+            let (whiteners, calibration) = activation_whiteners(backend, model, args, text, bar)?;
             (Some(whiteners), calibration)
         }
         _ => (None, CalibrationInfo::default()),
@@ -174,9 +249,8 @@ fn calibrate<B: Backend>(backend: &B, args: CalibrateArgs) -> Result<()> {
         "{kind} of {} layers' K/V projections",
         config.num_layers - keep.len()
     ));
-    let factors =
-        ModelFactors::compute(config, &opened.loaded.weights, &keep, whiteners.as_deref())
-            .context("factoring the K/V projections")?;
+    let factors = ModelFactors::compute(config, model.weights, &keep, whiteners.as_deref())
+        .context("factoring the K/V projections")?;
     bar.inc(1);
 
     let strategy = args.strategy.strategy();
@@ -186,7 +260,7 @@ fn calibrate<B: Backend>(backend: &B, args: CalibrateArgs) -> Result<()> {
             Some(
                 Distiller::new(
                     config,
-                    &opened.loaded.weights,
+                    model.weights,
                     &factors,
                     &text.ids,
                     args.distill_window_tokens,
@@ -220,12 +294,12 @@ fn calibrate<B: Backend>(backend: &B, args: CalibrateArgs) -> Result<()> {
                     profile.name(),
                     report.steps.len()
                 ));
-                distilled_checkpoint(config, &identity, &factors, &plan, &outcome, &report)
+                distilled_checkpoint(config, identity, &factors, &plan, &outcome, &report)
                     .with_context(|| format!("profile {profile}"))?
             }
             _ => {
                 bar.set_message(format!("{profile}: allocating ranks ({})", strategy.name()));
-                svd_checkpoint(config, &identity, &factors, &plan)
+                svd_checkpoint(config, identity, &factors, &plan)
                     .with_context(|| format!("profile {profile}"))?
             }
         };
@@ -302,25 +376,25 @@ fn calibrate<B: Backend>(backend: &B, args: CalibrateArgs) -> Result<()> {
         ),
         None => String::new(),
     };
-    println!(
-        "{} ({}): {} of {} layers low-rank, {distilled}{refined}, {how}, {:.1} s",
-        args.model,
-        opened.path.display(),
-        config.num_layers - keep.len(),
-        config.num_layers,
-        started.elapsed().as_secs_f64()
+    lines.insert(
+        0,
+        format!(
+            "{} ({}): {} of {} layers low-rank, {distilled}{refined}, {how}, {:.1} s",
+            model.name,
+            model.path.display(),
+            config.num_layers - keep.len(),
+            config.num_layers,
+            started.elapsed().as_secs_f64()
+        ),
     );
-    for line in lines {
-        println!("{line}");
-    }
-    Ok(())
+    Ok(lines)
 }
 
 /// Runs the original model over the calibration windows (essays not held out) and returns one
 /// whitener per layer, with what the manifest records about the text.
 fn activation_whiteners<B: Backend>(
     backend: &B,
-    opened: &OpenedModel,
+    source: &CalibrationModel<'_>,
     args: &CalibrateArgs,
     text: &CalibrationText,
     bar: &ProgressBar,
@@ -328,8 +402,8 @@ fn activation_whiteners<B: Backend>(
     let windows = calibration_windows(&text.ids, args.window_tokens, args.calibration_tokens)
         .context("--calibration-tokens")?;
 
-    let config = &opened.loaded.config;
-    let model = LlamaModel::load(backend, config, opened.loaded.weights.clone())
+    let config = source.config;
+    let model = LlamaModel::load(backend, config, source.weights.clone())
         .context("loading the model for calibration")?;
     let mut moments = AttentionInputMoments::new(config);
     for (index, window) in windows.iter().enumerate() {
@@ -367,15 +441,14 @@ struct CalibrationText {
 }
 
 impl CalibrationText {
-    fn load(opened: &OpenedModel, args: &CalibrateArgs) -> Result<Self> {
+    fn load(tokenizer: &Tokenizer, args: &CalibrateArgs) -> Result<Self> {
         let essays = args.essays.load()?;
         let haystack = essays.standard_split().haystack;
-        let tokenizer = tokenizer_for(opened)?;
         // Every haystack essay (windows are spread over all of them): a token covers at least
         // one byte, so asking for as many tokens as there are bytes never stops early.
         let all_tokens = haystack.iter().map(|e| e.text.len() + 2).sum();
         Ok(Self {
-            ids: essay_tokens(&tokenizer, haystack, all_tokens)?,
+            ids: essay_tokens(tokenizer, haystack, all_tokens)?,
             essay_names: haystack.iter().map(|e| e.name.clone()).collect(),
             dataset_sha256: essays.sha256(),
         })
@@ -439,7 +512,7 @@ fn parse_profiles(names: &[String]) -> Result<Vec<RankProfile>> {
 }
 
 /// A bar over the calibration stages, drawn on stderr when it is a terminal.
-fn stage_bar(len: u64) -> ProgressBar {
+pub fn stage_bar(len: u64) -> ProgressBar {
     let bar = ProgressBar::new(len);
     // The template is a constant; should it ever fail to parse, the default style is fine.
     if let Ok(style) = ProgressStyle::with_template("[{bar:30}] {pos}/{len} {msg} ({elapsed})") {

@@ -6,10 +6,11 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Args;
 use starling_engine::sampling::SamplingParams;
+use starling_models::tokenizer::Tokenizer;
 
 use crate::args::{EngineArgs, ModelArg};
 use crate::device::{with_backend, BackendJob};
-use crate::session::{open_session, Session};
+use crate::session::open_session;
 use starling_backend::Backend;
 
 /// Sampling flags (OpenAI / vLLM semantics and defaults).
@@ -91,26 +92,26 @@ pub struct GenerateArgs {
 }
 
 /// Encodes `prompt`, rendering it through the chat template first when `chat` is set.
-pub fn encode_prompt<B: Backend>(
-    session: &Session<B>,
+pub fn encode_prompt(
+    tokenizer: &Tokenizer,
     prompt: &str,
     chat: bool,
     system: Option<&str>,
 ) -> Result<Vec<u32>> {
     if !chat {
-        return Ok(session.tokenizer.encode(prompt, true)?);
+        return Ok(tokenizer.encode(prompt, true)?);
     }
     let mut messages = Vec::new();
     if let Some(system) = system {
         messages.push(starling_models::chat::ChatMessage::new("system", system));
     }
     messages.push(starling_models::chat::ChatMessage::new("user", prompt));
-    let template = starling_models::chat::ChatTemplate::for_tokenizer(&session.tokenizer)?;
+    let template = starling_models::chat::ChatTemplate::for_tokenizer(tokenizer)?;
     let text = template
         .render(&messages, true)
         .context("rendering the chat template")?;
     // The template already placed any BOS / special tokens.
-    Ok(session.tokenizer.encode(&text, false)?)
+    Ok(tokenizer.encode(&text, false)?)
 }
 
 /// Runs `starling generate`.
@@ -126,7 +127,12 @@ impl BackendJob for GenerateArgs {
 
 fn generate<B: Backend + 'static>(backend: B, args: GenerateArgs) -> Result<()> {
     let mut session = open_session(backend, &args.model, &args.engine)?;
-    let ids = encode_prompt(&session, &args.prompt, args.chat, args.system.as_deref())?;
+    let ids = encode_prompt(
+        &session.tokenizer,
+        &args.prompt,
+        args.chat,
+        args.system.as_deref(),
+    )?;
     let started = Instant::now();
     let id = session
         .engine

@@ -64,6 +64,8 @@ pub fn run(args: InfoArgs) -> Result<()> {
         ),
     };
     let c = &config;
+    // Refused before anything is printed when the flags disagree.
+    let synthetic_latent = args.model.synthetic_latent_ranks(c)?;
     println!("model:         {} ({source})", args.model.model);
     println!(
         "architecture:  {} — {} layers, d {}, FFN {}, {} q / {} kv heads × {}, vocab {}",
@@ -197,10 +199,65 @@ pub fn run(args: InfoArgs) -> Result<()> {
             .map(|e| format!("STAR-KV {}: {e}", row.profile.name()));
         }
     }
+    if let Some(ranks) = &synthetic_latent {
+        refusal = print_synthetic_latent_row(&engine, c, ranks, dtype, dtype_name, dense_blocks)?;
+    }
     match refusal {
         Some(why) => bail!("the configured KV cache does not boot: {why}"),
         None => Ok(()),
     }
+}
+
+/// With `--synthetic-latent-share`: the latent layout every layer of the synthetic model
+/// caches, sized from the budget beside the full one's `dense_blocks`. Returns why the
+/// configured cache (these latents, under any engine-wide eviction) does not boot, if it
+/// does not.
+fn print_synthetic_latent_row(
+    engine: &starling_engine::EngineConfig,
+    config: &ModelConfig,
+    ranks: &starling_models::llama::LatentRanks,
+    dtype: CacheDtype,
+    dtype_name: &str,
+    dense_blocks: usize,
+) -> Result<Option<String>> {
+    let sched = &engine.scheduler;
+    let layout = CacheLayout::uniform(config.num_layers, ranks.layout(dtype));
+    let full = full_layout(config, dtype);
+    let sized = CacheSizing::from_budget(
+        engine.kv_cache_memory_bytes,
+        &layout,
+        sched.block_size_tokens,
+    )?;
+    let key_ranks = match (ranks.key_ranks.iter().min(), ranks.key_ranks.iter().max()) {
+        (Some(lo), Some(hi)) if lo != hi => format!("{lo}-{hi}"),
+        (Some(r), _) => r.to_string(),
+        _ => "none".to_owned(),
+    };
+    println!(
+        "synthetic latents ({dtype_name}; every layer, key rank {key_ranks} per head, value rank {}): {} per token vs {} ({:.1}% removed) → {} blocks vs {} ({:.2}×), longest bootable context {} tokens",
+        ranks.value_rank,
+        format_bytes(layout.bytes_per_token()),
+        format_bytes(full.bytes_per_token()),
+        100.0 * (1.0 - layout.bytes_per_token() as f64 / full.bytes_per_token().max(1) as f64),
+        sized.num_blocks,
+        dense_blocks,
+        sized.num_blocks as f64 / dense_blocks.max(1) as f64,
+        longest_context(sized.capacity_tokens(), config)
+    );
+    let peak = starling_engine::engine::eviction_peak_tokens(
+        &engine.compression,
+        sched.max_model_len_tokens,
+        sched.max_num_batched_tokens,
+    );
+    Ok(preflight_with_peak(
+        engine.kv_cache_memory_bytes,
+        &layout,
+        sched.block_size_tokens,
+        sched.max_model_len_tokens,
+        peak,
+    )
+    .err()
+    .map(|e| format!("synthetic latents: {e}")))
 }
 
 /// The longest context a cache of `capacity_tokens` slots boots (one sequence, every token

@@ -164,6 +164,9 @@ fn serve<B: Backend + 'static>(backend: B, args: ServeArgs) -> Result<()> {
     let engine = session.engine;
     let handle = EngineHandle::spawn(move || Ok(engine))?;
     let info = handle.info();
+    // The layout it runs, its blocks and the longest context it boots: what an operator sizing
+    // a deployment (or comparing a compressed one) needs first.
+    eprintln!("KV cache: {}", handle.cache_report());
     let state = AppState {
         engine: handle,
         tokenizer,

@@ -11,6 +11,15 @@ pub fn starling(args: &[&str]) -> Output {
         .expect("run starling")
 }
 
+/// Runs the `starling` binary with `args` and the environment variables `envs` set.
+pub fn starling_with_env(args: &[&str], envs: &[(&str, &std::ffi::OsStr)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_starling"))
+        .args(args)
+        .envs(envs.iter().map(|(k, v)| (*k, *v)))
+        .output()
+        .expect("run starling")
+}
+
 /// The run's standard output, lossily decoded.
 pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()

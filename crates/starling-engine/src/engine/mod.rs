@@ -6,6 +6,7 @@
 //! → free finished sequences' blocks at once.
 
 mod batch_builder;
+mod cache_report;
 mod compaction;
 mod compression;
 mod config;
@@ -27,6 +28,7 @@ use starling_models::llama::{LlamaModel, QueryCapture};
 use crate::sampling::{FinishReason, Finished, SamplingParams, SequenceRng, StopChecker};
 use crate::scheduler::{Footprint, Scheduler, SchedulerError, StepStats};
 
+pub use cache_report::{CacheKind, CacheReport, LatentRankSummary};
 pub use compaction::DEFAULT_COMPACTION_STEP_BUDGET_TOKENS;
 pub use config::EngineConfig;
 pub use error::EngineError;
@@ -274,6 +276,24 @@ impl<B: Backend> Engine<B> {
         };
         self.graphs = self.backend.decode_graphs(&config)?;
         Ok(self.graphs.is_some())
+    }
+
+    /// Ends the engine and hands its backend back, the recorded graphs, cache and model freed
+    /// first: a caller can then start another engine on the same device (the demo runs its
+    /// arms one after another on one backend and one memory budget).
+    pub fn into_backend(self) -> B {
+        let Self {
+            backend,
+            model,
+            caches,
+            graphs,
+            ..
+        } = self;
+        // Graphs replay into the caches and read the model's weights: they go first.
+        drop(graphs);
+        drop(caches);
+        drop(model);
+        backend
     }
 
     /// Whether decode steps are replayed from recorded graphs.

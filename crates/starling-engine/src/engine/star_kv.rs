@@ -12,14 +12,14 @@ use starling_starkv::{AppliedSides, RankProfile};
 use super::EngineError;
 
 /// The STAR-KV checkpoint an engine runs with.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StarKvInfo {
     /// The rank profile (`aggressive`, `balanced`, `conservative`).
     pub profile: String,
     /// `latent` (the cache stores latents) or `reference` (full K/V of the reconstructions).
-    pub cache: &'static str,
+    pub cache: String,
     /// `both`, or an ablation: `keys` / `values`.
-    pub factors: &'static str,
+    pub factors: String,
     /// The checkpoint directory's name (never its full path: results and metrics leave the
     /// machine).
     pub checkpoint_name: String,
@@ -65,8 +65,8 @@ pub fn load_model<B: Backend>(
     let report = &checkpoint.manifest.compression;
     let info = StarKvInfo {
         profile: profile.name().to_owned(),
-        cache: selection.cache.name(),
-        factors: selection.factors.name(),
+        cache: selection.cache.name().to_owned(),
+        factors: selection.factors.name().to_owned(),
         checkpoint_name: dir.file_name().map_or_else(
             || "checkpoint".to_owned(),
             |n| n.to_string_lossy().into_owned(),

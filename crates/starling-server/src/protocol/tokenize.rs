@@ -62,6 +62,11 @@ pub struct ModelCard {
     pub root: String,
     /// The context window.
     pub max_model_len: usize,
+    /// Starling's extension: the KV cache the model is served with (`starling_engine::
+    /// CacheReport` as JSON: layout, bytes per token, blocks, longest context), so a benchmark
+    /// client can record what it measured against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache: Option<serde_json::Value>,
 }
 
 /// `/v1/models` answer.

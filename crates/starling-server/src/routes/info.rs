@@ -25,6 +25,9 @@ pub async fn models(State(state): State<AppState>) -> Json<ModelList> {
             owned_by: "starling".into(),
             root: state.model.served_name.clone(),
             max_model_len: state.engine.info().max_model_len_tokens,
+            // A report of plain numbers and names always serializes; were it ever not to, the
+            // card is still worth sending.
+            kv_cache: serde_json::to_value(state.engine.cache_report()).ok(),
         }],
     })
 }
