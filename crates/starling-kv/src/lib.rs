@@ -11,12 +11,15 @@
 //! - [`BlockPool`]: O(1) block allocate / free with ref counts.
 //! - [`BlockTable`]: one sequence's blocks, logical vs physical length.
 //! - [`KvCacheManager`]: the single owner of the pool and all tables.
+//! - [`BlockHash`], [`CacheIdentity`], [`BlockHasher`]: stable content
+//!   addresses of full blocks.
 //! - [`CacheLayout`]: bytes per token, per layer (full or low-rank latents).
 //! - [`CacheSizing`], [`preflight`]: budget to block count, and the refusal
 //!   to start when one max-length sequence cannot fit.
 
 #![deny(missing_docs)]
 
+mod block_hash;
 mod block_pool;
 mod block_table;
 mod error;
@@ -24,6 +27,7 @@ mod layout;
 mod manager;
 mod sizing;
 
+pub use block_hash::{BlockHash, BlockHasher, CacheIdentity, CacheIdentityParts};
 pub use block_pool::{BlockId, BlockPool};
 pub use block_table::{BlockTable, SeqId};
 pub use error::KvError;
