@@ -31,6 +31,10 @@ pub enum KvError {
     #[error("block {0} is free and cannot be shared")]
     BlockNotAllocated(BlockId),
 
+    /// A block was registered in the prefix cache twice.
+    #[error("block {0} is already registered in the prefix cache")]
+    BlockAlreadyRegistered(BlockId),
+
     /// A block id outside the pool.
     #[error("block {block} does not exist (pool has {num_total_blocks} blocks)")]
     InvalidBlock {

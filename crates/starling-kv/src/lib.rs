@@ -8,7 +8,8 @@
 //! devices. Runners turn its slot mappings and block tables into device
 //! buffers; the scheduler asks it only for blocks.
 //!
-//! - [`BlockPool`]: O(1) block allocate / free with ref counts.
+//! - [`BlockPool`]: O(1) block allocate / free with ref counts, and the
+//!   prefix cache's hash → block map and LRU of cached free blocks.
 //! - [`BlockTable`]: one sequence's blocks, logical vs physical length.
 //! - [`KvCacheManager`]: the single owner of the pool and all tables.
 //! - [`BlockHash`], [`CacheIdentity`], [`BlockHasher`]: stable content
@@ -20,6 +21,7 @@
 #![deny(missing_docs)]
 
 mod block_hash;
+mod block_list;
 mod block_pool;
 mod block_table;
 mod error;
@@ -28,7 +30,7 @@ mod manager;
 mod sizing;
 
 pub use block_hash::{BlockHash, BlockHasher, CacheIdentity, CacheIdentityParts};
-pub use block_pool::{BlockId, BlockPool};
+pub use block_pool::{BlockCounts, BlockId, BlockPool};
 pub use block_table::{BlockTable, SeqId};
 pub use error::KvError;
 pub use layout::{
