@@ -11,7 +11,8 @@
 //! - [`BlockPool`]: O(1) block allocate / free with ref counts, and the
 //!   prefix cache's hash → block map and LRU of cached free blocks.
 //! - [`BlockTable`]: one sequence's blocks, logical vs physical length.
-//! - [`KvCacheManager`]: the single owner of the pool and all tables.
+//! - [`KvCacheManager`]: the single owner of the pool and all tables;
+//!   automatic prefix caching ([`KvCacheConfig::enable_prefix_caching`]).
 //! - [`BlockHash`], [`CacheIdentity`], [`BlockHasher`]: stable content
 //!   addresses of full blocks.
 //! - [`CacheLayout`]: bytes per token, per layer (full or low-rank latents).
@@ -36,5 +37,5 @@ pub use error::KvError;
 pub use layout::{
     stored_rank, CacheDtype, CacheLayout, LayerLayout, LATENT_RANK_MULTIPLE, POSITION_BYTES,
 };
-pub use manager::KvCacheManager;
+pub use manager::{KvCacheConfig, KvCacheManager, PrefixCacheStats, PrefixHit, PrefixQuery};
 pub use sizing::{format_bytes, preflight, preflight_with_peak, CacheSizing, Preflight};
