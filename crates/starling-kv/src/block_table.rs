@@ -11,6 +11,15 @@
 //! index `block_ids[i / block_size] * block_size + i % block_size`.
 //!
 //! Invariant: `block_ids.len() == ceil(physical_len_tokens / block_size)`.
+//!
+//! Prefix caching adds a third count, `num_hashed_blocks`: the leading full
+//! blocks whose hash chain has been processed — blocks reused from the cache
+//! plus blocks this sequence registered (or found registered already, by a
+//! copy computed side by side). Only those can carry a hash; blocks after
+//! them are private and writable. Once a sequence is compacted
+//! (`is_compacted`), physical slot `i` no longer holds token `i` and later
+//! tokens' K/V depend on what was evicted, so nothing more of it is
+//! registered.
 
 use std::fmt;
 use std::ops::Range;
@@ -39,6 +48,11 @@ pub struct BlockTable {
     logical_len_tokens: usize,
     physical_len_tokens: usize,
     block_size_tokens: usize,
+    num_hashed_blocks: usize,
+    compacted: bool,
+    /// First physical slot an announced compaction may rewrite
+    /// ([`crate::KvCacheManager::prepare_rewrite`]), until `shrink_physical`.
+    pending_rewrite_from_tokens: Option<usize>,
 }
 
 impl BlockTable {
@@ -49,6 +63,9 @@ impl BlockTable {
             logical_len_tokens: 0,
             physical_len_tokens: 0,
             block_size_tokens,
+            num_hashed_blocks: 0,
+            compacted: false,
+            pending_rewrite_from_tokens: None,
         }
     }
 
@@ -80,6 +97,21 @@ impl BlockTable {
     /// Tokens per block.
     pub fn block_size_tokens(&self) -> usize {
         self.block_size_tokens
+    }
+
+    /// Leading full blocks whose hash chain the prefix cache has processed
+    /// (reused or registered). Blocks from here on are private to the
+    /// sequence; a block before it may be shared and must not be rewritten
+    /// without [`crate::KvCacheManager::prepare_rewrite`].
+    pub fn num_hashed_blocks(&self) -> usize {
+        self.num_hashed_blocks
+    }
+
+    /// Whether the sequence has been compacted (or a compaction has been
+    /// announced): its blocks no longer hold whole token blocks of its
+    /// prompt, so none is registered any more.
+    pub fn is_compacted(&self) -> bool {
+        self.compacted
     }
 
     /// Flat slot index of physical token `physical_index`, if it is held.
@@ -151,11 +183,38 @@ impl BlockTable {
         );
     }
 
+    /// Marks the first `n` blocks as processed by the prefix cache.
+    pub(crate) fn set_num_hashed_blocks(&mut self, n: usize) {
+        debug_assert!(n <= self.physical_len_tokens / self.block_size_tokens);
+        self.num_hashed_blocks = n;
+    }
+
+    /// First slot of an announced, unfinished compaction.
+    pub(crate) fn pending_rewrite_from_tokens(&self) -> Option<usize> {
+        self.pending_rewrite_from_tokens
+    }
+
+    /// Records an announced compaction from physical slot `from_tokens` on;
+    /// from now on nothing more is registered.
+    pub(crate) fn begin_rewrite(&mut self, from_tokens: usize) {
+        self.compacted = true;
+        self.pending_rewrite_from_tokens = Some(from_tokens);
+    }
+
+    /// Ends a compaction, announced or not; the table counts as compacted.
+    pub(crate) fn end_rewrite(&mut self) {
+        self.compacted = true;
+        self.pending_rewrite_from_tokens = None;
+    }
+
     /// Shrinks the physical length; returns the tail blocks no longer needed
     /// (last block first, so the caller frees them in reverse order).
     pub(crate) fn shrink_physical(&mut self, new_physical_len_tokens: usize) -> Vec<BlockId> {
         self.physical_len_tokens = new_physical_len_tokens;
         let keep = new_physical_len_tokens.div_ceil(self.block_size_tokens);
+        self.num_hashed_blocks = self
+            .num_hashed_blocks
+            .min(new_physical_len_tokens / self.block_size_tokens);
         let mut dropped = self.block_ids.split_off(keep);
         dropped.reverse();
         dropped

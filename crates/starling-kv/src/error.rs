@@ -31,6 +31,24 @@ pub enum KvError {
     #[error("block {0} is free and cannot be shared")]
     BlockNotAllocated(BlockId),
 
+    /// A block was registered in the prefix cache twice.
+    #[error("block {0} is already registered in the prefix cache")]
+    BlockAlreadyRegistered(BlockId),
+
+    /// A new block table was asked for a sequence that already has one.
+    #[error("sequence {0} already holds a block table")]
+    SequenceExists(SeqId),
+
+    /// An in-place rewrite (compaction, or appending into a block cut short)
+    /// would touch a block other tables share; nothing was changed.
+    #[error("sequence {seq} would rewrite block {block}, which other sequences share")]
+    SharedBlockRewrite {
+        /// The sequence asking.
+        seq: SeqId,
+        /// The first shared block in the way.
+        block: BlockId,
+    },
+
     /// A block id outside the pool.
     #[error("block {block} does not exist (pool has {num_total_blocks} blocks)")]
     InvalidBlock {

@@ -8,15 +8,21 @@
 //! devices. Runners turn its slot mappings and block tables into device
 //! buffers; the scheduler asks it only for blocks.
 //!
-//! - [`BlockPool`]: O(1) block allocate / free with ref counts.
+//! - [`BlockPool`]: O(1) block allocate / free with ref counts, and the
+//!   prefix cache's hash → block map and LRU of cached free blocks.
 //! - [`BlockTable`]: one sequence's blocks, logical vs physical length.
-//! - [`KvCacheManager`]: the single owner of the pool and all tables.
+//! - [`KvCacheManager`]: the single owner of the pool and all tables;
+//!   automatic prefix caching ([`KvCacheConfig::enable_prefix_caching`]).
+//! - [`BlockHash`], [`CacheIdentity`], [`BlockHasher`]: stable content
+//!   addresses of full blocks.
 //! - [`CacheLayout`]: bytes per token, per layer (full or low-rank latents).
 //! - [`CacheSizing`], [`preflight`]: budget to block count, and the refusal
 //!   to start when one max-length sequence cannot fit.
 
 #![deny(missing_docs)]
 
+mod block_hash;
+mod block_list;
 mod block_pool;
 mod block_table;
 mod error;
@@ -24,11 +30,12 @@ mod layout;
 mod manager;
 mod sizing;
 
-pub use block_pool::{BlockId, BlockPool};
+pub use block_hash::{BlockHash, BlockHasher, CacheIdentity, CacheIdentityParts};
+pub use block_pool::{BlockCounts, BlockId, BlockPool};
 pub use block_table::{BlockTable, SeqId};
 pub use error::KvError;
 pub use layout::{
     stored_rank, CacheDtype, CacheLayout, LayerLayout, LATENT_RANK_MULTIPLE, POSITION_BYTES,
 };
-pub use manager::KvCacheManager;
+pub use manager::{KvCacheConfig, KvCacheManager, PrefixCacheStats, PrefixHit, PrefixQuery};
 pub use sizing::{format_bytes, preflight, preflight_with_peak, CacheSizing, Preflight};

@@ -1,13 +1,32 @@
 //! `KvCacheManager`: the one owner of the block pool and of every sequence's
 //! block table. All ref-count changes go through it, so tables and pool
-//! cannot disagree.
+//! cannot disagree. The prefix-cache operations are in [`prefix`].
 
 use std::collections::HashMap;
 use std::ops::Range;
 
-use crate::block_pool::{BlockId, BlockPool};
+use crate::block_hash::BlockHash;
+use crate::block_pool::{BlockCounts, BlockId, BlockPool};
 use crate::block_table::{BlockTable, SeqId};
 use crate::error::KvError;
+
+mod prefix;
+
+pub use prefix::{PrefixCacheStats, PrefixHit, PrefixQuery};
+
+/// How a [`KvCacheManager`] is set up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvCacheConfig {
+    /// Blocks in the pool.
+    pub num_blocks: usize,
+    /// Token slots per block.
+    pub block_size_tokens: usize,
+    /// Automatic prefix caching: full blocks are registered by content hash
+    /// and reused by later sequences with the same prefix. Off, the manager
+    /// behaves exactly as one without a prefix cache: nothing is registered,
+    /// nothing is found, freed blocks go straight back to the free list.
+    pub enable_prefix_caching: bool,
+}
 
 /// Block pool plus the block tables of all live sequences.
 #[derive(Debug, Clone)]
@@ -15,15 +34,32 @@ pub struct KvCacheManager {
     pool: BlockPool,
     tables: HashMap<SeqId, BlockTable>,
     block_size_tokens: usize,
+    prefix_caching: bool,
+    stats: PrefixCacheStats,
 }
 
 impl KvCacheManager {
-    /// A manager over `num_blocks` blocks of `block_size_tokens` slots each.
+    /// A manager over `num_blocks` blocks of `block_size_tokens` slots each,
+    /// with prefix caching off (see [`Self::with_config`]).
     ///
     /// Fails with [`KvError::InvalidConfig`] for a zero block size, or when
     /// the flat slot index (`num_blocks * block_size_tokens`) would not fit
     /// in the `u32` slot mapping handed to kernels.
     pub fn new(num_blocks: usize, block_size_tokens: usize) -> Result<Self, KvError> {
+        Self::with_config(KvCacheConfig {
+            num_blocks,
+            block_size_tokens,
+            enable_prefix_caching: false,
+        })
+    }
+
+    /// A manager set up by `config`; fails as [`Self::new`] does.
+    pub fn with_config(config: KvCacheConfig) -> Result<Self, KvError> {
+        let KvCacheConfig {
+            num_blocks,
+            block_size_tokens,
+            enable_prefix_caching,
+        } = config;
         if block_size_tokens == 0 {
             return Err(KvError::InvalidConfig(
                 "block size must be > 0 tokens".into(),
@@ -39,6 +75,8 @@ impl KvCacheManager {
             pool: BlockPool::new(num_blocks)?,
             tables: HashMap::new(),
             block_size_tokens,
+            prefix_caching: enable_prefix_caching,
+            stats: PrefixCacheStats::default(),
         })
     }
 
@@ -47,9 +85,42 @@ impl KvCacheManager {
         self.block_size_tokens
     }
 
-    /// Blocks on the free list.
+    /// Blocks an allocation can take: free ones, including cached free
+    /// blocks (evicted on demand).
     pub fn num_free_blocks(&self) -> usize {
         self.pool.num_free_blocks()
+    }
+
+    /// Free uncached, free cached and used blocks; they add up to the pool.
+    pub fn block_counts(&self) -> BlockCounts {
+        self.pool.counts()
+    }
+
+    /// Holders of `block` (0 when free), or `None` for an id outside the pool.
+    pub fn ref_count(&self, block: BlockId) -> Option<u32> {
+        self.pool.ref_count(block)
+    }
+
+    /// Whether more than one sequence holds `block`.
+    ///
+    /// **Invariant:** a shared block is never written in place — not by
+    /// compaction, not by appends — since its other holders read it; only
+    /// full, registered blocks are ever shared, and a sequence writes only
+    /// its private tail. Eviction must keep its rewrites past
+    /// [`Self::shared_prefix_len_tokens`] and announce them with
+    /// [`Self::prepare_rewrite`], which refuses shared blocks.
+    pub fn is_shared(&self, block: BlockId) -> bool {
+        self.pool.is_shared(block)
+    }
+
+    /// The hash `block` is registered under in the prefix cache, if any.
+    pub fn block_hash(&self, block: BlockId) -> Option<BlockHash> {
+        self.pool.block_hash(block)
+    }
+
+    /// Every registered (hash, block) pair, free or used, in no order.
+    pub fn cached_blocks(&self) -> impl Iterator<Item = (BlockHash, BlockId)> + '_ {
+        self.pool.cached_blocks()
     }
 
     /// Blocks in the pool.
@@ -125,8 +196,10 @@ impl KvCacheManager {
         self.table_of(seq)?.write_slot_mapping(physical_range, out)
     }
 
-    /// Drops `seq`'s table and returns its blocks to the pool, last block
-    /// first (so a prefix stays cached longest). Returns the blocks freed.
+    /// Drops `seq`'s table and releases its blocks, last block first (so a
+    /// prefix stays cached longest). Returns the blocks the table gave up; a
+    /// shared block returns to the pool only when its last holder lets go,
+    /// and a registered one then waits on the cached list.
     pub fn free(&mut self, seq: SeqId) -> Result<usize, KvError> {
         let table = self
             .tables
@@ -138,15 +211,25 @@ impl KvCacheManager {
     /// Token-eviction compaction: after the caller moved the survivors to the
     /// front, keeps only `new_physical_len_tokens` slots of `seq` and returns
     /// the tail blocks beyond `ceil(new / block_size)` to the pool. The
-    /// logical length (RoPE position) is untouched. Returns the blocks freed.
+    /// logical length (RoPE position) is untouched. Returns the blocks the
+    /// table gave up (as [`Self::free`] counts them).
     ///
     /// Growing is not allowed here: `new_physical_len_tokens` above the
     /// current physical length is [`KvError::InvalidRange`].
+    ///
+    /// With prefix caching on, the slots from the one announced by
+    /// [`Self::prepare_rewrite`] (slot 0 when none was) up to the new length
+    /// count as rewritten, and the kept partial block as about to be written
+    /// by appends: their blocks lose their registration, and if one of them
+    /// is shared this fails with [`KvError::SharedBlockRewrite`], changing
+    /// nothing. Dropped blocks keep theirs (compaction writes only below the
+    /// new length) and wait on the cached list.
     pub fn shrink_physical(
         &mut self,
         seq: SeqId,
         new_physical_len_tokens: usize,
     ) -> Result<usize, KvError> {
+        let bs = self.block_size_tokens;
         let table = self
             .tables
             .get_mut(&seq)
@@ -159,6 +242,15 @@ impl KvCacheManager {
                 physical_len_tokens: table.physical_len_tokens(),
             });
         }
+        if self.prefix_caching {
+            let from_tokens = table
+                .pending_rewrite_from_tokens()
+                .unwrap_or(0)
+                .min(new_physical_len_tokens);
+            let written = from_tokens / bs..new_physical_len_tokens.div_ceil(bs);
+            prefix::unregister_private(&mut self.pool, table, written)?;
+        }
+        table.end_rewrite();
         let dropped = table.shrink_physical(new_physical_len_tokens);
         self.release(dropped)
     }
@@ -166,11 +258,18 @@ impl KvCacheManager {
     /// Checks the pool, and that tables and pool agree: each held block's ref
     /// count equals the number of tables holding it, each table has exactly
     /// `ceil(physical / block_size)` blocks and `physical <= logical`, and
-    /// free + distinct held blocks == total.
+    /// free + distinct held blocks == total. For the prefix cache: only a
+    /// table's hashed prefix carries hashes, a shared block is registered
+    /// and sits at the same index in every table holding it, and with
+    /// caching off nothing is registered at all.
     pub fn check_invariants(&self) -> Result<(), KvError> {
         self.pool.check_invariants()?;
         let fail = |msg: String| Err(KvError::InvariantViolated(msg));
+        if !self.prefix_caching && self.pool.num_cached_blocks() != 0 {
+            return fail("prefix caching is off but blocks are registered".into());
+        }
         let mut holders: HashMap<BlockId, u32> = HashMap::new();
+        let mut index_of: HashMap<BlockId, usize> = HashMap::new();
         for (seq, table) in &self.tables {
             if table.seq() != *seq {
                 return fail(format!("table of {} is filed under {seq}", table.seq()));
@@ -190,8 +289,23 @@ impl KvCacheManager {
                     table.physical_len_tokens()
                 ));
             }
-            for block in table.block_ids() {
+            let hashed = table.num_hashed_blocks();
+            if hashed > table.physical_len_tokens() / self.block_size_tokens {
+                return fail(format!(
+                    "{seq}: {hashed} hashed blocks but {} physical tokens",
+                    table.physical_len_tokens()
+                ));
+            }
+            for (i, block) in table.block_ids().iter().enumerate() {
                 *holders.entry(*block).or_default() += 1;
+                if i >= hashed && self.pool.block_hash(*block).is_some() {
+                    return fail(format!(
+                        "{seq}: block {block} at {i}, past its {hashed} hashed blocks, is registered"
+                    ));
+                }
+                if *index_of.entry(*block).or_insert(i) != i {
+                    return fail(format!("block {block} is held at two different indices"));
+                }
             }
         }
         for (block, count) in &holders {
@@ -200,6 +314,9 @@ impl KvCacheManager {
                 return fail(format!(
                     "block {block}: held by {count} tables, ref count {ref_cnt:?}"
                 ));
+            }
+            if *count > 1 && self.pool.block_hash(*block).is_none() {
+                return fail(format!("block {block} is shared but not registered"));
             }
         }
         let total = self.num_total_blocks();
