@@ -4,6 +4,8 @@
 # ignored test crates/starling-cuda/tests/nvrtc_compile.rs through the backend's own compile path.
 #   bash scripts/nvrtc_check.sh
 #   NVRTC_ROOT=/path/to/nvidia/cu13 bash scripts/nvrtc_check.sh   # an unpacked copy (lib/, include/)
+#   PTXAS=/path/to/ptxas bash scripts/nvrtc_check.sh   # also registers and spills per kernel
+#     (ptxas from the nvidia-cuda-nvcc wheel: pip download nvidia-cuda-nvcc==13.0.*)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,5 +39,14 @@ for line in sys.stdin:
 # cudarc's dynamic loader (cuda-13000 feature) tries libnvrtc.so.13 among its names; libnvrtc
 # itself loads libnvrtc-builtins.so.13.0 from the same directory through LD_LIBRARY_PATH.
 # KernelCache passes $CUDA_HOME/include to NVRTC (cuda_bf16.h and what it includes).
+ptx_dir=$(mktemp -d)
+trap 'rm -rf "$ptx_dir"' EXIT
 LD_LIBRARY_PATH="$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" CUDA_HOME="$root" \
-  "$exe" --include-ignored --nocapture
+  STARLING_PTX_DIR="$ptx_dir" "$exe" --include-ignored --nocapture
+if [ -n "${PTXAS:-}" ]; then
+  for ptx in "$ptx_dir"/*.ptx; do
+    "$PTXAS" -arch=sm_90 -v -o /dev/null "$ptx" 2>&1 \
+      | awk '/Compiling entry function/ { name = $(NF - 2) } /Used [0-9]+ registers/ { print name, $0 }
+             /bytes stack frame/ && !/0 bytes spill stores, 0 bytes spill loads/ { print name, $0 }'
+  done
+fi

@@ -21,7 +21,10 @@
 #  4. (PHASES=saturation, a second call of about 4 minutes) ITL p99 and output tokens/s at
 #     saturation on synthetic qwen2.5-7b, 8 GiB of KV, 48 prompts of 3k tokens: none, keydiff@0.5,
 #     and keydiff@0.5 with the budget off (every compaction inside its step, as before).
-#   PHASES="parity timing stall" (default), ARMS (stall arms, default below), LONG_TIMEOUT.
+#   PHASES="parity timing stall" (default), ARMS (stall arms, default below), LONG_TIMEOUT;
+#   saturation: SAT_PROMPTS (48), SAT_OUTPUT (256 tokens), SAT_ARMS ("none keydiff@0.5
+#   keydiff@0.5-unbudgeted"), TOKENIZER (default the staged Qwen GGUF; any GGUF serves the
+#   synthetic preset's API).
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64
 PHASES=${PHASES:-parity timing stall}
@@ -125,29 +128,32 @@ EOF
   tail -10 "$md"
 fi
 if [[ " $PHASES " == *" saturation "* ]]; then
-  echo "== saturation: synthetic qwen2.5-7b, 8 GiB KV, 48 x 3k-token prompts"
+  SAT_PROMPTS=${SAT_PROMPTS:-48}; SAT_OUTPUT=${SAT_OUTPUT:-256}
+  SAT_ARMS=${SAT_ARMS:-none keydiff@0.5 keydiff@0.5-unbudgeted}
+  echo "== saturation: synthetic qwen2.5-7b, 8 GiB KV, $SAT_PROMPTS x 3k-token prompts, $SAT_OUTPUT out"
   port=8060
-  for arm in none keydiff@0.5 keydiff@0.5-unbudgeted; do
+  for arm in $SAT_ARMS; do
     port=$((port + 1)); policy=${arm%-unbudgeted}
     method=${policy%@*}; ratio=${policy#*@}; [ "$method" = none ] && ratio=0
     flags=(); [[ $arm == *-unbudgeted ]] && flags=(--compaction-step-budget-tokens 0)
-    .device/starling serve --device cuda --load-format synthetic --model qwen2.5-7b --tokenizer "$gguf" \
+    .device/starling serve --device cuda --load-format synthetic --model qwen2.5-7b --tokenizer "${TOKENIZER:-$gguf}" \
       --max-model-len 4096 --max-num-batched-tokens 1024 --kv-cache-memory 8GiB \
       --kv-compression "{\"method\":\"$method\",\"ratio\":$ratio}" --port $port "${flags[@]}" \
       > "$work/sat_$arm.log" 2>&1 &
     pid=$!
     wait_health $port || { echo "$arm: server did not start"; tail -5 "$work/sat_$arm.log"; continue; }
-    timeout 200 .device/starling bench serve --base-url http://127.0.0.1:$port --model qwen2.5-7b \
-      --dataset random --random-input-len 3072 --random-output-len 256 --ignore-eos --seed 5 \
-      --num-prompts 48 --max-concurrency 48 --output-json "$work/sat_$arm.json" | tail -3
+    timeout 240 .device/starling bench serve --base-url http://127.0.0.1:$port --model qwen2.5-7b \
+      --dataset random --random-input-len 3072 --random-output-len "$SAT_OUTPUT" --ignore-eos --seed 5 \
+      --num-prompts "$SAT_PROMPTS" --max-concurrency "$SAT_PROMPTS" --output-json "$work/sat_$arm.json" | tail -3
     stop
   done
-  python3 - "$work" >> "$md" <<'EOF2'
+  python3 - "$work" "$SAT_PROMPTS" "$SAT_OUTPUT" $SAT_ARMS >> "$md" <<'EOF2'
 import json, os, sys
-print("\n## Saturation (synthetic qwen2.5-7b, 8 GiB KV, 48 x 3072 in / 256 out, concurrency 48)\n")
+n, out = sys.argv[2], sys.argv[3]
+print(f"\n## Saturation (synthetic qwen2.5-7b, 8 GiB KV, {n} x 3072 in / {out} out, concurrency {n})\n")
 print("| policy | output tok/s | ITL p99 ms | TPOT median ms |")
 print("|---|---:|---:|---:|")
-for arm in ["none", "keydiff@0.5", "keydiff@0.5-unbudgeted"]:
+for arm in sys.argv[4:]:
     path = f"{sys.argv[1]}/sat_{arm}.json"
     if not os.path.exists(path):
         print(f"| {arm} | - | - | - |"); continue

@@ -6,7 +6,9 @@
 #   here:  bash scripts/device/build_gpu_tests.sh
 #   there: bash scripts/device/latent_gpu.sh [quick]      (carry [".device"])
 # Results in $OUT: gpu_tests.log, kernels.json, fa2.json, kernels.md, date.txt.
-#   PARTS="tests bench" (default both).
+#   PARTS="tests bench" (default both); TESTS="parity graphs_gpu" (test binaries by name prefix,
+#   default all); SCORES="reconstruct auto" runs the bench once per STARLING_LATENT_SCORES
+#   value (kernels_<value>.{json,md}); LATENT_ONLY=1 passes --latent-only.
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONUNBUFFERED=1
@@ -18,6 +20,10 @@ if [[ " $PARTS " == *" tests "* ]]; then
   log=$OUT/gpu_tests.log
   for t in .device/tests/*; do
     name=$(basename "$t")
+    if [ -n "${TESTS:-}" ]; then
+      keep=0; for p in $TESTS; do [[ $name == $p-* ]] && keep=1; done
+      [ $keep -eq 1 ] || continue
+    fi
     # Tests that need a staged real model run in scripts/device/qwen_gpu_tests.sh.
     skip=()
     case $name in model_gpu-*) skip=(--skip real_model);; esac
@@ -33,9 +39,13 @@ if [[ " $PARTS " == *" tests "* ]]; then
   echo "gpu tests status $status" | tee -a "$log"
 fi
 if [[ " $PARTS " == *" bench "* ]]; then
-  timeout 400 .device/starling bench kernels ${quick:+--quick} --output "$OUT/kernels.json" > "$OUT/kernels_stdout.md" 2>&1 || status=1
-  tail -60 "$OUT/kernels_stdout.md"
   timeout 200 python3 scripts/bench/fa2_baseline.py "$OUT/fa2.json" ${quick:+--quick} || status=1
-  python3 scripts/bench/merge_kernels.py "$OUT/kernels.json" "$OUT/fa2.json" "$OUT/kernels.md" > /dev/null || status=1
+  for v in ${SCORES:-auto}; do
+    tag=$([ -n "${SCORES:-}" ] && echo "_$v")
+    STARLING_LATENT_SCORES=$v timeout 400 .device/starling bench kernels ${quick:+--quick} \
+      ${LATENT_ONLY:+--latent-only} --output "$OUT/kernels$tag.json" > "$OUT/kernels_stdout$tag.md" 2>&1 || status=1
+    grep -i "latent" "$OUT/kernels_stdout$tag.md" | head -40
+    python3 scripts/bench/merge_kernels.py "$OUT/kernels$tag.json" "$OUT/fa2.json" "$OUT/kernels$tag.md" > /dev/null || status=1
+  done
 fi
 exit $status

@@ -21,24 +21,25 @@ port=8021
 for point in $POINTS; do
   case $point in
     roomy) mem=48GiB conc=20 prompts=40 ;;
-    bound) mem=12GiB conc=64 prompts=128 ;;
+    bound) mem=12GiB conc=64 prompts=64 ;;
   esac
   for arm in plain latent; do
     flags=()
     [ "$arm" = latent ] && flags=($LATENT_FLAGS)
     log=$OUT/serve_${arm}_$point.log
     $S serve --device cuda --load-format synthetic --model llama2-7b --tokenizer "$TOKENIZER" \
-      --max-model-len 4608 --kv-cache-memory "$mem" --max-num-seqs 128 --port $port "${flags[@]}" > "$log" 2>&1 &
+      --max-model-len 4096 --kv-cache-memory "$mem" --max-num-seqs 128 --port $port "${flags[@]}" > "$log" 2>&1 &
     pid=$!
     up=0
     for _ in $(seq 1 120); do
       python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null && { up=1; break; }
+      kill -0 $pid 2>/dev/null || break
       sleep 1
     done
     if [ $up -ne 1 ]; then echo "$arm $point: server did not start"; tail -5 "$log"; kill $pid 2>/dev/null; continue; fi
     grep -iE "blocks|latent|bootable" "$log" | head -4
     timeout 240 $S bench serve --base-url http://127.0.0.1:$port --model llama2-7b --dataset random \
-      --random-input-len 4096 --random-output-len 256 --random-range-ratio 0.1 --ignore-eos --seed 1 \
+      --random-input-len 3584 --random-output-len 256 --random-range-ratio 0.1 --ignore-eos --seed 1 \
       --num-prompts $prompts --max-concurrency $conc \
       --output-json "$OUT/serve_${arm}_$point.json" --output-md "$OUT/serve_${arm}_$point.md" > /dev/null 2>&1
     python3 - "$OUT/serve_${arm}_$point.json" "$point" "$arm" "$mem" "$conc" >> "$summary" <<'EOF'

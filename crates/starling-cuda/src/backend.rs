@@ -50,6 +50,7 @@ pub(crate) mod key_scores;
 mod kv_cache;
 mod kv_ops;
 pub(crate) mod latent;
+pub(crate) mod latent_scores;
 mod recording_pool;
 mod sampling;
 

@@ -40,6 +40,12 @@ const LATENT_SRC: &str = kernel_source!("../kernels/latent.cu", mma_common);
 
 /// Head widths the latent score kernel (`latent.cu`) is instantiated for.
 const LATENT_HEAD_DIMS: [usize; 2] = [64, 128];
+/// (head width, k-steps of 16 ranks, m-tiles of 16 keys per warp) the rotary-absorbed latent
+/// score kernel (`latent_scores_rot`, one query head per KV head) is instantiated for.
+/// Two m-tiles only: four (256 keys per tile) spilled at 255 registers and measured 15–20%
+/// slower on the H200.
+pub(crate) const LATENT_ROT_VARIANTS: [(usize, usize, usize); 4] =
+    [(64, 2, 2), (64, 4, 2), (128, 4, 2), (128, 8, 2)];
 /// m-tiles of 16 query heads the latent value kernel is instantiated for (up to 64 heads).
 const LATENT_M_TILES: [usize; 3] = [1, 2, 4];
 /// Threads per block of the latent kernels (`LS_THREADS`, `LV_THREADS`).
@@ -161,6 +167,12 @@ mod names {
     /// The latent score instantiation for head width `d`.
     pub(super) fn latent_scores(d: usize) -> String {
         format!("latent_scores_d{d}_bf16")
+    }
+
+    /// The rotary-absorbed latent score instantiation for head width `d`, `ks` k-steps and `mt`
+    /// m-tiles per warp.
+    pub(super) fn latent_scores_rot(d: usize, ks: usize, mt: usize) -> String {
+        format!("latent_scores_rot_d{d}_k{ks}_m{mt}_bf16")
     }
 
     /// The latent value instantiation for `mt` m-tiles of 16 query heads.
@@ -302,6 +314,11 @@ pub fn kernel_modules() -> Vec<KernelModule> {
             ])
             .into_iter()
             .chain(LATENT_HEAD_DIMS.iter().map(|&d| names::latent_scores(d)))
+            .chain(
+                LATENT_ROT_VARIANTS
+                    .iter()
+                    .map(|&(d, ks, mt)| names::latent_scores_rot(d, ks, mt)),
+            )
             .chain(LATENT_M_TILES.iter().map(|&mt| names::latent_values(mt)))
             .collect(),
         },
@@ -352,6 +369,9 @@ pub(crate) struct Kernels {
     pub(crate) latent_finish_kv: CudaFunction,
     /// Latent scores by head width, where the device grants their shared memory.
     latent_scores: Vec<(usize, CudaFunction)>,
+    /// Rotary-absorbed latent scores by (head width, k-steps, m-tiles), where the device grants
+    /// their shared memory.
+    latent_scores_rot: Vec<((usize, usize, usize), CudaFunction)>,
     /// Latent values by m-tiles, [`LATENT_M_TILES`] order.
     latent_values: Vec<(usize, CudaFunction)>,
 }
@@ -402,7 +422,8 @@ impl Kernels {
         for d in LATENT_HEAD_DIMS {
             let function = take(&names::latent_scores(d))?;
             // The most a layer asks for: every head at rank head_dim.
-            let bytes = crate::backend::latent::latent_scores_shared_bytes(d, d + 8) as usize;
+            let bytes =
+                crate::backend::latent_scores::latent_scores_shared_bytes(d, d + 8) as usize;
             if opt_in_shared_memory(
                 &function,
                 bytes,
@@ -413,6 +434,24 @@ impl Kernels {
             .is_some()
             {
                 latent_scores.push((d, function));
+            }
+        }
+        let mut latent_scores_rot = Vec::new();
+        for variant in LATENT_ROT_VARIANTS {
+            let (d, ks, mt) = variant;
+            let function = take(&names::latent_scores_rot(d, ks, mt))?;
+            let bytes =
+                crate::backend::latent_scores::latent_scores_rot_shared_bytes(d, ks, mt) as usize;
+            if opt_in_shared_memory(
+                &function,
+                bytes,
+                LATENT_THREADS,
+                &format!("latent scores (rotary absorbed) d{d} k{ks} m{mt}"),
+                "MHA latent layers use the reconstruction kernel",
+            )
+            .is_some()
+            {
+                latent_scores_rot.push((variant, function));
             }
         }
         let latent_values = LATENT_M_TILES
@@ -428,6 +467,7 @@ impl Kernels {
             latent_gather_positions: take(names::LATENT_GATHER_POSITIONS)?,
             latent_finish_kv: take(names::LATENT_FINISH_KV)?,
             latent_scores,
+            latent_scores_rot,
             latent_values,
             gather_rows: take(names::GATHER_ROWS)?,
             rms_norm: take(names::RMS_NORM)?,
@@ -496,6 +536,20 @@ impl Kernels {
         self.latent_scores
             .iter()
             .find(|(d, _)| *d == head_dim)
+            .map(|(_, f)| f)
+    }
+
+    /// The rotary-absorbed latent score kernel for `(head_dim, k_steps, m_tiles)`, if
+    /// instantiated and runnable here.
+    pub(crate) fn latent_scores_rot(
+        &self,
+        head_dim: usize,
+        k_steps: usize,
+        m_tiles: usize,
+    ) -> Option<&CudaFunction> {
+        self.latent_scores_rot
+            .iter()
+            .find(|(v, _)| *v == (head_dim, k_steps, m_tiles))
             .map(|(_, f)| f)
     }
 
@@ -679,13 +733,23 @@ mod tests {
         assert_eq!(define(src, "LS_STAGES"), LATENT_SCORE_STAGES);
         // Head width 128 at full rank: B_h and two tiles of 64 keys (136-element rows) plus the
         // bias and the maxima fit one block's opt-in shared memory with room for a second.
-        let bytes = crate::backend::latent::latent_scores_shared_bytes(128, 136) as usize;
+        let bytes = crate::backend::latent_scores::latent_scores_shared_bytes(128, 136) as usize;
         assert_eq!(bytes, (128 * 136 + 2 * 64 * 136) * 2 + 512 + 128);
         assert!(2 * (bytes + 1024) <= 228 * 1024);
+        // Every rotary-absorbed variant leaves room for two resident blocks per SM (the driver
+        // reserves 1 KiB per block of the 228 KiB).
+        for (d, ks, mt) in LATENT_ROT_VARIANTS {
+            let bytes =
+                crate::backend::latent_scores::latent_scores_rot_shared_bytes(d, ks, mt) as usize;
+            assert!(
+                2 * (bytes + 1024) <= 228 * 1024,
+                "rot d{d} k{ks} m{mt}: {bytes}"
+            );
+        }
         // The value kernel's static shared memory stays within 48 KiB at every m-tile count.
         for mt in LATENT_M_TILES {
             let (ch, bn) = (512 / mt, define(src, "LV_BN"));
-            let stages = define(src, "LV_STAGES");
+            let stages = if mt == 1 { 2 } else { define(src, "LV_STAGES") };
             let static_bytes =
                 16 * mt * (bn + 8) * 2 + stages * bn * (ch + 8) * 2 + 2 * 16 * mt * 4;
             assert!(static_bytes <= 48 * 1024, "mt {mt}: {static_bytes}");

@@ -41,6 +41,11 @@ fn every_loaded_kernel_compiles_for_sm90() {
                 module.name
             );
         }
+        // For register and spill reports (scripts/nvrtc_check.sh runs ptxas on them when given).
+        if let Some(dir) = std::env::var_os("STARLING_PTX_DIR") {
+            let path = std::path::Path::new(&dir).join(format!("{}.ptx", module.name));
+            std::fs::write(&path, &ptx).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        }
         println!(
             "{:<12} {:>3} kernels, {:>7} bytes of PTX",
             module.name,

@@ -28,8 +28,9 @@ use starling_backend::{AttentionDims, LatentFactors, RopeSpec, RopeStyle};
 
 use super::attention_plan::MAX_GROUP;
 use super::kv_ops::int_arg;
+use super::latent_scores::ScoreArgs;
 use super::{grid_for, CudaBackend, CudaBatch, CudaKvCache, KvSource};
-use crate::kernels::{LATENT_SCORE_KEYS, LATENT_SCORE_STAGES, LATENT_THREADS};
+use crate::kernels::LATENT_THREADS;
 use crate::{CudaError, CudaTensor, DeviceBuf};
 
 /// A slot no cache row lives at (padding of a scratch block).
@@ -267,12 +268,7 @@ impl CudaBackend {
     ) -> Result<(), CudaError> {
         let (d, heads, kv_heads) = (dims.head_dim, dims.num_heads, dims.num_kv_heads);
         let group = heads / kv_heads.max(1);
-        let scores_kernel = self.kernels.latent_scores(d).ok_or_else(|| {
-            CudaError::Shape(format!(
-                "latent_attention: head_dim {d} unsupported on CUDA (64 or 128)"
-            ))
-        })?;
-        let (kw, vw) = cache.plane_widths();
+        let (_, vw) = cache.plane_widths();
         // The values kernel's tiles of 16 heads: enough for the heads, and small enough that
         // its 512 / m_tiles value columns per block leave no warp without columns.
         let mut m_tiles = heads.div_ceil(16);
@@ -300,15 +296,17 @@ impl CudaBackend {
             }
             Some(shape) => (shape.max_splits, 1, batch.plan().device_ptr(&self.stream).0),
         };
-        let needed = self.rope_positions_needed(batch).max(cache.position_bound);
+        // The rotary-absorbed kernel also reads rows at positions relative to a split's first
+        // key (up to the longest context).
+        let needed = self
+            .rope_positions_needed(batch)
+            .max(cache.position_bound)
+            .max(batch.max_visible);
         let table = self.latent_rope_table(rope, d, needed)?;
         // Finer splits than the dense plan's (see refine_split in latent.cu): a function of the
         // shape only, so an eager step and its replay split alike.
         let sub = latent_sub_splits(kv_heads);
         let sub_i = int_arg(sub, "sub-splits")?;
-        let freqs_table = table.as_ref();
-        let rs = max_rank.div_ceil(16) * 16 + 8;
-        let shared = latent_scores_shared_bytes(d, rs);
         let mut scores = self.tensor(
             DeviceBuf::F32(self.alloc_f32(score_tokens.max(1) * heads)?),
             vec![score_tokens.max(1), heads],
@@ -318,70 +316,48 @@ impl CudaBackend {
         let mut part_l = self.tensor(DeviceBuf::F32(self.alloc_f32(parts)?), vec![parts]);
         let mut part_acc =
             self.tensor(DeviceBuf::F32(self.alloc_f32(parts * vw)?), vec![parts, vw]);
+        self.launch_latent_scores(
+            cache,
+            batch,
+            positions(cache)?,
+            latent_heads(cache)?,
+            ScoreArgs {
+                scores: &mut scores,
+                part_m: &mut part_m,
+                qkv,
+                key_up: factors.key_up,
+                key_bias: factors.key_bias,
+                rope_table: table.as_ref(),
+                interleaved: rope.style == RopeStyle::Interleaved,
+                head_dim: d,
+                num_heads: heads,
+                num_kv_heads: kv_heads,
+                scale: dims.scale,
+                count,
+                splits,
+                split_len,
+                plan_ptr,
+                sub,
+            },
+        )?;
         let order = batch.row_order(count);
         let offsets = batch.score_offsets(0, count);
-        let (qkv_width, kw_i, vw_i) = (
-            int_arg(qkv.matrix_dims()?.1, "row width")?,
-            int_arg(kw, "key width")?,
-            int_arg(vw, "value width")?,
-        );
         let ints = [
-            int_arg(rs, "latent row stride")?,
             int_arg(batch.max_blocks, "block-table width")?,
             int_arg(batch.meta.block_size_tokens, "block size")?,
-            int_arg(kv_heads, "KV heads")?,
             int_arg(group, "group")?,
             int_arg(splits, "splits")?,
             int_arg(split_len, "split length")?,
             int_arg(heads, "heads")?,
-            i32::from(rope.style == RopeStyle::Interleaved),
             int_arg(count, "rows")?,
             int_arg(d, "head_dim")?,
+            int_arg(vw, "value width")?,
         ];
-        let [rs_i, max_blocks, block_size, kv_i, group_i, splits_i, split_len_i, heads_i, inter, rows_i, d_i] =
+        let [max_blocks, block_size, group_i, splits_i, split_len_i, heads_i, rows_i, d_i, vw_i] =
             ints;
-        let key_bias = factors
-            .key_bias
-            .map_or(NULL, |b| b.device_ptr(&self.stream).0);
         let value_bias = factors
             .value_bias
             .map_or(NULL, |b| b.device_ptr(&self.stream).0);
-        launch!(
-            self,
-            scores_kernel,
-            LaunchConfig {
-                grid_dim: (count as u32, kv_heads as u32, (splits * sub) as u32),
-                block_dim: (LATENT_THREADS, 1, 1),
-                shared_mem_bytes: shared,
-            },
-            scores.f32_mut()?,
-            part_m.f32_mut()?,
-            qkv.bf16()?,
-            &qkv_width,
-            &cache.keys,
-            &kw_i,
-            positions(cache)?,
-            latent_heads(cache)?,
-            factors.key_up,
-            &key_bias,
-            freqs_table,
-            &inter,
-            &rs_i,
-            &order,
-            &batch.tok_seq(),
-            &batch.tok_visible(),
-            &offsets,
-            &batch.block_tables(),
-            &max_blocks,
-            &block_size,
-            &kv_i,
-            &group_i,
-            &dims.scale,
-            &splits_i,
-            &split_len_i,
-            &plan_ptr,
-            &sub_i
-        )?;
         let chunk_cols = 512 / m_tiles;
         launch!(
             self,
@@ -822,13 +798,6 @@ impl GemmShape {
             batch: 1,
         }
     }
-}
-
-/// Dynamic shared memory of `latent_scores_d{D}` at latent row stride `rs`: `B_h`, the ring of
-/// key-latent tiles, the bias and the warps' maxima.
-pub(crate) const fn latent_scores_shared_bytes(head_dim: usize, rs: usize) -> u32 {
-    ((head_dim * rs + LATENT_SCORE_STAGES * LATENT_SCORE_KEYS * rs) * 2 + head_dim * 4 + 4 * 8 * 4)
-        as u32
 }
 
 /// How many finer splits the latent decode kernels cut each split of the step's plan into.

@@ -19,6 +19,9 @@ fn latent_shapes() -> Vec<LatentShape> {
         (9, 3, 64, vec![24, 32, 16], 96, RopeStyle::Interleaved),
         // A head of rank 0 (keys of its bias alone), ranks not multiples of 16.
         (6, 6, 64, vec![0, 8, 64, 16, 40, 24], 8, RopeStyle::Neox),
+        // MHA with interleaved RoPE, ranks at most half the head (the absorbed kernel's
+        // four-m-tile variant).
+        (4, 4, 64, vec![32, 16, 24, 8], 64, RopeStyle::Interleaved),
         // The prior work's MHA shape: 32 × 128, key rank 64 per head, values at half.
         (32, 32, 128, vec![64; 32], 2048, RopeStyle::Neox),
     ]
@@ -119,6 +122,7 @@ fn fill_latents(
     num_blocks: usize,
     width: usize,
     rng: &mut ChaCha8Rng,
+    consecutive: bool,
 ) {
     let n = num_blocks * 16;
     let mut meta = BatchMeta::single_sequence(
@@ -129,9 +133,17 @@ fn fill_latents(
         16,
         Vec::new(),
     );
-    // Positions that are not the slot index (as after eviction), some past the slots.
+    // Positions that are not the slot index (as after eviction), some past the slots; or the
+    // slot index, so every block's 16 keys sit at consecutive positions (as in a sequence never
+    // compacted: the rotary-absorbed kernel's fast path).
     meta.positions = (0..n as u32)
-        .map(|s| (s * 7 + 3) % (2 * n as u32))
+        .map(|s| {
+            if consecutive {
+                s
+            } else {
+                (s * 7 + 3) % (2 * n as u32)
+            }
+        })
         .collect();
     let rows = rand_host(rng, vec![n, width], 1.0);
     let mut c = rows.clone();
@@ -233,6 +245,7 @@ fn latent_write_attention_and_reconstruction_match_cpu() {
             num_blocks,
             width,
             &mut rng,
+            false,
         );
         let label = format!("latent h{heads}/{kv_heads} d{hd} r{kw}+{vw}");
 
@@ -280,6 +293,44 @@ fn latent_write_attention_and_reconstruction_match_cpu() {
             let got = gpu.to_host(&got).unwrap();
             report_rows(&format!("{label} {part}"), &meta, &got, &want);
             check(&format!("{label} {part}"), &got, &want);
+        }
+
+        // Decode rows again over keys at consecutive positions within each block.
+        fill_latents(
+            &gpu,
+            &cpu,
+            (&mut cache_c, &mut cache_g),
+            &dims,
+            &rope,
+            num_blocks,
+            width,
+            &mut rng,
+            true,
+        );
+        {
+            let meta = random_batch(&mut rng, &decode, 16, num_blocks);
+            let qkv = rand_host(&mut rng, vec![meta.num_tokens(), width], 1.0);
+            let (bc, bg) = (
+                cpu.prepare_batch(&meta, num_blocks).unwrap(),
+                gpu.prepare_batch(&meta, num_blocks).unwrap(),
+            );
+            let want = cpu
+                .latent_attention(&qkv, &cache_c, &factors.cpu(), &dims, &rope, &bc)
+                .unwrap();
+            let got = gpu
+                .latent_attention(
+                    &gpu.upload(&qkv).unwrap(),
+                    &cache_g,
+                    &factors.gpu(),
+                    &dims,
+                    &rope,
+                    &bg,
+                )
+                .unwrap();
+            let got = gpu.to_host(&got).unwrap();
+            let name = format!("{label} decode, consecutive positions");
+            report_rows(&name, &meta, &got, &want);
+            check(&name, &got, &want);
         }
 
         // Reconstruction of one long sequence into a full cache.
@@ -376,6 +427,7 @@ fn latent_block_ops_match_cpu() {
         num_blocks,
         width,
         &mut rng,
+        false,
     );
     let all: Vec<u32> = (0..num_blocks as u32).collect();
     let compare = |name: &str,

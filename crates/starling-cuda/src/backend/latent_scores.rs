@@ -1,0 +1,243 @@
+//! The score launch of a latent layer's decode rows (kernels in `kernels/latent.cu`): which
+//! kernel computes `q·RoPE(B_h z + b_h, p)` for every cached key latent, and its arguments.
+//!
+//! - One query head per KV head (MHA): `latent_scores_rot_*` absorbs RoPE into the query —
+//!   `[α | β] = z·M` with `M` built once per block from `B_h` and the query, then two FMAs per
+//!   frequency with cos/sin of the key's position. No key is reconstructed.
+//! - Several query heads per KV head (GQA): `latent_scores_d*` reconstructs each key once on the
+//!   tensor cores, rotates it and dots it with the whole group (the reconstruction is shared by
+//!   the group, where absorbing would repeat it per query head).
+//!
+//! `STARLING_LATENT_SCORES` (`auto`, `reconstruct`, `rot`; read once) pins the choice, for
+//! kernel benchmarks that compare the two in one run.
+
+use std::sync::OnceLock;
+
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig};
+use half::bf16;
+
+use super::kv_ops::int_arg;
+use super::{CudaBackend, CudaBatch, CudaKvCache};
+use crate::kernels::{LATENT_SCORE_KEYS, LATENT_SCORE_STAGES, LATENT_THREADS};
+use crate::{CudaError, CudaTensor};
+
+/// Key-latent tiles in the rotary-absorbed kernel's shared-memory ring (`LR_STAGES`).
+const ROT_STAGES: usize = 2;
+
+/// Which score kernel a latent layer's decode rows use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ScoreChoice {
+    /// Absorbed RoPE where the shape allows it.
+    Auto,
+    /// Always the reconstruction kernel.
+    Reconstruct,
+}
+
+fn score_choice() -> ScoreChoice {
+    static CHOICE: OnceLock<ScoreChoice> = OnceLock::new();
+    *CHOICE.get_or_init(
+        || match std::env::var("STARLING_LATENT_SCORES").as_deref() {
+            Ok("reconstruct") => ScoreChoice::Reconstruct,
+            Ok("auto") | Ok("rot") | Err(_) => ScoreChoice::Auto,
+            Ok(other) => {
+                tracing::warn!(
+                    "STARLING_LATENT_SCORES={other} is not one of auto, reconstruct, rot: auto"
+                );
+                ScoreChoice::Auto
+            }
+        },
+    )
+}
+
+/// Dynamic shared memory of `latent_scores_rot_d{D}_k{KS}_m{MT}`: `M`, the rings of key
+/// latents, positions and table rows (64·MT keys, 4·MT m-tiles per tile), cs(p0), α0/β0 and the
+/// warps' maxima.
+pub(crate) const fn latent_scores_rot_shared_bytes(
+    head_dim: usize,
+    k_steps: usize,
+    m_tiles: usize,
+) -> u32 {
+    let rs = 16 * k_steps + 8;
+    let keys = 64 * m_tiles;
+    let half = head_dim / 2;
+    let latents = (head_dim * rs + ROT_STAGES * keys * rs) * 2;
+    let table_rows = (ROT_STAGES * 4 * m_tiles * half + half) * 8;
+    (latents + table_rows + ROT_STAGES * keys * 4 + head_dim * 4 + 4 * 4) as u32
+}
+
+/// Dynamic shared memory of `latent_scores_d{D}` at latent row stride `rs`: `B_h`, the ring of
+/// key-latent tiles, the bias and the warps' maxima.
+pub(crate) const fn latent_scores_shared_bytes(head_dim: usize, rs: usize) -> u32 {
+    ((head_dim * rs + LATENT_SCORE_STAGES * LATENT_SCORE_KEYS * rs) * 2 + head_dim * 4 + 4 * 8 * 4)
+        as u32
+}
+
+/// What the score launch reads and writes besides the cache and the batch.
+pub(super) struct ScoreArgs<'a> {
+    /// `[score tokens, heads]` f32, each row's range head-major.
+    pub scores: &'a mut CudaTensor,
+    /// `[rows, heads, splits]` f32: each head's split maximum.
+    pub part_m: &'a mut CudaTensor,
+    pub qkv: &'a CudaTensor,
+    pub key_up: &'a CudaSlice<bf16>,
+    pub key_bias: Option<&'a CudaSlice<bf16>>,
+    /// cos/sin of `[positions][head_dim / 2]`.
+    pub rope_table: &'a CudaSlice<f32>,
+    pub interleaved: bool,
+    pub head_dim: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub scale: f32,
+    /// Decode rows (the batch's first `count` of `row_order`).
+    pub count: usize,
+    /// The plan's splits and split length (or the replay plan's buffer), and the sub-splits.
+    pub splits: usize,
+    pub split_len: usize,
+    pub plan_ptr: u64,
+    pub sub: usize,
+}
+
+impl CudaBackend {
+    /// Launches the scores of a latent layer's decode rows with the kernel the shape calls for.
+    pub(super) fn launch_latent_scores(
+        &self,
+        cache: &CudaKvCache,
+        batch: &CudaBatch,
+        positions: &CudaSlice<bf16>,
+        latent_heads: &CudaSlice<i32>,
+        args: ScoreArgs<'_>,
+    ) -> Result<(), CudaError> {
+        let (d, heads, kv_heads) = (args.head_dim, args.num_heads, args.num_kv_heads);
+        let group = heads / kv_heads.max(1);
+        let ranks = cache.spec.require_latent("latent_attention")?;
+        let max_rank = ranks.iter().copied().max().unwrap_or(0);
+        let (kw, _) = cache.plane_widths();
+        let qkv_width = int_arg(args.qkv.matrix_dims()?.1, "row width")?;
+        let kw_i = int_arg(kw, "key width")?;
+        let ints = [
+            int_arg(batch.max_blocks, "block-table width")?,
+            int_arg(batch.meta.block_size_tokens, "block size")?,
+            int_arg(args.splits, "splits")?,
+            int_arg(args.split_len, "split length")?,
+            int_arg(args.sub, "sub-splits")?,
+            i32::from(args.interleaved),
+        ];
+        let [max_blocks, block_size, splits_i, split_len_i, sub_i, inter] = ints;
+        let key_bias = args.key_bias.map_or(0u64, |b| b.device_ptr(&self.stream).0);
+        let grid_dim = (
+            args.count as u32,
+            kv_heads as u32,
+            (args.splits * args.sub) as u32,
+        );
+        let order = batch.row_order(args.count);
+        let offsets = batch.score_offsets(0, args.count);
+        if let Some((function, k_steps, m_tiles)) = self.rotary_scores_kernel(d, group, max_rank) {
+            let heads_i = int_arg(heads, "heads")?;
+            return launch!(
+                self,
+                function,
+                LaunchConfig {
+                    grid_dim,
+                    block_dim: (LATENT_THREADS, 1, 1),
+                    shared_mem_bytes: latent_scores_rot_shared_bytes(d, k_steps, m_tiles),
+                },
+                args.scores.f32_mut()?,
+                args.part_m.f32_mut()?,
+                args.qkv.bf16()?,
+                &qkv_width,
+                &cache.keys,
+                &kw_i,
+                positions,
+                latent_heads,
+                args.key_up,
+                &key_bias,
+                args.rope_table,
+                &inter,
+                &order,
+                &batch.tok_seq(),
+                &batch.tok_visible(),
+                &offsets,
+                &batch.block_tables(),
+                &max_blocks,
+                &block_size,
+                &heads_i,
+                &args.scale,
+                &splits_i,
+                &split_len_i,
+                &args.plan_ptr,
+                &sub_i
+            );
+        }
+        let function = self.kernels.latent_scores(d).ok_or_else(|| {
+            CudaError::Shape(format!(
+                "latent_attention: head_dim {d} unsupported on CUDA (64 or 128)"
+            ))
+        })?;
+        let rs = max_rank.div_ceil(16) * 16 + 8;
+        let (rs_i, kv_i, group_i) = (
+            int_arg(rs, "latent row stride")?,
+            int_arg(kv_heads, "KV heads")?,
+            int_arg(group, "group")?,
+        );
+        launch!(
+            self,
+            function,
+            LaunchConfig {
+                grid_dim,
+                block_dim: (LATENT_THREADS, 1, 1),
+                shared_mem_bytes: latent_scores_shared_bytes(d, rs),
+            },
+            args.scores.f32_mut()?,
+            args.part_m.f32_mut()?,
+            args.qkv.bf16()?,
+            &qkv_width,
+            &cache.keys,
+            &kw_i,
+            positions,
+            latent_heads,
+            args.key_up,
+            &key_bias,
+            args.rope_table,
+            &inter,
+            &rs_i,
+            &order,
+            &batch.tok_seq(),
+            &batch.tok_visible(),
+            &offsets,
+            &batch.block_tables(),
+            &max_blocks,
+            &block_size,
+            &kv_i,
+            &group_i,
+            &args.scale,
+            &splits_i,
+            &split_len_i,
+            &args.plan_ptr,
+            &sub_i
+        )
+    }
+
+    /// The rotary-absorbed kernel for one query head per KV head, with its k-steps (the largest
+    /// rank rounded up: half the head width or all of it) and m-tiles per warp (two: four
+    /// spilled and ran slower); `None` where the reconstruction kernel is the one to use.
+    fn rotary_scores_kernel(
+        &self,
+        head_dim: usize,
+        group: usize,
+        max_rank: usize,
+    ) -> Option<(&cudarc::driver::CudaFunction, usize, usize)> {
+        let choice = score_choice();
+        if group != 1 || choice == ScoreChoice::Reconstruct {
+            return None;
+        }
+        let k_steps = if max_rank <= head_dim / 2 {
+            head_dim / 32
+        } else {
+            head_dim / 16
+        };
+        let m_tiles = 2;
+        self.kernels
+            .latent_scores_rot(head_dim, k_steps, m_tiles)
+            .map(|f| (f, k_steps, m_tiles))
+    }
+}
