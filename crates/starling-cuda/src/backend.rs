@@ -3,12 +3,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cudarc::cublas::sys::{
-    cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t,
-};
-use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
+use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::CUdevice_attribute;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
 use half::bf16;
 use rayon::prelude::*;
 use starling_backend::sampling::{RowOutcome, RowSamplingParams};
@@ -18,11 +15,8 @@ use starling_backend::{
 };
 use starling_kv::CacheDtype;
 
-use crate::kernels::{GemvKind, Kernels, DECODE_MMA_THREADS, GEMV_THREADS};
+use crate::kernels::Kernels;
 use crate::{cuda_available, CudaError, CudaTensor, DeviceBuf, KernelCache};
-use attention_plan::{
-    plan_splits, DecodeKernel, GridBlocks, SplitPlan, MAX_GROUP, PREFILL_THREADS,
-};
 
 /// Threads per block of the elementwise kernels (grid-stride loops).
 const ELEMENTWISE_THREADS: u32 = 256;
@@ -42,6 +36,7 @@ macro_rules! launch {
     }};
 }
 
+mod attention;
 pub(crate) mod attention_plan;
 mod batch;
 // After `launch!`, which they use.
@@ -51,12 +46,15 @@ mod kv_cache;
 mod kv_ops;
 pub(crate) mod latent;
 pub(crate) mod latent_scores;
+mod linear;
 mod recording_pool;
 mod sampling;
 
 pub use batch::CudaBatch;
 pub use graphs::{CudaDecodeGraphs, GraphCensus};
 pub use kv_cache::CudaKvCache;
+use linear::GEMV_PREFETCH_BYTES;
+pub use linear::{GEMV_KSPLIT_ENV, GEMV_PREFETCH_ENV};
 pub(crate) use recording_pool::RecordingPool;
 
 /// Where attention reads full keys and values: a cache through the batch's block tables, or a
@@ -112,46 +110,6 @@ pub struct CudaBackend {
 
 fn err(e: impl Into<CudaError>) -> BackendError {
     BackendError::from(e.into())
-}
-
-/// The environment variable that forces the warps per matrix-vector column (`1` or `2`) instead
-/// of [`gemv_ksplit`]'s choice, for measuring the choice in the same run.
-pub const GEMV_KSPLIT_ENV: &str = "STARLING_GEMV_KSPLIT";
-
-/// Set to a byte count to make every warp of a matrix-vector launch prefetch that much of its
-/// weight share into L2 (0: none) instead of [`GEMV_PREFETCH_BYTES`] (for A/B runs).
-pub const GEMV_PREFETCH_ENV: &str = "STARLING_GEMV_PREFETCH_BYTES";
-
-/// Bytes of its weight share each warp of a matrix-vector launch requests into L2 before it waits
-/// on the preceding kernel (`gemv.cu`). Measured on the H200 (synthetic llama2-7b and qwen2.5-7b
-/// decode at batch 1 and 2, 2026-11-30, `bench/results/gpu/2026-11-30_s7_gemv_prefetch/`): more is
-/// slower — 8 KiB +0.6 ms per batch-1 step, 2 KiB (session 6's choice) +0.1 ms against 512 bytes —
-/// and none at all is as fast as 512 bytes at batch 1, slightly slower at batch 2.
-const GEMV_PREFETCH_BYTES: usize = 512;
-
-/// Blocks of a matrix-vector launch with `columns` outputs per input row and `ksplit` warps per
-/// column. (A grid capped at 16 blocks per SM left some warps two columns and the rest one.)
-fn gemv_blocks(columns: usize, ksplit: usize) -> u32 {
-    columns.div_ceil(GEMV_THREADS as usize / 32 / ksplit) as u32
-}
-
-/// Warps per output column of a matrix-vector launch: two (each half the row) for one input row,
-/// unless the columns fill more than half the GPU's `resident_warps` but not all of them — split,
-/// they would spill a sliver into a second wave. One input row is latency-bound per warp: a
-/// 4,096-row projection on one warp per row fills half an H200, and a 12,288-row one takes 1.45
-/// waves. Measured (H200, 2026-11-29, `bench decode`, same run, against one warp everywhere,
-/// `bench/results/gpu/2026-11-29_s6_gemv_ksplit/`): llama2-7b batch 1 4.16 → 3.98 ms, qwen2.5-7b
-/// batch 1 4.16 → 4.15 ms (two warps everywhere made it 4.20: its 4,608-row QKV is the sliver
-/// case), batch 2 unchanged (two warps everywhere made qwen2.5-7b 4% slower) — so two input rows
-/// keep one warp per column. `resident_warps` is the hardware bound, not the kernels' occupancy
-/// (the rule measured with the occupancy figure, 6 blocks per SM, was 0.07 ms slower on llama2-7b).
-pub(crate) fn gemv_ksplit(input_rows: usize, columns: usize, resident_warps: usize) -> usize {
-    let spills = resident_warps / 2 < columns && columns <= resident_warps;
-    if input_rows == 1 && !spills {
-        2
-    } else {
-        1
-    }
 }
 
 fn grid_for(n: usize) -> LaunchConfig {
@@ -459,467 +417,6 @@ impl CudaBackend {
         let dev = Arc::new(self.stream.clone_htod(inv_freqs)?);
         *guard = Some((inv_freqs.to_vec(), dev.clone()));
         Ok(dev)
-    }
-
-    /// `y = x · wᵀ (+ bias)` through the matrix-vector kernels (`gemv.cu`) when the batch is small
-    /// enough for them and the rows are 16-byte aligned (`k % 8 == 0`); `None` otherwise, for
-    /// cuBLAS. At decode batch sizes a linear layer is a stream over its weights, which cuBLAS's
-    /// one-row GEMMs read well below copy bandwidth.
-    fn try_gemv(
-        &self,
-        x: &CudaTensor,
-        w: &CudaTensor,
-        bias: Option<&CudaTensor>,
-        f32_out: bool,
-    ) -> Result<Option<CudaTensor>, CudaError> {
-        let (n, k) = x.matrix_dims()?;
-        let (m, wk) = w.matrix_dims()?;
-        let kind = if f32_out {
-            GemvKind::F32
-        } else {
-            GemvKind::Bf16
-        };
-        let ksplit = self.gemv_ksplit(n, m);
-        let Some(function) = self.kernels.gemv(n, kind, ksplit) else {
-            return Ok(None);
-        };
-        if k != wk || k % 8 != 0 || m == 0 || k > i32::MAX as usize || m > i32::MAX as usize {
-            return Ok(None);
-        }
-        let bias_ptr = match bias {
-            Some(b) if b.numel() != m => {
-                return Err(CudaError::Shape(format!(
-                    "linear: bias of {} for {m} outputs",
-                    b.numel()
-                )))
-            }
-            Some(b) => Some(b.bf16()?),
-            None => None,
-        };
-        let blocks = gemv_blocks(m, ksplit);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (GEMV_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (k_i, m_i) = (k as i32, m as i32);
-        let prefetch = self.gemv_prefetch(k * 2 / ksplit);
-        // A null bias pointer when there is none (the kernel checks it).
-        let null = 0u64;
-        macro_rules! run {
-            ($out:expr) => {
-                match bias_ptr {
-                    Some(b) => launch!(
-                        self,
-                        function,
-                        cfg,
-                        x.bf16()?,
-                        w.bf16()?,
-                        b,
-                        $out,
-                        &k_i,
-                        &m_i,
-                        &prefetch
-                    )?,
-                    None => launch!(
-                        self,
-                        function,
-                        cfg,
-                        x.bf16()?,
-                        w.bf16()?,
-                        &null,
-                        $out,
-                        &k_i,
-                        &m_i,
-                        &prefetch
-                    )?,
-                }
-            };
-        }
-        let buf = if f32_out {
-            // SAFETY: the kernel writes all n·m outputs (every row j of w by one warp).
-            let mut out = self.alloc_f32(n * m)?;
-            run!(&mut out);
-            DeviceBuf::F32(out)
-        } else {
-            let mut out = self.alloc_bf16(n * m)?;
-            run!(&mut out);
-            DeviceBuf::Bf16(out)
-        };
-        Ok(Some(self.tensor(buf, vec![n, m])))
-    }
-
-    /// Per-warp L2 prefetch bytes of a matrix-vector launch whose warps each stream
-    /// `share_bytes` of weights, as the kernel's `int` argument.
-    fn gemv_prefetch(&self, share_bytes: usize) -> i32 {
-        i32::try_from(self.gemv_prefetch_bytes.min(share_bytes)).unwrap_or(i32::MAX)
-    }
-
-    /// Warps per output column for a matrix-vector launch ([`gemv_ksplit`], unless forced).
-    fn gemv_ksplit(&self, input_rows: usize, columns: usize) -> usize {
-        self.forced_gemv_ksplit
-            .unwrap_or_else(|| gemv_ksplit(input_rows, columns, self.max_resident_warps))
-    }
-
-    /// `silu(x · gateᵀ) * (x · upᵀ)` for `w = [gate; up]` through the fused matrix-vector kernel,
-    /// under the same conditions as [`CudaBackend::try_gemv`]; `None` otherwise.
-    fn try_gemv_swiglu(
-        &self,
-        x: &CudaTensor,
-        w: &CudaTensor,
-    ) -> Result<Option<CudaTensor>, CudaError> {
-        let (n, k) = x.matrix_dims()?;
-        let (two_f, wk) = w.matrix_dims()?;
-        let f = two_f / 2;
-        let ksplit = self.gemv_ksplit(n, f);
-        let Some(function) = self.kernels.gemv(n, GemvKind::SwiGlu, ksplit) else {
-            return Ok(None);
-        };
-        if k != wk || k % 8 != 0 || two_f % 2 != 0 || f == 0 || k > i32::MAX as usize {
-            return Ok(None);
-        }
-        let f_i = i32::try_from(f).map_err(|_| CudaError::Shape(format!("swiglu: {f} columns")))?;
-        let cfg = LaunchConfig {
-            grid_dim: (gemv_blocks(f, ksplit), 1, 1),
-            block_dim: (GEMV_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut out = self.alloc_bf16(n * f)?;
-        let k_i = k as i32;
-        // Each warp streams a gate and an up row.
-        let prefetch = self.gemv_prefetch(2 * k * 2 / ksplit);
-        launch!(
-            self,
-            function,
-            cfg,
-            x.bf16()?,
-            w.bf16()?,
-            &mut out,
-            &k_i,
-            &f_i,
-            &prefetch
-        )?;
-        Ok(Some(self.tensor(DeviceBuf::Bf16(out), vec![n, f])))
-    }
-
-    fn gemm_bf16(
-        &self,
-        x: &CudaTensor,
-        w: &CudaTensor,
-        f32_out: bool,
-    ) -> Result<CudaTensor, CudaError> {
-        if let Some(y) = self.try_gemv(x, w, None, f32_out)? {
-            return Ok(y);
-        }
-        let (n, k) = x.matrix_dims()?;
-        let (m, wk) = w.matrix_dims()?;
-        if k != wk {
-            return Err(CudaError::Shape(format!(
-                "linear: input [{n}, {k}] vs weight [{m}, {wk}]"
-            )));
-        }
-        // Row-major y[n, m] = x[n, k] · w[m, k]ᵀ is column-major yᵀ = w · xᵀ:
-        // A = w (stored k×m column-major, transposed), B = x (k×n column-major).
-        if !f32_out {
-            let mut out = self.alloc_bf16(n * m)?;
-            let cfg = GemmConfig {
-                transa: cublasOperation_t::CUBLAS_OP_T,
-                transb: cublasOperation_t::CUBLAS_OP_N,
-                m: m as i32,
-                n: n as i32,
-                k: k as i32,
-                alpha: bf16::ONE,
-                lda: k as i32,
-                ldb: k as i32,
-                beta: bf16::ZERO,
-                ldc: m as i32,
-            };
-            // SAFETY: shapes checked above; buffers hold m*k, n*k and n*m elements.
-            unsafe { self.blas.gemm(cfg, w.bf16()?, x.bf16()?, &mut out) }?;
-            return Ok(self.tensor(DeviceBuf::Bf16(out), vec![n, m]));
-        }
-        // SAFETY: as above; the output is f32 (cuBLAS bf16 × bf16 → f32 with f32 compute).
-        let mut out = self.alloc_f32(n * m)?;
-        {
-            let (a, _ga) = w.bf16()?.device_ptr(&self.stream);
-            let (b, _gb) = x.bf16()?.device_ptr(&self.stream);
-            let (c, _gc) = out.device_ptr_mut(&self.stream);
-            let alpha = 1.0f32;
-            let beta = 0.0f32;
-            // SAFETY: pointers are live device buffers of the sizes checked above.
-            unsafe {
-                cudarc::cublas::result::gemm_ex(
-                    *self.blas.handle(),
-                    cublasOperation_t::CUBLAS_OP_T,
-                    cublasOperation_t::CUBLAS_OP_N,
-                    m as i32,
-                    n as i32,
-                    k as i32,
-                    (&alpha) as *const f32 as *const _,
-                    a as *const _,
-                    cudaDataType_t::CUDA_R_16BF,
-                    k as i32,
-                    b as *const _,
-                    cudaDataType_t::CUDA_R_16BF,
-                    k as i32,
-                    (&beta) as *const f32 as *const _,
-                    c as *mut _,
-                    cudaDataType_t::CUDA_R_32F,
-                    m as i32,
-                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
-            }?;
-        }
-        Ok(self.tensor(DeviceBuf::F32(out), vec![n, m]))
-    }
-
-    /// The context split of one attention call: `decode_rows` × `num_kv_heads` blocks go to the
-    /// decode kernel this head width, group and row count get ([`DecodeKernel::choose`]),
-    /// `prefill_blocks` (tiles × KV heads) to the tiled kernel. Eager launches and recorded decode
-    /// graphs plan through here, so a replayed step splits exactly as the eager one.
-    pub(crate) fn attention_split_plan(
-        &self,
-        head_dim: usize,
-        group: usize,
-        decode_rows: usize,
-        num_kv_heads: usize,
-        prefill_blocks: usize,
-        max_visible_tokens: usize,
-    ) -> SplitPlan {
-        let mma = self.kernels.decode_attention_mma(head_dim);
-        let choice = DecodeKernel::choose(group, decode_rows, mma.is_some());
-        let decode_blocks = decode_rows * num_kv_heads;
-        let (per_token, mma_blocks) = match choice {
-            DecodeKernel::PerToken => (decode_blocks, 0),
-            DecodeKernel::Mma => (0, decode_blocks),
-        };
-        plan_splits(
-            GridBlocks {
-                per_token,
-                mma: mma_blocks,
-                mma_resident_per_sm: mma.map_or(1, |k| k.resident_per_sm),
-                prefill: prefill_blocks,
-            },
-            max_visible_tokens,
-            self.num_sms,
-        )
-    }
-
-    /// Attention of the Q part of `qkv` (`[n, width]`, Q first) over full K/V read from
-    /// `source`: every row (`prefill_only == false`: decode rows to a decode kernel, prefill
-    /// tiles to the tiled kernel), or only the prefill tiles (a latent layer's reconstructed
-    /// context; its decode rows are the latent kernels', which write their rows of the result
-    /// afterwards).
-    pub(crate) fn paged_attention_impl(
-        &self,
-        qkv: &CudaTensor,
-        source: &KvSource<'_>,
-        dims: &AttentionDims,
-        batch: &CudaBatch,
-        prefill_only: bool,
-    ) -> Result<CudaTensor, CudaError> {
-        let (n, width) = qkv.matrix_dims()?;
-        if width < dims.q_size() || n != batch.meta.num_tokens() {
-            return Err(CudaError::Shape(format!(
-                "attention: [{n}, {width}] for {} tokens of {} query elements",
-                batch.meta.num_tokens(),
-                dims.q_size()
-            )));
-        }
-        if n == 0 {
-            // As the CPU backend: an empty batch attends to nothing (no zero-sized grid).
-            return Ok(self.tensor(DeviceBuf::Bf16(self.alloc_bf16(0)?), vec![0, dims.q_size()]));
-        }
-        let group = dims.num_heads / dims.num_kv_heads.max(1);
-        if group == 0 || group > MAX_GROUP || group * dims.num_kv_heads != dims.num_heads {
-            return Err(CudaError::Shape(format!(
-                "attention: {group} query heads per KV head unsupported (1..={MAX_GROUP})"
-            )));
-        }
-        // Prefill runs go to the tiled kernel where it is instantiated for this head width;
-        // otherwise the decode kernel serves every row (`row_order` lists them all; both decode
-        // kernels attend any single row correctly, prefill rows included).
-        let rows = &batch.rows;
-        let prefill = match self.kernels.prefill_attention(dims.head_dim) {
-            Some(kernel) if rows.num_prefill() > 0 => Some((kernel, rows.tile_ranges[group - 1])),
-            _ => None,
-        };
-        if prefill_only && prefill.is_none() {
-            return Err(CudaError::Shape(
-                "attention: a prefill-only launch without prefill tiles".into(),
-            ));
-        }
-        let decode_rows = match (prefill.is_some(), prefill_only) {
-            (_, true) => 0,
-            (true, false) => rows.num_decode,
-            (false, false) => n,
-        };
-        let mma = self.kernels.decode_attention_mma(dims.head_dim);
-        let decode_choice = DecodeKernel::choose(group, decode_rows, mma.is_some());
-        // (function, block threads, dynamic shared bytes) of the decode launch.
-        let decode_kernel = match (decode_choice, mma) {
-            (DecodeKernel::Mma, Some(k)) => (&k.function, DECODE_MMA_THREADS, k.shared_bytes),
-            _ => {
-                let f = self
-                    .kernels
-                    .attention(dims.head_dim, group)
-                    .ok_or_else(|| {
-                        CudaError::Shape(format!(
-                            "attention: head_dim {} with {group} query heads per KV head \
-                             unsupported (head_dim 64/128/256, up to 8 per KV head)",
-                            dims.head_dim
-                        ))
-                    })?;
-                (f, 128, 0)
-            }
-        };
-        let tiles = prefill.map_or(0, |(_, (_, count))| count);
-        // An eager launch passes its plan by value. A replay batch's launches are recorded once,
-        // so they are sized for the bucket's most splits and the kernels read each step's plan
-        // from the batch (`plan_ptr`), the same plan an eager run of the step computes.
-        let (splits, split_len, plan_ptr) = match &batch.replay {
-            None => {
-                let plan = self.attention_split_plan(
-                    dims.head_dim,
-                    group,
-                    decode_rows,
-                    dims.num_kv_heads,
-                    tiles * dims.num_kv_heads,
-                    batch.max_visible,
-                );
-                (plan.splits, plan.split_len, 0u64)
-            }
-            Some(shape) => {
-                if shape.num_kv_heads != dims.num_kv_heads || prefill.is_some() {
-                    return Err(CudaError::Shape(format!(
-                        "attention: a replay batch for {} KV heads and decode rows only, got {} \
-                         and {} prefill rows",
-                        shape.num_kv_heads,
-                        dims.num_kv_heads,
-                        rows.num_prefill()
-                    )));
-                }
-                let view = batch.plan();
-                let ptr = view.device_ptr(&self.stream).0;
-                (shape.max_splits, 1, ptr)
-            }
-        };
-        let mut out = self.alloc_bf16(n * dims.q_size())?;
-        let part_len = if splits > 1 {
-            n * dims.num_heads * splits
-        } else {
-            1
-        };
-        // SAFETY: the kernels write every partial the combine reads: each (row, head, split) is
-        // written by exactly one of the launches below (empty splits write m = -inf).
-        // Tensors (not bare buffers) so that under a decode-graph recording they come from and
-        // go back to the recording pool.
-        let mut part_acc = self.tensor(
-            DeviceBuf::F32(self.alloc_f32(part_len * dims.head_dim)?),
-            vec![part_len, dims.head_dim],
-        );
-        let mut part_ml = self.tensor(
-            DeviceBuf::F32(self.alloc_f32(part_len * 2)?),
-            vec![part_len, 2],
-        );
-        let (qkv_width, max_blocks, block_size) = (
-            width as i32,
-            source.max_blocks as i32,
-            batch.meta.block_size_tokens as i32,
-        );
-        let (num_kv, group_i, splits_i, split_len_i) = (
-            dims.num_kv_heads as i32,
-            group as i32,
-            splits as i32,
-            split_len as i32,
-        );
-        if decode_rows > 0 {
-            let (function, threads, shared_bytes) = decode_kernel;
-            let cfg = LaunchConfig {
-                grid_dim: (decode_rows as u32, dims.num_kv_heads as u32, splits as u32),
-                block_dim: (threads, 1, 1),
-                shared_mem_bytes: shared_bytes,
-            };
-            let order = batch.row_order(decode_rows);
-            // Both decode kernels take the same arguments.
-            launch!(
-                self,
-                function,
-                cfg,
-                &mut out,
-                part_acc.f32_mut()?,
-                part_ml.f32_mut()?,
-                qkv.bf16()?,
-                &qkv_width,
-                source.keys,
-                source.values,
-                &order,
-                &batch.tok_seq(),
-                &batch.tok_visible(),
-                &source.block_tables,
-                &max_blocks,
-                &block_size,
-                &num_kv,
-                &group_i,
-                &dims.scale,
-                &splits_i,
-                &split_len_i,
-                &plan_ptr
-            )?;
-        }
-        if let Some((kernel, (first, count))) = prefill {
-            let cfg = LaunchConfig {
-                grid_dim: (count as u32, dims.num_kv_heads as u32, splits as u32),
-                block_dim: (PREFILL_THREADS, 1, 1),
-                shared_mem_bytes: kernel.shared_bytes,
-            };
-            let tile_list = batch.prefill_tiles(first, count);
-            launch!(
-                self,
-                &kernel.function,
-                cfg,
-                &mut out,
-                part_acc.f32_mut()?,
-                part_ml.f32_mut()?,
-                qkv.bf16()?,
-                &qkv_width,
-                source.keys,
-                source.values,
-                &tile_list,
-                &batch.tok_seq(),
-                &batch.tok_visible(),
-                &source.block_tables,
-                &max_blocks,
-                &block_size,
-                &num_kv,
-                &group_i,
-                &dims.scale,
-                &splits_i,
-                &split_len_i
-            )?;
-        }
-        if splits > 1 {
-            let cfg = LaunchConfig {
-                grid_dim: (n as u32, dims.num_heads as u32, 1),
-                block_dim: (dims.head_dim as u32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let (heads, hd) = (dims.num_heads as i32, dims.head_dim as i32);
-            launch!(
-                self,
-                &self.kernels.attention_combine,
-                cfg,
-                &mut out,
-                part_acc.f32()?,
-                part_ml.f32()?,
-                &heads,
-                &splits_i,
-                &hd,
-                &plan_ptr
-            )?;
-        }
-        Ok(self.tensor(DeviceBuf::Bf16(out), vec![n, dims.q_size()]))
     }
 }
 
@@ -1541,44 +1038,5 @@ impl Backend for CudaBackend {
             spec,
         )
         .map_err(err)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The H200: 132 SMs × 8 blocks of 8 warps.
-    const H200_WARPS: usize = 132 * 8 * 8;
-
-    #[test]
-    fn one_input_row_splits_columns_unless_that_spills_a_sliver() {
-        // llama2-7b: o / down (4,096 columns) and QKV (12,288) and gate|up pairs (11,008) split.
-        for columns in [4096, 12_288, 11_008, 32_000] {
-            assert_eq!(gemv_ksplit(1, columns, H200_WARPS), 2, "{columns}");
-        }
-        // qwen2.5-7b's QKV (4,608 columns) fills more than half the GPU: split, it would take a
-        // second wave for 9% of its work.
-        assert_eq!(gemv_ksplit(1, 4608, H200_WARPS), 1);
-        // The edges: exactly half splits into exactly one wave; exactly one wave stays.
-        assert_eq!(gemv_ksplit(1, H200_WARPS / 2, H200_WARPS), 2);
-        assert_eq!(gemv_ksplit(1, H200_WARPS / 2 + 1, H200_WARPS), 1);
-        assert_eq!(gemv_ksplit(1, H200_WARPS, H200_WARPS), 1);
-        assert_eq!(gemv_ksplit(1, H200_WARPS + 1, H200_WARPS), 2);
-    }
-
-    #[test]
-    fn two_input_rows_keep_one_warp_per_column() {
-        for columns in [1, 4096, 4608, 12_288, 152_064] {
-            assert_eq!(gemv_ksplit(2, columns, H200_WARPS), 1, "{columns}");
-        }
-    }
-
-    #[test]
-    fn blocks_cover_every_column() {
-        assert_eq!(gemv_blocks(4096, 1), 512);
-        assert_eq!(gemv_blocks(4096, 2), 1024);
-        assert_eq!(gemv_blocks(9, 2), 3);
-        assert_eq!(gemv_blocks(1, 1), 1);
     }
 }
