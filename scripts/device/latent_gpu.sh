@@ -7,7 +7,7 @@
 #   there: bash scripts/device/latent_gpu.sh [quick]      (carry [".device"])
 # Results in $OUT: gpu_tests.log, kernels.json, fa2.json, kernels.md, date.txt.
 #   PARTS="tests bench" (default both); TESTS="parity graphs_gpu" (test binaries by name prefix,
-#   default all); SCORES="reconstruct auto" runs the bench once per STARLING_LATENT_SCORES
+#   default all); SCORES="reconstruct rotary" runs the bench once per STARLING_LATENT_SCORES
 #   value (kernels_<value>.{json,md}); LATENT_ONLY=1 passes --latent-only.
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -40,7 +40,7 @@ if [[ " $PARTS " == *" tests "* ]]; then
 fi
 if [[ " $PARTS " == *" bench "* ]]; then
   timeout 200 python3 scripts/bench/fa2_baseline.py "$OUT/fa2.json" ${quick:+--quick} || status=1
-  for v in ${SCORES:-auto}; do
+  for v in ${SCORES:-reconstruct}; do
     tag=$([ -n "${SCORES:-}" ] && echo "_$v")
     STARLING_LATENT_SCORES=$v timeout 400 .device/starling bench kernels ${quick:+--quick} \
       ${LATENT_ONLY:+--latent-only} --output "$OUT/kernels$tag.json" > "$OUT/kernels_stdout$tag.md" 2>&1 || status=1

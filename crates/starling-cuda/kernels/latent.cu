@@ -35,6 +35,27 @@
                       // shared memory at 512 columns: 2 × 16 × 520 × 2 B)
 #define LV_STAGES 4   // value-latent tiles in flight where they fit (2 at one m-tile: 512 columns)
 
+// A compile-time flag for generic lambdas (NVRTC has no <type_traits>).
+template <bool B>
+struct BoolTag {
+    static constexpr bool value = B;
+};
+
+// 16-byte global → shared copy through L1 (zero-filled when invalid): for rows whose sectors
+// are requested in two halves by one thread.
+__device__ __forceinline__ void cp_async16_ca(bf16* dst, const bf16* src, bool valid) {
+    const int n = valid ? 16 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(n));
+}
+
+// 4-byte global → shared copy (zero-filled when invalid).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+    const int n = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(n));
+}
+
 // The latent kernels cut each split of the step's attention plan (the dense kernels' plan, so a
 // replayed step reads the same one) into `sub` finer splits of whole key tiles: reconstructing
 // keys makes a latent split far more work than a dense one, and shapes with few KV heads would
@@ -179,16 +200,19 @@ __device__ void latent_scores_impl(
         bias_s[d] = key_bias != nullptr ? __bfloat162float(key_bias[kvh * D + d]) : 0.f;
     cp_async_commit();
 
+    // Two threads per key row, alternate chunks: one slot lookup per row and thread, not one
+    // per 16-byte chunk (through L1: a sector's halves come from the same two threads).
+    static_assert(LS_THREADS == 2 * LS_BN, "two threads per key-latent row");
     auto load_tile = [&](int tile, int stage) {
         bf16* z = z_ring + stage * LS_BN * rs;
-        for (int k = tid; k < LS_BN * cpr; k += LS_THREADS) {
-            const int r = k / cpr, c = k % cpr;
-            const int j = kv_start + tile * LS_BN + r;
-            const bool valid = j < kv_end && 8 * c < rank;
-            const bf16* src = key_plane;
-            if (valid) src = key_plane + (size_t)paged_slot(table, j, block_size) * key_width +
-                             offset + 8 * c;
-            cp_async16(z + r * rs + 8 * c, src, valid);
+        const int r = tid >> 1;
+        const int j = kv_start + tile * LS_BN + r;
+        const bool in = j < kv_end;
+        const bf16* row =
+            key_plane + (size_t)(in ? paged_slot(table, j, block_size) : 0u) * key_width + offset;
+        for (int c = tid & 1; c < cpr; c += 2) {
+            const bool valid = in && 8 * c < rank;
+            cp_async16_ca(z + r * rs + 8 * c, valid ? row + 8 * c : key_plane, valid);
         }
     };
 #pragma unroll
@@ -365,19 +389,6 @@ INSTANTIATE_SCORES(128)
 
 __device__ __forceinline__ float2 cmul(float2 a, float2 b) {
     return make_float2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x);
-}
-
-// A compile-time flag for generic lambdas (NVRTC has no <type_traits>).
-template <bool B>
-struct BoolTag {
-    static constexpr bool value = B;
-};
-
-// 4-byte global → shared copy (zero-filled when invalid).
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
-    const int n = valid ? 4 : 0;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-                 "r"(n));
 }
 
 template <int D, int KS, int MT>
@@ -706,17 +717,25 @@ __device__ void latent_values_impl(
         l_s[h] = 0.f;
     }
 
+    // Each thread copies CPT consecutive 16-byte chunks of one row (one slot lookup per tile,
+    // fixed offsets; through L1, as a sector's halves come from one thread), not one lookup
+    // and address per chunk.
+    constexpr int CPR = CH / 8;                 // chunks per row
+    constexpr int TPR = LV_THREADS / LV_BN;     // threads per row
+    constexpr int CPT = CPR / TPR;              // chunks per thread
+    static_assert(LV_THREADS % LV_BN == 0 && CPR % TPR == 0, "value tile copy geometry");
+    const int copy_r = tid / TPR, copy_c = (tid % TPR) * CPT;
     auto load_tile = [&](int tile, int stage) {
         bf16* u = u_s + stage * LV_BN * US;
-        constexpr int CPR = CH / 8;
-        for (int k = tid; k < LV_BN * CPR; k += LV_THREADS) {
-            const int r = k / CPR, c = k % CPR;
-            const int j = kv_start + tile * LV_BN + r;
-            const bool valid = j < kv_end && c0 + 8 * c < value_width;
-            const bf16* src = value_plane;
-            if (valid) src = value_plane + (size_t)paged_slot(table, j, block_size) * value_width +
-                             c0 + 8 * c;
-            cp_async16(u + r * US + 8 * c, src, valid);
+        const int j = kv_start + tile * LV_BN + copy_r;
+        const bool in = j < kv_end;
+        const bf16* row =
+            value_plane + (size_t)(in ? paged_slot(table, j, block_size) : 0u) * value_width + c0;
+#pragma unroll
+        for (int e = 0; e < CPT; e++) {
+            const int c = copy_c + e;
+            const bool valid = in && c0 + 8 * c < value_width;
+            cp_async16_ca(u + copy_r * US + 8 * c, valid ? row + 8 * c : value_plane, valid);
         }
     };
     float acc[MT][NTW][4];

@@ -53,6 +53,7 @@ mod sampling;
 pub use batch::CudaBatch;
 pub use graphs::{CudaDecodeGraphs, GraphCensus};
 pub use kv_cache::CudaKvCache;
+pub use latent_scores::{LatentScoreKernel, LATENT_SCORES_ENV};
 use linear::GEMV_PREFETCH_BYTES;
 pub use linear::{GEMV_KSPLIT_ENV, GEMV_PREFETCH_ENV};
 pub(crate) use recording_pool::RecordingPool;
@@ -98,6 +99,8 @@ pub struct CudaBackend {
     /// [`GEMV_PREFETCH_ENV`] sets it (for A/B runs).
     gemv_prefetch_bytes: usize,
     num_sms: usize,
+    /// Which latent score kernel decode rows use ([`LatentScoreKernel`]).
+    latent_score_kernel: latent_scores::ScoreKernelFlag,
     name: String,
     /// The last RoPE frequency table uploaded (every layer passes the same one).
     rope_table: Mutex<Option<RopeTable>>,
@@ -254,6 +257,7 @@ impl CudaBackend {
             rope_table: Mutex::new(None),
             latent_rope_table: Mutex::new(None),
             recording_pool: Mutex::new(None),
+            latent_score_kernel: latent_scores::ScoreKernelFlag::new(LatentScoreKernel::from_env()),
         })
     }
 

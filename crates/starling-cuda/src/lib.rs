@@ -16,8 +16,8 @@ mod launch;
 mod tensor;
 
 pub use backend::{
-    CudaBackend, CudaBatch, CudaDecodeGraphs, CudaKvCache, GraphCensus, GEMV_KSPLIT_ENV,
-    GEMV_PREFETCH_ENV,
+    CudaBackend, CudaBatch, CudaDecodeGraphs, CudaKvCache, GraphCensus, LatentScoreKernel,
+    GEMV_KSPLIT_ENV, GEMV_PREFETCH_ENV, LATENT_SCORES_ENV,
 };
 pub use compile::KernelCache;
 pub use error::CudaError;

@@ -8,10 +8,12 @@
 //!   tensor cores, rotates it and dots it with the whole group (the reconstruction is shared by
 //!   the group, where absorbing would repeat it per query head).
 //!
-//! `STARLING_LATENT_SCORES` (`auto`, `reconstruct`, `rot`; read once) pins the choice, for
-//! kernel benchmarks that compare the two in one run.
+//! Reconstruction is the default: measured on the H200 (session 9) it ties with the absorbed
+//! kernel on the MHA 50% shape (0.64–0.70× vs 0.66–0.67× of the dense kernel at batch ≥ 16) and
+//! serves every shape. [`LatentScoreKernel`] (`STARLING_LATENT_SCORES=reconstruct|rotary`, or
+//! [`CudaBackend::set_latent_score_kernel`]) picks one, for A/B runs and the parity tests.
 
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig};
 use half::bf16;
@@ -24,29 +26,50 @@ use crate::{CudaError, CudaTensor};
 /// Key-latent tiles in the rotary-absorbed kernel's shared-memory ring (`LR_STAGES`).
 const ROT_STAGES: usize = 2;
 
-/// Which score kernel a latent layer's decode rows use.
+/// Which kernel computes a latent layer's decode scores.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ScoreChoice {
-    /// Absorbed RoPE where the shape allows it.
-    Auto,
-    /// Always the reconstruction kernel.
+pub enum LatentScoreKernel {
+    /// Keys reconstructed once per KV head on the tensor cores, rotated, dotted with the group.
     Reconstruct,
+    /// RoPE absorbed into the query where a KV head has one query head (MHA); reconstruction
+    /// for grouped heads.
+    RotaryAbsorbed,
 }
 
-fn score_choice() -> ScoreChoice {
-    static CHOICE: OnceLock<ScoreChoice> = OnceLock::new();
-    *CHOICE.get_or_init(
-        || match std::env::var("STARLING_LATENT_SCORES").as_deref() {
-            Ok("reconstruct") => ScoreChoice::Reconstruct,
-            Ok("auto") | Ok("rot") | Err(_) => ScoreChoice::Auto,
+/// The environment variable that picks the latent score kernel (`reconstruct`, `rotary`).
+pub const LATENT_SCORES_ENV: &str = "STARLING_LATENT_SCORES";
+
+impl LatentScoreKernel {
+    /// The kernel [`LATENT_SCORES_ENV`] names, else [`LatentScoreKernel::Reconstruct`].
+    pub fn from_env() -> Self {
+        match std::env::var(LATENT_SCORES_ENV).as_deref() {
+            Ok("rotary") => Self::RotaryAbsorbed,
+            Ok("reconstruct") | Err(_) => Self::Reconstruct,
             Ok(other) => {
                 tracing::warn!(
-                    "STARLING_LATENT_SCORES={other} is not one of auto, reconstruct, rot: auto"
+                    "{LATENT_SCORES_ENV}={other} is not reconstruct or rotary: reconstruct"
                 );
-                ScoreChoice::Auto
+                Self::Reconstruct
             }
-        },
-    )
+        }
+    }
+}
+
+/// The backend's choice, as a flag (`true`: rotary-absorbed where it applies).
+pub(super) struct ScoreKernelFlag(AtomicBool);
+
+impl ScoreKernelFlag {
+    pub(super) fn new(kernel: LatentScoreKernel) -> Self {
+        Self(AtomicBool::new(kernel == LatentScoreKernel::RotaryAbsorbed))
+    }
+
+    fn get(&self) -> LatentScoreKernel {
+        if self.0.load(Ordering::Relaxed) {
+            LatentScoreKernel::RotaryAbsorbed
+        } else {
+            LatentScoreKernel::Reconstruct
+        }
+    }
 }
 
 /// Dynamic shared memory of `latent_scores_rot_d{D}_k{KS}_m{MT}`: `M`, the rings of key
@@ -98,6 +121,20 @@ pub(super) struct ScoreArgs<'a> {
 }
 
 impl CudaBackend {
+    /// Picks the latent score kernel for every later step (A/B runs, parity tests). Graphs
+    /// recorded before keep the kernel they recorded.
+    pub fn set_latent_score_kernel(&self, kernel: LatentScoreKernel) {
+        self.latent_score_kernel.0.store(
+            kernel == LatentScoreKernel::RotaryAbsorbed,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The latent score kernel in use.
+    pub fn latent_score_kernel(&self) -> LatentScoreKernel {
+        self.latent_score_kernel.get()
+    }
+
     /// Launches the scores of a latent layer's decode rows with the kernel the shape calls for.
     pub(super) fn launch_latent_scores(
         &self,
@@ -226,8 +263,7 @@ impl CudaBackend {
         group: usize,
         max_rank: usize,
     ) -> Option<(&cudarc::driver::CudaFunction, usize, usize)> {
-        let choice = score_choice();
-        if group != 1 || choice == ScoreChoice::Reconstruct {
+        if group != 1 || self.latent_score_kernel() == LatentScoreKernel::Reconstruct {
             return None;
         }
         let k_steps = if max_rank <= head_dim / 2 {

@@ -6,6 +6,7 @@
 
 use super::*;
 use starling_backend::{KvRows, LatentFactors};
+use starling_cuda::LatentScoreKernel;
 use starling_kv::LayerLayout;
 
 /// (query heads, KV heads, head_dim, stored key rank per head, stored value rank, RoPE style).
@@ -266,11 +267,17 @@ fn latent_write_attention_and_reconstruction_match_cpu() {
         };
         let decode: Vec<(usize, usize)> = mixed.iter().copied().filter(|s| s.1 == 1).collect();
         let prefill: Vec<(usize, usize)> = mixed.iter().copied().filter(|s| s.1 > 1).collect();
-        for (part, shape) in [
-            ("decode", &decode),
-            ("prefill", &prefill),
-            ("mixed", &mixed),
-        ] {
+        // Both score kernels (they differ only where a KV head has one query head).
+        let parts = [
+            ("decode", &decode, LatentScoreKernel::Reconstruct),
+            ("decode", &decode, LatentScoreKernel::RotaryAbsorbed),
+            ("prefill", &prefill, LatentScoreKernel::Reconstruct),
+            ("mixed", &mixed, LatentScoreKernel::Reconstruct),
+            ("mixed", &mixed, LatentScoreKernel::RotaryAbsorbed),
+        ];
+        for (part, shape, kernel) in parts {
+            gpu.set_latent_score_kernel(kernel);
+            let part = format!("{part} ({kernel:?})");
             let meta = random_batch(&mut rng, shape, 16, num_blocks);
             let qkv = rand_host(&mut rng, vec![meta.num_tokens(), width], 1.0);
             let (bc, bg) = (
@@ -307,7 +314,11 @@ fn latent_write_attention_and_reconstruction_match_cpu() {
             &mut rng,
             true,
         );
-        {
+        for kernel in [
+            LatentScoreKernel::Reconstruct,
+            LatentScoreKernel::RotaryAbsorbed,
+        ] {
+            gpu.set_latent_score_kernel(kernel);
             let meta = random_batch(&mut rng, &decode, 16, num_blocks);
             let qkv = rand_host(&mut rng, vec![meta.num_tokens(), width], 1.0);
             let (bc, bg) = (
@@ -328,7 +339,7 @@ fn latent_write_attention_and_reconstruction_match_cpu() {
                 )
                 .unwrap();
             let got = gpu.to_host(&got).unwrap();
-            let name = format!("{label} decode, consecutive positions");
+            let name = format!("{label} decode ({kernel:?}), consecutive positions");
             report_rows(&name, &meta, &got, &want);
             check(&name, &got, &want);
         }
