@@ -1,5 +1,6 @@
-//! Benchmark requests: random token prompts with configurable lengths, or ShareGPT
-//! conversations (see [`crate::sharegpt`]).
+//! Benchmark requests: random token prompts with configurable lengths, vLLM's
+//! `prefix_repetition` shape (prefixes shared by several requests, for prefix caching), or
+//! ShareGPT conversations (see [`crate::sharegpt`]).
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -83,9 +84,99 @@ pub fn random_requests(
         .collect())
 }
 
+/// vLLM's `prefix_repetition` dataset: `num_prefixes` random prefixes, each followed by
+/// random suffixes; the requests are shuffled, so a prefix's first request computes it and its
+/// later ones may reuse it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixRepetitionSpec {
+    /// Distinct prefixes (the requests are spread evenly over them).
+    pub num_prefixes: usize,
+    /// Prefix length, tokens.
+    pub prefix_len_tokens: usize,
+    /// Suffix length, tokens.
+    pub suffix_len_tokens: usize,
+    /// Output length, tokens.
+    pub output_len_tokens: usize,
+}
+
+/// `num_prompts` requests of `spec`'s shape, reproducible from `seed`: request `i` uses prefix
+/// `i % num_prefixes`, so each prefix serves `num_prompts / num_prefixes` requests (one more
+/// for the first `num_prompts % num_prefixes`), in shuffled order.
+pub fn prefix_repetition_requests(
+    num_prompts: usize,
+    spec: PrefixRepetitionSpec,
+    seed: u64,
+) -> Result<Vec<BenchRequest>, BenchError> {
+    if spec.num_prefixes == 0 || spec.suffix_len_tokens + spec.prefix_len_tokens == 0 {
+        return Err(BenchError::Invalid(
+            "--prefix-repetition-num-prefixes and the prompt length must be at least 1".into(),
+        ));
+    }
+    if spec.output_len_tokens == 0 {
+        return Err(BenchError::Invalid(
+            "--prefix-repetition-output-len must be at least 1".into(),
+        ));
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut tokens =
+        |len: usize| -> Vec<u32> { (0..len).map(|_| rng.gen_range(RANDOM_TOKEN_IDS)).collect() };
+    let prefixes: Vec<Vec<u32>> = (0..spec.num_prefixes)
+        .map(|_| tokens(spec.prefix_len_tokens))
+        .collect();
+    let mut requests: Vec<BenchRequest> = (0..num_prompts)
+        .map(|i| {
+            let mut ids = prefixes[i % spec.num_prefixes].clone();
+            ids.extend(tokens(spec.suffix_len_tokens));
+            BenchRequest {
+                prompt_len_tokens: ids.len(),
+                prompt: BenchPrompt::Tokens(ids),
+                output_len_tokens: spec.output_len_tokens,
+            }
+        })
+        .collect();
+    // Fisher-Yates with the same generator, so the order is reproducible too.
+    for i in (1..requests.len()).rev() {
+        requests.swap(i, rng.gen_range(0..=i));
+    }
+    Ok(requests)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefix_repetition_shares_each_prefix_among_its_requests() {
+        let spec = PrefixRepetitionSpec {
+            num_prefixes: 3,
+            prefix_len_tokens: 20,
+            suffix_len_tokens: 5,
+            output_len_tokens: 7,
+        };
+        let a = prefix_repetition_requests(10, spec, 4).unwrap();
+        assert_eq!(a, prefix_repetition_requests(10, spec, 4).unwrap());
+        let mut prefixes: Vec<Vec<u32>> = Vec::new();
+        for r in &a {
+            assert_eq!((r.prompt_len_tokens, r.output_len_tokens), (25, 7));
+            let BenchPrompt::Tokens(ids) = &r.prompt else {
+                panic!("token prompts")
+            };
+            prefixes.push(ids[..20].to_vec());
+        }
+        let mut distinct = prefixes.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 3);
+        let uses = |p: &Vec<u32>| prefixes.iter().filter(|q| *q == p).count();
+        let mut counts: Vec<usize> = distinct.iter().map(uses).collect();
+        counts.sort();
+        assert_eq!(counts, vec![3, 3, 4]);
+        let zero = PrefixRepetitionSpec {
+            num_prefixes: 0,
+            ..spec
+        };
+        assert!(prefix_repetition_requests(1, zero, 0).is_err());
+    }
 
     #[test]
     fn random_lengths_stay_in_range_and_are_reproducible() {

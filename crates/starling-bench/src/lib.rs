@@ -20,7 +20,7 @@ pub mod sharegpt;
 pub mod stats;
 
 pub use client::{RequestResult, StreamClient};
-pub use dataset::{BenchPrompt, BenchRequest, RandomSpec};
+pub use dataset::{BenchPrompt, BenchRequest, PrefixRepetitionSpec, RandomSpec};
 pub use driver::{run_benchmark, Pacing, RunConfig, RunOutcome};
 pub use error::BenchError;
 pub use report::{BenchReport, SweepRow};

@@ -99,6 +99,13 @@ pub fn markdown(report: &BenchReport) -> String {
     latency_line(&mut out, "TPOT", &m.tpot);
     latency_line(&mut out, "ITL", &m.itl);
     latency_line(&mut out, "E2EL", &m.e2el);
+    if s.prefix_cache_queries_tokens > 0.0 {
+        let _ = writeln!(
+            out,
+            "| prefix cache hit rate (tokens) | {:.1}% ({} of {}) |",
+            s.prefix_cache_hit_rate_pct, s.prefix_cache_hits_tokens, s.prefix_cache_queries_tokens
+        );
+    }
     let _ = writeln!(out, "| mean decode batch | {:.2} |", s.mean_decode_batch);
     let _ = writeln!(
         out,

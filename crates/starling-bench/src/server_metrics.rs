@@ -62,6 +62,14 @@ pub struct ServerFigures {
     pub kv_evicted_blocks: f64,
     /// Seconds the engine spent compacting caches during the run.
     pub kv_compression_s: f64,
+    /// Prompt tokens the prefix cache was asked about during the run (vLLM's
+    /// `prefix_cache_queries`).
+    pub prefix_cache_queries_tokens: f64,
+    /// Of those, tokens found cached (`prefix_cache_hits`).
+    pub prefix_cache_hits_tokens: f64,
+    /// `hits / queries` in percent (0 when nothing was queried: caching off, or another
+    /// server).
+    pub prefix_cache_hit_rate_pct: f64,
 }
 
 /// What polling `/metrics` during a run saw.
@@ -118,6 +126,8 @@ pub fn figures(before: &MetricValues, after: &MetricValues, sampled: Sampled) ->
         sampled_peak_blocks
     };
     let kv_blocks_total = get(after, "starling:kv_blocks_total");
+    let prefix_queries = delta("vllm:prefix_cache_queries_total");
+    let prefix_hits = delta("vllm:prefix_cache_hits_total");
     ServerFigures {
         mean_decode_batch: ratio(delta("starling:decode_batch_size_sum")),
         batch1_step_share: ratio(delta("starling:decode_steps_batch1_total")),
@@ -139,6 +149,13 @@ pub fn figures(before: &MetricValues, after: &MetricValues, sampled: Sampled) ->
         kv_evicted_tokens: delta("starling:kv_evicted_tokens_total"),
         kv_evicted_blocks: delta("starling:kv_evicted_blocks_total"),
         kv_compression_s: delta("starling:kv_compression_seconds_total"),
+        prefix_cache_queries_tokens: prefix_queries,
+        prefix_cache_hits_tokens: prefix_hits,
+        prefix_cache_hit_rate_pct: if prefix_queries > 0.0 {
+            100.0 * prefix_hits / prefix_queries
+        } else {
+            0.0
+        },
     }
 }
 
@@ -207,6 +224,12 @@ mod tests {
         after.insert("starling:kv_blocks_used_max".into(), 80.0);
         assert_eq!(figures(&before, &after, sampled(30.0)).peak_kv_blocks, 80.0);
         assert_eq!(f.saturated_running_mean, 0.0, "never queued");
+        assert_eq!(f.prefix_cache_hit_rate_pct, 0.0, "nothing queried");
+        after.insert("vllm:prefix_cache_queries_total".into(), 400.0);
+        after.insert("vllm:prefix_cache_hits_total".into(), 300.0);
+        let f = figures(&before, &after, sampled(30.0));
+        assert_eq!(f.prefix_cache_hits_tokens, 300.0);
+        assert_eq!(f.prefix_cache_hit_rate_pct, 75.0);
     }
 
     #[test]

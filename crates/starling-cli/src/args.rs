@@ -128,6 +128,28 @@ pub struct EngineArgs {
     /// one layer a step; 0 = no limit (each compaction completes in the step that makes it due).
     #[arg(long, default_value_t = starling_engine::DEFAULT_COMPACTION_STEP_BUDGET_TOKENS)]
     pub compaction_step_budget_tokens: usize,
+    /// Automatic prefix caching: full KV blocks are addressed by content and reused by later
+    /// requests with the same prefix, so only the uncached rest of a prompt is computed. On by
+    /// default in `starling serve` (as vLLM), off in the other commands unless given.
+    #[arg(long, overrides_with = "no_enable_prefix_caching")]
+    pub enable_prefix_caching: bool,
+    /// Turns automatic prefix caching off (vLLM's flag).
+    #[arg(long, overrides_with = "enable_prefix_caching")]
+    pub no_enable_prefix_caching: bool,
+    /// Whether prefix caching is on when neither flag is given: set by the command (`serve`
+    /// turns it on), not a flag.
+    #[arg(skip)]
+    pub prefix_caching_by_default: bool,
+}
+
+impl EngineArgs {
+    /// Whether the engine caches prefixes: a flag if given, else the command's default.
+    pub fn prefix_caching(&self) -> bool {
+        if self.enable_prefix_caching {
+            return true;
+        }
+        !self.no_enable_prefix_caching && self.prefix_caching_by_default
+    }
 }
 
 /// A switch flag's values.
@@ -167,4 +189,35 @@ fn parse_compression(text: &str) -> Result<starling_evict::KvCompression, String
             .map_err(|e| e.to_string())?;
     }
     Ok(setting)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        engine: EngineArgs,
+    }
+
+    fn prefix_caching(flags: &[&str], by_default: bool) -> bool {
+        let mut args = Cli::parse_from(std::iter::once("starling").chain(flags.iter().copied()));
+        args.engine.prefix_caching_by_default = by_default;
+        args.engine.prefix_caching()
+    }
+
+    #[test]
+    fn prefix_caching_follows_the_flags_then_the_commands_default() {
+        assert!(!prefix_caching(&[], false));
+        assert!(prefix_caching(&[], true), "serve's default");
+        assert!(!prefix_caching(&["--no-enable-prefix-caching"], true));
+        assert!(prefix_caching(&["--enable-prefix-caching"], false));
+        // The last of the two flags wins, as in vLLM.
+        let both = ["--enable-prefix-caching", "--no-enable-prefix-caching"];
+        assert!(!prefix_caching(&both, true));
+        let both = ["--no-enable-prefix-caching", "--enable-prefix-caching"];
+        assert!(prefix_caching(&both, false));
+    }
 }

@@ -65,7 +65,30 @@ pub fn engine_config(
         kv_cache_memory_bytes,
         compression: args.kv_compression.eviction(),
         star_kv: args.kv_compression.star_kv().cloned(),
+        enable_prefix_caching: args.prefix_caching(),
+        // Set from the model's source when the session starts (`model_identity`).
+        model_identity: None,
     }
+}
+
+/// What identifies the weights of `source` in prefix-cache block hashes: where they come from
+/// (a preset and seed for synthetic weights, else the path with the file's size and
+/// modification time). The cache lives in one process, whose weights never change, so this
+/// only has to tell engines apart; a persistent cache would need the weights' digest
+/// (`starling_starkv::checkpoint::weights_identity`, a pass over every tensor).
+fn model_identity(path: &std::path::Path, synthetic: bool) -> String {
+    if synthetic {
+        return format!("{}:seed=0", path.display());
+    }
+    let stamp = std::fs::metadata(path).ok().map(|m| {
+        let modified = m
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
+        format!("{}:{modified}", m.len())
+    });
+    format!("{}:{}", path.display(), stamp.unwrap_or_default())
 }
 
 /// Memory kept free on a GPU beyond the utilisation share, for activations and workspaces.
@@ -224,8 +247,9 @@ pub fn start_session<B: Backend + 'static>(
         synthetic_latent,
         tokenizer,
         load_ms,
-        ..
+        path,
     } = source;
+    let identity = model_identity(&path, weights.is_none());
     let started = std::time::Instant::now();
     let engine_config = engine_config(args, &config, 0);
     let text = Arc::new(TokenizerText(tokenizer.clone()));
@@ -256,6 +280,7 @@ pub fn start_session<B: Backend + 'static>(
     let load_ms = load_ms + started.elapsed().as_millis() as u64;
     let engine_config = EngineConfig {
         kv_cache_memory_bytes: kv_budget_bytes(args, &backend)?,
+        model_identity: Some(identity),
         ..engine_config
     };
     let mut engine = Engine::with_loaded_model(backend, model, star_kv, Some(text), engine_config)?;

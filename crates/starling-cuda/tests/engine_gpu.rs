@@ -121,6 +121,8 @@ fn engine<B: Backend>(backend: B, arm: Arm, memory: Memory, dtype: CacheDtype) -
         kv_cache_memory_bytes: bytes,
         compression: CompressionConfig::default(),
         star_kv: None,
+        enable_prefix_caching: false,
+        model_identity: None,
     };
     Engine::new(backend, model, None, engine_config).expect("engine")
 }

@@ -82,6 +82,8 @@ fn schedule(case: Case, poisoned: bool) -> (Vec<Vec<u32>>, bool) {
         kv_cache_memory_bytes: bytes_per_block * 10,
         compression: Default::default(),
         star_kv: None,
+        enable_prefix_caching: false,
+        model_identity: None,
     };
     let mut engine = Engine::new(gpu, model, None, config).expect("engine");
     if case.graphs {

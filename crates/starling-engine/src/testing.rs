@@ -124,6 +124,12 @@ pub struct TraceOutcome {
     pub compressions: u64,
     /// Blocks eviction returned.
     pub evicted_blocks: u64,
+    /// Prompt and recomputed tokens run through the model (prefix-cache hits are not).
+    pub prefill_tokens: u64,
+    /// Tokens found in the prefix cache at admission (vLLM's `prefix_cache_hits`).
+    pub prefix_cache_hit_tokens: u64,
+    /// Tokens queried at admission (vLLM's `prefix_cache_queries`).
+    pub prefix_cache_query_tokens: u64,
 }
 
 /// Why a trace failed.
@@ -157,9 +163,11 @@ impl Default for EngineTester {
 }
 
 impl EngineTester {
-    /// Runs `trace` to completion on `engine` (which must be idle). After every step the free
-    /// blocks must not exceed the pool; at the end every block must be free again and no
-    /// request may have been aborted.
+    /// Runs `trace` to completion on `engine` (which must be idle; its prefix cache may hold
+    /// blocks of earlier traces). After every step the scheduler's and the KV manager's books
+    /// must agree (`Engine::check_invariants`: ref counts, free + held = total, hashes only on
+    /// full blocks); at the end every block must be free again (cached free blocks count as
+    /// free) and no request may have been aborted.
     pub fn run<B: Backend>(
         &self,
         engine: &mut Engine<B>,
@@ -212,6 +220,9 @@ impl EngineTester {
                 }
             }
             steps += 1;
+            engine
+                .check_invariants()
+                .map_err(|e| TesterError::Accounting(format!("after step {steps}: {e}")))?;
             let stats = engine.stats();
             if stats.kv_blocks_free > stats.kv_blocks_total {
                 return Err(TesterError::Accounting(format!(
@@ -240,6 +251,10 @@ impl EngineTester {
             preemptions: end.num_preemptions - start.num_preemptions,
             compressions: end.counters.compressions - start.counters.compressions,
             evicted_blocks: end.counters.evicted_blocks - start.counters.evicted_blocks,
+            prefill_tokens: end.counters.prefill_tokens - start.counters.prefill_tokens,
+            prefix_cache_hit_tokens: end.prefix_cache.hits_tokens - start.prefix_cache.hits_tokens,
+            prefix_cache_query_tokens: end.prefix_cache.queries_tokens
+                - start.prefix_cache.queries_tokens,
         })
     }
 }

@@ -40,6 +40,8 @@ fn boot(blocks: usize, compression: CompressionConfig) -> Result<Engine<CpuBacke
         kv_cache_memory_bytes: bytes_per_block * blocks as u64,
         compression,
         star_kv: None,
+        enable_prefix_caching: false,
+        model_identity: None,
     };
     Engine::new(CpuBackend::new(), model, None, config)
 }

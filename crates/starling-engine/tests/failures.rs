@@ -56,6 +56,8 @@ fn engine_with(
         kv_cache_memory_bytes: bytes_per_block * kv_blocks,
         compression: Default::default(),
         star_kv: None,
+        enable_prefix_caching: false,
+        model_identity: None,
     };
     Engine::new(CpuBackend::new(), model, None, config).unwrap()
 }
@@ -179,6 +181,8 @@ fn a_model_that_is_nan_everywhere_fails_every_request_without_hanging() {
         kv_cache_memory_bytes: bytes_per_block * 64,
         compression: Default::default(),
         star_kv: None,
+        enable_prefix_caching: false,
+        model_identity: None,
     };
     let mut e = Engine::new(CpuBackend::new(), model, None, config).unwrap();
     let ids: Vec<SeqId> = (0..5)

@@ -123,6 +123,8 @@ fn smollm2_engine_greedy_continuations_match_hf_and_paris() {
         kv_cache_memory_bytes: 64 << 20,
         compression: Default::default(),
         star_kv: None,
+        enable_prefix_caching: false,
+        model_identity: None,
     };
     let text = Arc::new(TokenizerText(tokenizer.clone()));
     let mut engine = Engine::new(CpuBackend::new(), model, Some(text), engine_config).unwrap();

@@ -8,7 +8,7 @@ mod common;
 use common::{tiny_weights, BLOCK_TOKENS};
 use starling_backend::cpu::CpuBackend;
 use starling_engine::scheduler::{AdmissionPolicy, SchedulerConfig};
-use starling_engine::testing::{first_divergence, EngineTester, Trace, TraceOutcome};
+use starling_engine::testing::{first_divergence, EngineTester, Trace, TraceOutcome, TraceRequest};
 use starling_engine::{Engine, EngineConfig};
 use starling_evict::{CompressionConfig, CompressionMethod};
 use starling_kv::CacheDtype;
@@ -56,6 +56,16 @@ fn reference_model(
 
 /// An engine with exactly `blocks` blocks of the model's own layout.
 fn engine(model: LlamaModel<CpuBackend>, blocks: usize, batched: usize) -> Engine<CpuBackend> {
+    engine_with(model, blocks, batched, false)
+}
+
+/// [`engine`] with automatic prefix caching on or off.
+fn engine_with(
+    model: LlamaModel<CpuBackend>,
+    blocks: usize,
+    batched: usize,
+    enable_prefix_caching: bool,
+) -> Engine<CpuBackend> {
     let bytes = model
         .cache_layout(CacheDtype::F32)
         .bytes_per_block(BLOCK_TOKENS);
@@ -71,6 +81,8 @@ fn engine(model: LlamaModel<CpuBackend>, blocks: usize, batched: usize) -> Engin
         kv_cache_memory_bytes: bytes * blocks as u64,
         compression: CompressionConfig::default(),
         star_kv: None,
+        enable_prefix_caching,
+        model_identity: None,
     };
     let engine = Engine::new(CpuBackend::new(), model, None, config).unwrap();
     assert_eq!(engine.stats().kv_blocks_total, blocks);
@@ -223,4 +235,83 @@ fn the_same_bytes_buy_blocks_in_the_byte_ratio_and_boot_a_longer_context() {
     let long = Trace::seeded_greedy(9, 1, 128, 250..251, 5..6, 1);
     let outcome = run(&mut boots, &long);
     assert_eq!(outcome.requests[0].token_ids.len(), 5);
+}
+
+/// Requests sharing a 33-token prefix (8 full blocks), arriving after the first is computed,
+/// with `options` for every request but the first.
+fn shared_prefix_trace(options: starling_engine::RequestOptions) -> Trace {
+    let base = Trace::seeded_greedy(17, 4, 128, 33..34, 6..14, 1);
+    let prefix = base.requests[0].prompt_ids.clone();
+    let requests = base
+        .requests
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut r)| {
+            r.prompt_ids = prefix.clone();
+            r.prompt_ids
+                .extend((0..5 + 3 * i as u32).map(|t| (t * 29 + 7 * i as u32) % 120 + 3));
+            if i > 0 {
+                r.options = options.clone();
+            }
+            TraceRequest {
+                arrival_step: 2 * i,
+                ..r
+            }
+        })
+        .collect();
+    Trace { requests }
+}
+
+#[test]
+fn latent_blocks_are_shared_through_the_prefix_cache() {
+    let (cfg, weights, p) = fixture();
+    let trace = shared_prefix_trace(Default::default());
+    let plain = run(
+        &mut engine_with(latent_model(&cfg, &weights, &p), 400, 64, false),
+        &trace,
+    );
+    let cached = run(
+        &mut engine_with(latent_model(&cfg, &weights, &p), 400, 64, true),
+        &trace,
+    );
+    assert_same_tokens(&cached, &plain);
+    // Three later requests reuse the prefix's 8 latent blocks each.
+    assert_eq!(cached.prefix_cache_hit_tokens, 3 * 8 * BLOCK_TOKENS as u64);
+    assert_eq!(
+        cached.prefill_tokens,
+        plain.prefill_tokens - cached.prefix_cache_hit_tokens
+    );
+}
+
+#[test]
+fn latent_requests_sharing_with_compressed_ones_generate_what_they_do_alone() {
+    // The first request (plain) computes the prefix and stays running; the later ones compress
+    // (layer-wide, as latent layers must) and share its blocks: they never compact them, so
+    // the first generates exactly what it does with caching off.
+    let (cfg, weights, p) = fixture();
+    let policy = CompressionConfig {
+        method: CompressionMethod::KeyDiff,
+        ratio: 0.5,
+        sink_tokens: 2,
+        window_tokens: 4,
+        every_n_tokens: 8,
+        seed: 3,
+        head_wise: false,
+    };
+    let mut trace = shared_prefix_trace(starling_engine::RequestOptions {
+        compression: Some(policy),
+        ..Default::default()
+    });
+    trace.requests[0].params.max_tokens = Some(40);
+    let plain = run(
+        &mut engine_with(latent_model(&cfg, &weights, &p), 400, 64, false),
+        &trace,
+    );
+    let cached = run(
+        &mut engine_with(latent_model(&cfg, &weights, &p), 400, 64, true),
+        &trace,
+    );
+    assert!(cached.compressions > 0 && cached.prefix_cache_hit_tokens > 0);
+    assert_eq!(cached.requests[0].token_ids, plain.requests[0].token_ids);
+    assert!(cached.requests.iter().all(|r| r.finish_reason == "length"));
 }

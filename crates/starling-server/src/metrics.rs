@@ -250,6 +250,21 @@ fn render_state(state: &MetricsState, model_name: &str) -> String {
         counters.generation_tokens.to_string(),
         &labels,
     );
+    let prefix = stats.map(|s| s.prefix_cache).unwrap_or_default();
+    metric(
+        "vllm:prefix_cache_queries_total",
+        "counter",
+        "Prefix-cache queries, in tokens: the tokens each admitted request knew.",
+        prefix.queries_tokens.to_string(),
+        &labels,
+    );
+    metric(
+        "vllm:prefix_cache_hits_total",
+        "counter",
+        "Prefix-cache hits, in tokens: queried tokens found cached (not computed).",
+        prefix.hits_tokens.to_string(),
+        &labels,
+    );
     for (reason, count) in [
         ("stop", state.finished_stop),
         ("length", state.finished_length),
@@ -290,6 +305,36 @@ fn render_state(state: &MetricsState, model_name: &str) -> String {
         "gauge",
         "Most KV blocks held after any step since start.",
         state.kv_blocks_used_max.to_string(),
+    );
+    metric(
+        "starling:prefix_caching_enabled",
+        "gauge",
+        "1 when automatic prefix caching is on (--enable-prefix-caching, the default).",
+        u8::from(prefix.enabled).to_string(),
+    );
+    metric(
+        "starling:prefix_cache_queries_requests_total",
+        "counter",
+        "Requests (and recomputes after preemption) admitted through the prefix cache.",
+        prefix.queries_requests.to_string(),
+    );
+    metric(
+        "starling:prefix_cache_hit_blocks_total",
+        "counter",
+        "KV blocks reused from the prefix cache.",
+        prefix.hits_blocks.to_string(),
+    );
+    metric(
+        "starling:prefix_cache_evicted_blocks_total",
+        "counter",
+        "Cached free KV blocks evicted from the prefix cache to serve an allocation.",
+        prefix.evicted_blocks.to_string(),
+    );
+    metric(
+        "starling:prefix_cache_blocks",
+        "gauge",
+        "KV blocks registered in the prefix cache (free or held).",
+        prefix.cached_blocks.to_string(),
     );
     metric(
         "starling:steps_total",
@@ -540,6 +585,7 @@ mod tests {
                 compressed_layers: 27,
                 kv_bytes_per_token_compressed: 19_584,
                 kv_bytes_per_token_original: 23_040,
+                checkpoint_identity: String::new(),
             }),
         });
         let text = metrics.render("m");
@@ -567,6 +613,43 @@ mod tests {
     }
 
     #[test]
+    fn prefix_cache_counters_use_vllms_names_in_tokens() {
+        let metrics = Metrics::default();
+        let stats = EngineStats {
+            num_running: 0,
+            num_waiting: 0,
+            kv_blocks_total: 10,
+            kv_blocks_free: 10,
+            num_preemptions: 0,
+            counters: Default::default(),
+            last_step: None,
+            prefix_cache: starling_engine::PrefixCacheCounters {
+                enabled: true,
+                queries_requests: 3,
+                queries_tokens: 300,
+                hits_tokens: 128,
+                hits_blocks: 8,
+                evicted_blocks: 2,
+                cached_blocks: 5,
+            },
+        };
+        metrics.record_step(stats, None);
+        let text = metrics.render("m");
+        for line in [
+            "# TYPE vllm:prefix_cache_queries_total counter
+",
+            "vllm:prefix_cache_queries_total{model_name=\"m\"} 300\n",
+            "vllm:prefix_cache_hits_total{model_name=\"m\"} 128\n",
+            "starling:prefix_caching_enabled 1\n",
+            "starling:prefix_cache_hit_blocks_total 8\n",
+            "starling:prefix_cache_evicted_blocks_total 2\n",
+            "starling:prefix_cache_blocks 5\n",
+        ] {
+            assert!(text.contains(line), "{line:?} missing from\n{text}");
+        }
+    }
+
+    #[test]
     fn decode_batch_figures_count_only_decode_steps() {
         let metrics = Metrics::default();
         let stats = EngineStats {
@@ -577,6 +660,7 @@ mod tests {
             num_preemptions: 3,
             counters: Default::default(),
             last_step: None,
+            prefix_cache: Default::default(),
         };
         let step = |decode, blocks| StepStats {
             num_decode_tokens: decode,

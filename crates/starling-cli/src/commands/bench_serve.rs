@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use starling_bench::dataset::random_requests;
+use starling_bench::dataset::{prefix_repetition_requests, random_requests};
 use starling_bench::report::{markdown, sweep_markdown};
 use starling_bench::{
-    plot, run_benchmark, sharegpt, BenchReport, BenchRequest, Pacing, RandomSpec, RunConfig,
-    StreamClient, SweepRow,
+    plot, run_benchmark, sharegpt, BenchReport, BenchRequest, Pacing, PrefixRepetitionSpec,
+    RandomSpec, RunConfig, StreamClient, SweepRow,
 };
 use starling_engine::CacheReport;
 
@@ -22,8 +22,10 @@ pub struct BenchServeArgs {
     /// Model name for the request bodies; default: the server's first model.
     #[arg(long)]
     model: Option<String>,
-    /// `random`, `sharegpt` (chitchat-dataset, fetched and converted once into
-    /// $STARLING_HOME/datasets/), or a ShareGPT JSON file.
+    /// `random`, `prefix_repetition` (vLLM's: random prefixes shared by several requests, for
+    /// prefix caching; the report gives the server's prefix-cache hit rate), `sharegpt`
+    /// (chitchat-dataset, fetched and converted once into $STARLING_HOME/datasets/), or a
+    /// ShareGPT JSON file.
     #[arg(long, default_value = "random")]
     dataset: String,
     /// Requests per run.
@@ -47,6 +49,18 @@ pub struct BenchServeArgs {
     /// Random dataset: lengths uniform in [len·(1−r), len·(1+r)].
     #[arg(long, default_value_t = 0.0)]
     random_range_ratio: f64,
+    /// Prefix-repetition dataset: tokens of each shared prefix.
+    #[arg(long, default_value_t = 256)]
+    prefix_repetition_prefix_len: usize,
+    /// Prefix-repetition dataset: tokens of each request's own suffix.
+    #[arg(long, default_value_t = 256)]
+    prefix_repetition_suffix_len: usize,
+    /// Prefix-repetition dataset: distinct prefixes (requests spread evenly over them).
+    #[arg(long, default_value_t = 10)]
+    prefix_repetition_num_prefixes: usize,
+    /// Prefix-repetition dataset: output length, tokens.
+    #[arg(long, default_value_t = 128)]
+    prefix_repetition_output_len: usize,
     /// Generate the full output length even past EOS.
     #[arg(long)]
     ignore_eos: bool,
@@ -199,6 +213,19 @@ async fn load_dataset(args: &BenchServeArgs, client: &StreamClient) -> Result<Ve
             range_ratio: args.random_range_ratio,
         };
         return Ok(random_requests(args.num_prompts, spec, args.seed)?);
+    }
+    if args.dataset == "prefix_repetition" {
+        let spec = PrefixRepetitionSpec {
+            num_prefixes: args.prefix_repetition_num_prefixes,
+            prefix_len_tokens: args.prefix_repetition_prefix_len,
+            suffix_len_tokens: args.prefix_repetition_suffix_len,
+            output_len_tokens: args.prefix_repetition_output_len,
+        };
+        return Ok(prefix_repetition_requests(
+            args.num_prompts,
+            spec,
+            args.seed,
+        )?);
     }
     let path = if args.dataset == "sharegpt" {
         let options = starling_hub::FetchOptions::from_env()?;

@@ -141,8 +141,10 @@ fn default_served_name(model_arg: &str) -> String {
     name.map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned())
 }
 
-fn serve<B: Backend + 'static>(backend: B, args: ServeArgs) -> Result<()> {
+fn serve<B: Backend + 'static>(backend: B, mut args: ServeArgs) -> Result<()> {
     let options = args.options()?;
+    // vLLM serves with prefix caching unless told otherwise.
+    args.engine.prefix_caching_by_default = true;
     let session = open_session(backend, &args.model, &args.engine)?;
     let chat_template = match ChatTemplate::for_tokenizer(&session.tokenizer) {
         Ok(template) => Some(Arc::new(template)),
@@ -162,6 +164,14 @@ fn serve<B: Backend + 'static>(backend: B, args: ServeArgs) -> Result<()> {
     };
     let tokenizer = session.tokenizer;
     let engine = session.engine;
+    eprintln!(
+        "prefix caching: {}",
+        if engine.prefix_caching_enabled() {
+            "on (--no-enable-prefix-caching turns it off)"
+        } else {
+            "off (--enable-prefix-caching turns it on)"
+        }
+    );
     let handle = EngineHandle::spawn(move || Ok(engine))?;
     let info = handle.info();
     // The layout it runs, its blocks and the longest context it boots: what an operator sizing

@@ -177,9 +177,20 @@ impl<B: Backend> Engine<B> {
                     );
                 }
             }
-            let Some(target) =
-                policy.due_target(end, physical, prompt_completed, seq.num_prompt_tokens)
-            else {
+            // Blocks another request holds are read by it: they are kept whole. (Sharing
+            // changes only at admission, in the next schedule, so this holds until the
+            // compaction is queued and announced after the forward pass.)
+            let shared = self
+                .scheduler
+                .shared_prefix_len_tokens(s.seq_id)
+                .unwrap_or(physical);
+            let Some(target) = policy.due_target(
+                end,
+                physical,
+                prompt_completed,
+                seq.num_prompt_tokens,
+                shared,
+            ) else {
                 continue;
             };
             let window = policy.needs_queries().then(|| {
@@ -346,6 +357,13 @@ impl<B: Backend> Engine<B> {
             .iter()
             .map(|b| b.0)
             .collect();
+        // Before any layer is touched: the blocks about to be rewritten leave the prefix cache
+        // (nobody admitted meanwhile may reuse them) and the request registers nothing more.
+        // A shared one among them refuses the whole compaction, which then fails the request
+        // alone, its cache untouched.
+        self.scheduler
+            .prepare_rewrite(d.seq_id, d.due.first_rewritten_tokens)
+            .map_err(|e| fail(e.into()))?;
         self.scheduler.hold(d.seq_id).map_err(|e| fail(e.into()))?;
         self.compactions.push_back(Compaction {
             seq_id: d.seq_id,

@@ -13,6 +13,14 @@
 //! protocol) only the context is evicted, once, when the prompt completes; the question, the chat
 //! template's tail and every generated token are kept.
 //!
+//! With prefix caching, a request's leading blocks may be shared with other requests, which read
+//! them: those are never compacted. The *shared prefix* (`first_evictable_tokens`, whole blocks)
+//! is kept as it is and eviction chooses only among the tokens after it (the sink protection
+//! counts from the sequence's start, so it falls inside the prefix when the prefix is longer);
+//! compaction is handed only the blocks from the first slot that may move
+//! (`first_rewritten_tokens`: the prefix and the sinks after it stay in place), so a block
+//! before it is not even written with its own values.
+//!
 //! Every score is computed where the cache lives (`Backend::key_scores` for KeyDiff and KNorm,
 //! `Backend::window_scores` for SnapKV and TOVA); StreamingLLM and Random read no keys at all.
 //! Only the `[num_kv_heads, n]` scores cross to the host, where selection is linear in `n`.
@@ -28,6 +36,50 @@ use starling_evict::{
 };
 
 use super::EngineError;
+use crate::scheduler::Footprint;
+
+/// The most token slots one sequence of `total_tokens` holds at once under `policy` (all of
+/// them when it does not evict): its kept tokens plus what arrives between compactions and one
+/// prefill chunk of `chunk_tokens` in flight. The engine's preflight and admission count this.
+pub fn eviction_peak_tokens(
+    policy: &starling_evict::CompressionConfig,
+    total_tokens: usize,
+    chunk_tokens: usize,
+) -> usize {
+    match SeqCompression::new(policy, None) {
+        None => total_tokens,
+        Some(c) => {
+            Footprint::compressed(c.peak_tokens(total_tokens), total_tokens, chunk_tokens)
+                .max_held_tokens
+        }
+    }
+}
+
+/// The longest sequence whose peak under `policy` ([`eviction_peak_tokens`]) fits
+/// `capacity_tokens` slots (the peak grows with the length, so a bisection finds it).
+pub fn longest_evicting_context(
+    policy: &starling_evict::CompressionConfig,
+    capacity_tokens: usize,
+    chunk_tokens: usize,
+) -> usize {
+    let fits = |len: usize| eviction_peak_tokens(policy, len, chunk_tokens) <= capacity_tokens;
+    if !policy.evicts() {
+        return capacity_tokens;
+    }
+    let (mut lo, mut hi) = (capacity_tokens, capacity_tokens.saturating_mul(64).max(1));
+    if fits(hi) {
+        return hi;
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
 
 /// A request's eviction policy and its scorer.
 pub(crate) struct SeqCompression {
@@ -37,12 +89,48 @@ pub(crate) struct SeqCompression {
     question_tokens: Option<usize>,
 }
 
-/// A compression decided for a step: the physical length to compress to, and how many of the
-/// request's leading physical tokens are open to eviction (the rest are all kept).
+/// A compression decided for a step: the physical length to compress to, and which of the
+/// request's physical tokens are open to eviction: `first_evictable_tokens..evictable_tokens`
+/// (the tokens before and after are all kept).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct DueTarget {
     pub(crate) target_tokens: usize,
     pub(crate) evictable_tokens: usize,
+    /// The shared prefix, kept whole (0 when nothing is shared).
+    pub(crate) first_evictable_tokens: usize,
+    /// Slots below this stay where they are in every layer and head (the prefix, then the
+    /// protected sinks right after it): what the compaction announces to the prefix cache.
+    pub(crate) first_rewritten_tokens: usize,
+}
+
+impl DueTarget {
+    /// The target for evicting among `first..evictable` of `physical` tokens down to
+    /// `target_tokens` (raised so the protected candidates and everything outside the range
+    /// are kept; `None` when nothing would be evicted).
+    fn new(
+        config: &CompressionConfig,
+        target_tokens: usize,
+        first: usize,
+        evictable: usize,
+        physical: usize,
+    ) -> Option<Self> {
+        let first = first.min(evictable);
+        let sinks = config.sink_tokens.saturating_sub(first);
+        let candidates = evictable - first;
+        let protected = starling_evict::protected_count(
+            candidates,
+            sinks,
+            config.window_tokens.min(candidates),
+        );
+        let floor = first + protected + (physical - evictable);
+        let target_tokens = target_tokens.max(floor);
+        (target_tokens < physical).then_some(Self {
+            target_tokens,
+            evictable_tokens: evictable,
+            first_evictable_tokens: first,
+            first_rewritten_tokens: first + sinks.min(candidates),
+        })
+    }
 }
 
 impl SeqCompression {
@@ -85,14 +173,18 @@ impl SeqCompression {
 
     /// The compression due after a step leaves the request with `logical` and `physical`
     /// tokens, or `None`. `prompt_completed` is true on the step that finished the prompt's
-    /// prefill; `num_prompt_tokens` locates the question under the context/question split.
+    /// prefill; `num_prompt_tokens` locates the question under the context/question split;
+    /// the first `shared_prefix_tokens` physical tokens are shared with other requests and
+    /// kept whole.
     pub(crate) fn due_target(
         &self,
         logical_tokens: usize,
         physical_tokens: usize,
         prompt_completed: bool,
         num_prompt_tokens: usize,
+        shared_prefix_tokens: usize,
     ) -> Option<DueTarget> {
+        let shared = shared_prefix_tokens.min(physical_tokens);
         if let Some(question) = self.question_tokens {
             // Once, when the prompt is in: nothing was evicted before, so physical index i is
             // token i and the context is the first `prompt - question` of them.
@@ -103,17 +195,18 @@ impl SeqCompression {
                 .saturating_sub(question)
                 .min(physical_tokens);
             let target = self.config.keep_tokens(context) + (physical_tokens - context);
-            return (target < physical_tokens).then_some(DueTarget {
-                target_tokens: target,
-                evictable_tokens: context,
-            });
+            return DueTarget::new(&self.config, target, shared, context, physical_tokens);
         }
         let target = self.config.keep_tokens(logical_tokens);
-        let surplus = physical_tokens.checked_sub(target).filter(|&s| s > 0)?;
-        (surplus >= self.config.every_n_tokens || prompt_completed).then_some(DueTarget {
-            target_tokens: target,
-            evictable_tokens: physical_tokens,
-        })
+        let due = DueTarget::new(
+            &self.config,
+            target,
+            shared,
+            physical_tokens,
+            physical_tokens,
+        )?;
+        let surplus = physical_tokens - due.target_tokens;
+        (surplus >= self.config.every_n_tokens || prompt_completed).then_some(due)
     }
 
     /// Where this policy's scores come from.
@@ -245,7 +338,25 @@ pub(crate) fn compact_layer<B: Backend>(
             job.due.target_tokens
         )));
     }
-    backend.compact_kv(cache, job.block_table, job.block_size_tokens, n, &keep)?;
+    // Blocks wholly before the first slot that may move are not handed to the compaction at
+    // all: they may be shared (now, or by a request admitted while this compaction spans
+    // steps, since they stay registered), and a shared block is never written, not even with
+    // its own values. Blocks from that slot on left the prefix cache before any write.
+    let skip_blocks = job.due.first_rewritten_tokens / job.block_size_tokens;
+    let skip = skip_blocks * job.block_size_tokens;
+    if skip > 0 {
+        for head in &mut keep {
+            let (prefix, rest) = head.split_at(skip.min(head.len()));
+            if prefix.iter().zip(0u32..).any(|(&k, i)| k != i) {
+                return Err(EngineError::InvalidRequest(format!(
+                    "layer {layer}: the compaction would move one of the first {skip} slots"
+                )));
+            }
+            *head = rest.iter().map(|&k| k - skip as u32).collect();
+        }
+    }
+    let table = job.block_table.get(skip_blocks..).unwrap_or(&[]);
+    backend.compact_kv(cache, table, job.block_size_tokens, n - skip, &keep)?;
     Ok(())
 }
 
@@ -301,8 +412,10 @@ fn layer_scores<B: Backend>(
     }
 }
 
-/// The kept indices per head: the best of the first `due.evictable_tokens` by score (with
-/// the policy's sink and window protection inside them), then every later token.
+/// The kept indices per head: every token of the shared prefix (`..first_evictable_tokens`),
+/// the best of the rest up to `due.evictable_tokens` by score (with the policy's sink and
+/// window protection inside them, sinks counted from the sequence's start), then every later
+/// token.
 fn select_layer(
     scores: &[Vec<f32>],
     policy: &SeqCompression,
@@ -311,11 +424,15 @@ fn select_layer(
     layer_wide: bool,
 ) -> Result<Vec<Vec<u32>>, EngineError> {
     let evictable = due.evictable_tokens.min(n);
+    let first = due.first_evictable_tokens.min(evictable);
     let kept_after = n - evictable;
-    let keep_evictable = due.target_tokens.saturating_sub(kept_after);
+    let keep_evictable = due.target_tokens.saturating_sub(kept_after + first);
     let truncated: Vec<Vec<f32>>;
-    let scores = if evictable < n {
-        truncated = scores.iter().map(|s| s[..evictable].to_vec()).collect();
+    let scores = if first > 0 || evictable < n {
+        truncated = scores
+            .iter()
+            .map(|s| s[first..evictable].to_vec())
+            .collect();
         &truncated
     } else {
         scores
@@ -326,16 +443,22 @@ fn select_layer(
         select_keep
     };
     let config = &policy.config;
-    let mut keep = select(
+    let chosen = select(
         scores,
-        evictable,
+        evictable - first,
         keep_evictable,
-        config.sink_tokens,
+        config.sink_tokens.saturating_sub(first),
         config.window_tokens,
     )?;
-    for head in &mut keep {
-        head.extend(evictable as u32..n as u32);
-    }
+    let keep = chosen
+        .into_iter()
+        .map(|head| {
+            let mut kept: Vec<u32> = (0..first as u32).collect();
+            kept.extend(head.into_iter().map(|i| i + first as u32));
+            kept.extend(evictable as u32..n as u32);
+            kept
+        })
+        .collect();
     Ok(keep)
 }
 
@@ -373,7 +496,7 @@ mod tests {
     #[test]
     fn target_follows_the_logical_length_and_waits_for_a_surplus() {
         let p = policy(0.5, 16, None);
-        let due = |l, ph, done| p.due_target(l, ph, done, 100).map(|d| d.target_tokens);
+        let due = |l, ph, done| p.due_target(l, ph, done, 100, 0).map(|d| d.target_tokens);
         // 100 logical tokens: protected 12, evict floor(0.5 * 88) = 44 → keep 56.
         assert_eq!(due(100, 100, false), Some(56));
         // Already compressed to 56; 10 more tokens: target keep(110) = 61, surplus 5 < 16.
@@ -388,7 +511,9 @@ mod tests {
         assert_eq!(due(12, 12, true), None);
         // The whole physical length is open to eviction.
         assert_eq!(
-            p.due_target(100, 100, false, 100).unwrap().evictable_tokens,
+            p.due_target(100, 100, false, 100, 0)
+                .unwrap()
+                .evictable_tokens,
             100
         );
     }
@@ -399,19 +524,21 @@ mod tests {
         // 80 - floor(0.5 * (80 - 12)) = 46, plus the question's 20.
         let p = policy(0.5, 16, Some(20));
         assert_eq!(
-            p.due_target(64, 64, false, 100),
+            p.due_target(64, 64, false, 100, 0),
             None,
             "not before the prompt is in"
         );
         assert_eq!(
-            p.due_target(100, 100, true, 100),
+            p.due_target(100, 100, true, 100, 0),
             Some(DueTarget {
                 target_tokens: 66,
                 evictable_tokens: 80,
+                first_evictable_tokens: 0,
+                first_rewritten_tokens: 4,
             })
         );
         // Never again while decoding, whatever the surplus.
-        assert_eq!(p.due_target(300, 266, false, 100), None);
+        assert_eq!(p.due_target(300, 266, false, 100, 0), None);
         assert_eq!(p.peak_tokens(140), 140);
         // The observation window is the question.
         assert_eq!(p.observation_window_tokens(), 20);
@@ -426,6 +553,8 @@ mod tests {
         let due = DueTarget {
             target_tokens: 5,
             evictable_tokens: 7,
+            first_evictable_tokens: 0,
+            first_rewritten_tokens: 0,
         };
         let keep = select_layer(&scores, &p, due, 10, false).unwrap();
         assert_eq!(keep[0], (0..10).collect::<Vec<u32>>());

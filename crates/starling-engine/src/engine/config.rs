@@ -1,4 +1,5 @@
-//! Engine configuration: scheduler limits plus the KV-cache memory budget.
+//! Engine configuration: scheduler limits, the KV-cache memory budget and what the cache does
+//! (eviction, STAR-KV, prefix caching).
 
 use starling_evict::{CompressionConfig, StarKvSelection};
 
@@ -17,12 +18,25 @@ pub struct EngineConfig {
     /// The STAR-KV checkpoint the model runs with ([`crate::Engine::from_weights`] builds the
     /// model for it: latent layers, or the reference path); `None` caches full K/V.
     pub star_kv: Option<StarKvSelection>,
+    /// Automatic prefix caching (vLLM's `enable_prefix_caching`): full blocks are addressed
+    /// by content hash and reused by later requests with the same prefix, so only the
+    /// uncached tail of a prompt is computed. Greedy outputs are unchanged for requests that
+    /// do not evict; an evicting request never compacts the blocks it shares (it compresses
+    /// its private tail only, see ARCHITECTURE.md). Off: the engine behaves exactly as one
+    /// without a prefix cache.
+    pub enable_prefix_caching: bool,
+    /// What identifies the weights in every block hash (e.g. the model file and load format);
+    /// `None`: a description of the model's shapes, enough within one engine, whose weights
+    /// never change. Under STAR-KV the checkpoint's manifest (which records the weights'
+    /// digest) is folded in as well.
+    pub model_identity: Option<String>,
 }
 
 impl EngineConfig {
     /// vLLM-like defaults for a model with context window `max_model_len_tokens`: 16-token blocks,
     /// 256 sequences, a 2048-token step budget (at least one full context when smaller, so a
-    /// long prompt is never split into chunks smaller than needed).
+    /// long prompt is never split into chunks smaller than needed). Prefix caching is off here
+    /// (a library caller opts in; `starling serve` turns it on, as vLLM does).
     pub fn with_defaults(max_model_len_tokens: usize, kv_cache_memory_bytes: u64) -> Self {
         Self {
             scheduler: SchedulerConfig {
@@ -35,6 +49,8 @@ impl EngineConfig {
             kv_cache_memory_bytes,
             compression: CompressionConfig::default(),
             star_kv: None,
+            enable_prefix_caching: false,
+            model_identity: None,
         }
     }
 }

@@ -13,6 +13,7 @@ mod config;
 mod device_sampling;
 mod error;
 mod output;
+mod prefix_cache;
 mod row_sampling;
 mod sequence;
 mod star_kv;
@@ -22,7 +23,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use starling_backend::{Backend, DecodeGraphConfig, DecodeGraphs, DecodeStep};
-use starling_kv::{preflight_with_peak, CacheLayout, KvCacheManager, Preflight, SeqId};
+use starling_kv::{
+    preflight_with_peak, BlockHasher, CacheLayout, KvCacheConfig, KvCacheManager, Preflight, SeqId,
+};
 use starling_models::llama::{LlamaModel, QueryCapture};
 
 use crate::sampling::{FinishReason, Finished, SamplingParams, SequenceRng, StopChecker};
@@ -33,50 +36,10 @@ pub use compaction::DEFAULT_COMPACTION_STEP_BUDGET_TOKENS;
 pub use config::EngineConfig;
 pub use error::EngineError;
 pub use output::{FailureKind, RequestFailure, RequestOptions, RequestOutput, TokenLogprob};
+pub use prefix_cache::PrefixCacheCounters;
 pub use star_kv::{load_model, StarKvInfo};
 
-/// The most token slots one sequence of `total_tokens` holds at once under `policy` (all of
-/// them when it does not evict): its kept tokens plus what arrives between compactions and one
-/// prefill chunk of `chunk_tokens` in flight. The engine's preflight and admission count this.
-pub fn eviction_peak_tokens(
-    policy: &starling_evict::CompressionConfig,
-    total_tokens: usize,
-    chunk_tokens: usize,
-) -> usize {
-    match SeqCompression::new(policy, None) {
-        None => total_tokens,
-        Some(c) => {
-            Footprint::compressed(c.peak_tokens(total_tokens), total_tokens, chunk_tokens)
-                .max_held_tokens
-        }
-    }
-}
-
-/// The longest sequence whose peak under `policy` ([`eviction_peak_tokens`]) fits
-/// `capacity_tokens` slots (the peak grows with the length, so a bisection finds it).
-pub fn longest_evicting_context(
-    policy: &starling_evict::CompressionConfig,
-    capacity_tokens: usize,
-    chunk_tokens: usize,
-) -> usize {
-    let fits = |len: usize| eviction_peak_tokens(policy, len, chunk_tokens) <= capacity_tokens;
-    if !policy.evicts() {
-        return capacity_tokens;
-    }
-    let (mut lo, mut hi) = (capacity_tokens, capacity_tokens.saturating_mul(64).max(1));
-    if fits(hi) {
-        return hi;
-    }
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
-        if fits(mid) {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    lo
-}
+pub use compression::{eviction_peak_tokens, longest_evicting_context};
 pub use text::{TextDecoder, TextStream, TokenizerText};
 
 use compaction::Compaction;
@@ -129,6 +92,8 @@ pub struct EngineStats {
     pub counters: EngineCounters,
     /// The last step's statistics.
     pub last_step: Option<StepStats>,
+    /// Prefix-cache counters.
+    pub prefix_cache: PrefixCacheCounters,
 }
 
 /// The serving engine on backend `B`.
@@ -156,6 +121,8 @@ pub struct Engine<B: Backend> {
     compactions: VecDeque<Compaction>,
     /// Token-layers of compaction a step runs while other requests run; `None`: no limit.
     compaction_step_budget: Option<usize>,
+    /// Hashes full blocks under the cache's identity; `None` with prefix caching off.
+    hasher: Option<BlockHasher>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -232,8 +199,30 @@ impl<B: Backend> Engine<B> {
             .iter()
             .map(|spec| backend.alloc_kv_cache(spec))
             .collect::<Result<Vec<_>, _>>()?;
-        let kv = KvCacheManager::new(num_blocks, sched.block_size_tokens)?;
+        let kv = KvCacheManager::with_config(KvCacheConfig {
+            num_blocks,
+            block_size_tokens: sched.block_size_tokens,
+            enable_prefix_caching: config.enable_prefix_caching,
+        })?;
         let scheduler = Scheduler::new(config.scheduler, kv)?;
+        tracing::info!(
+            "automatic prefix caching: {}",
+            if config.enable_prefix_caching {
+                "on"
+            } else {
+                "off"
+            }
+        );
+        let hasher = if config.enable_prefix_caching {
+            let model_identity = config
+                .model_identity
+                .clone()
+                .unwrap_or_else(|| format!("unnamed-model:{:?}", model.config()));
+            let identity = prefix_cache::cache_identity(&model_identity, &layout, star_kv.as_ref());
+            Some(prefix_cache::hasher(identity, sched.block_size_tokens)?)
+        } else {
+            None
+        };
         let eos_token_ids = model.config().eos_token_ids.clone();
         Ok(Self {
             backend,
@@ -253,6 +242,7 @@ impl<B: Backend> Engine<B> {
             graphs: None,
             compactions: VecDeque::new(),
             compaction_step_budget: Some(DEFAULT_COMPACTION_STEP_BUDGET_TOKENS),
+            hasher,
             model,
         })
     }
@@ -462,6 +452,25 @@ impl<B: Backend> Engine<B> {
                 return_full_logprobs: options.return_full_logprobs,
             },
         );
+        let window_tail = self.seqs.get(&seq_id).and_then(|seq| {
+            let c = seq.compression.as_ref()?;
+            c.needs_queries().then(|| c.observation_window_tokens())
+        });
+        let queued = match window_tail {
+            // The observation window's queries are captured as its rows are computed.
+            Some(tokens) if self.hasher.is_some() => self
+                .scheduler
+                .keep_tail_uncached(seq_id, tokens)
+                .map_err(EngineError::from),
+            _ => Ok(()),
+        }
+        .and_then(|()| self.extend_block_hashes(seq_id));
+        if let Err(e) = queued {
+            // Not reachable (the request was just queued), but never leave it half-added.
+            self.seqs.remove(&seq_id);
+            let _ = self.scheduler.abort(seq_id);
+            return Err(e);
+        }
         Ok(seq_id)
     }
 
@@ -536,7 +545,14 @@ impl<B: Backend> Engine<B> {
             num_preemptions: self.scheduler.num_preemptions(),
             counters: self.counters,
             last_step: self.last_step,
+            prefix_cache: self.prefix_cache_counters(),
         }
+    }
+
+    /// Checks that the scheduler's queues and the KV books agree (ref counts, free + held =
+    /// total, prefix-cache registrations on full blocks only); for tests, after any step.
+    pub fn check_invariants(&self) -> Result<(), EngineError> {
+        Ok(self.scheduler.check_invariants()?)
     }
 
     /// Runs one step. Returns an output for every request that generated a token or finished.
@@ -567,6 +583,7 @@ impl<B: Backend> Engine<B> {
             Err(e) => return Err(self.abort_scheduled(&plan, e)),
         };
         self.counters.prefill_tokens += plan.stats.num_prefill_tokens as u64;
+        self.register_computed_blocks(&plan);
         let mut outputs = self.sample_and_advance(&built.sampling_seqs, logits.as_ref());
         self.run_compactions(compactions, &mut outputs);
         Ok(outputs)
@@ -755,6 +772,10 @@ impl<B: Backend> Engine<B> {
             self.scheduler.finish(seq_id)?;
             self.seqs.remove(&seq_id);
             self.counters.finished_requests += 1;
+        } else {
+            // A block that just filled gets its hash (a recompute after preemption may reuse
+            // it, and the registration after its forward pass needs it).
+            self.extend_block_hashes(seq_id)?;
         }
         Ok(RequestOutput {
             seq_id,

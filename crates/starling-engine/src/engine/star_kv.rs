@@ -29,6 +29,11 @@ pub struct StarKvInfo {
     pub kv_bytes_per_token_compressed: u64,
     /// K/V bytes per token of the original model (bf16).
     pub kv_bytes_per_token_original: u64,
+    /// What identifies the checkpoint's contents in prefix-cache block hashes: its manifest
+    /// as JSON (the weights' digest, ranks, calibration recipe and seed). Not serialized: it
+    /// is long, and results name the checkpoint already.
+    #[serde(skip)]
+    pub checkpoint_identity: String,
 }
 
 /// Builds the model on `backend` from `weights`: plain when `selection` is `None`, else with the
@@ -74,6 +79,10 @@ pub fn load_model<B: Backend>(
         compressed_layers: checkpoint.manifest.layers.len(),
         kv_bytes_per_token_compressed: report.kv_bytes_per_token_compressed,
         kv_bytes_per_token_original: report.kv_bytes_per_token_original,
+        // Serializing a manifest of plain fields cannot fail; the debug form would still
+        // tell checkpoints apart if it did.
+        checkpoint_identity: serde_json::to_string(&checkpoint.manifest)
+            .unwrap_or_else(|_| format!("{:?}", checkpoint.manifest)),
     };
     tracing::info!(
         "STAR-KV {} ({} factors, {} cache): {} of {} layers low-rank, {} of {} K/V bytes per \

@@ -26,6 +26,15 @@
 //! engine holds a request while it compacts its cache over several steps, so
 //! its block table cannot change under the compaction. A held sequence may
 //! still be preempted (that releases it).
+//!
+//! Prefix caching: the engine hands each sequence's [`BlockHash`] chain to the
+//! scheduler as its tokens become known ([`Scheduler::extend_block_hashes`];
+//! opaque content addresses, never token ids). A sequence starting from
+//! nothing computed (new, or preempted) reuses the longest cached run of its
+//! full blocks, except the block holding its last known token, whose logits
+//! must be computed; its `num_computed_tokens` starts at the hit. After each
+//! forward pass the engine registers the blocks that became full
+//! ([`Scheduler::register_computed_blocks`]).
 
 mod admission;
 mod config;
@@ -38,7 +47,7 @@ mod tests;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use starling_kv::{KvCacheManager, KvError, SeqId};
+use starling_kv::{BlockHash, KvCacheManager, KvError, SeqId};
 
 pub use admission::{AdmissionPolicy, Footprint};
 pub use config::SchedulerConfig;
@@ -59,6 +68,11 @@ pub struct Scheduler {
     running: Vec<SeqId>,
     /// Running sequences no plan schedules until released (see the module doc).
     held: HashSet<SeqId>,
+    /// Each sequence's chain of full-block hashes so far (prefix caching; empty when off).
+    block_hashes: HashMap<SeqId, Vec<BlockHash>>,
+    /// Per sequence, the newest known tokens admission always computes, cached or not (an
+    /// observation window whose queries the forward pass must capture); 1 when absent.
+    uncached_tail_tokens: HashMap<SeqId, usize>,
     num_preemptions: u64,
 }
 
@@ -85,6 +99,8 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             held: HashSet::new(),
+            block_hashes: HashMap::new(),
+            uncached_tail_tokens: HashMap::new(),
             num_preemptions: 0,
         })
     }
@@ -269,6 +285,89 @@ impl Scheduler {
         self.held.len()
     }
 
+    /// Appends to `seq_id`'s chain the hashes of the full blocks that follow the ones it has
+    /// ([`Self::block_hashes`]), in order: the engine extends it as tokens become known (the
+    /// prompt when queued, a block's worth of generated tokens as it fills).
+    pub fn extend_block_hashes(
+        &mut self,
+        seq_id: SeqId,
+        hashes: &[BlockHash],
+    ) -> Result<(), SchedulerError> {
+        if !self.seqs.contains_key(&seq_id) {
+            return Err(SchedulerError::UnknownSequence(seq_id));
+        }
+        self.block_hashes
+            .entry(seq_id)
+            .or_default()
+            .extend_from_slice(hashes);
+        Ok(())
+    }
+
+    /// Makes admission compute at least the newest `tokens` known tokens of `seq_id` even
+    /// when the prefix cache holds them (at least the last one is always computed, for its
+    /// logits): an eviction policy that scores with the queries of an observation window needs
+    /// those rows to run through the model.
+    pub fn keep_tail_uncached(
+        &mut self,
+        seq_id: SeqId,
+        tokens: usize,
+    ) -> Result<(), SchedulerError> {
+        if !self.seqs.contains_key(&seq_id) {
+            return Err(SchedulerError::UnknownSequence(seq_id));
+        }
+        self.uncached_tail_tokens.insert(seq_id, tokens);
+        Ok(())
+    }
+
+    /// `seq_id`'s chain of full-block hashes so far (empty for an unknown sequence).
+    pub fn block_hashes(&self, seq_id: SeqId) -> &[BlockHash] {
+        self.block_hashes.get(&seq_id).map_or(&[], Vec::as_slice)
+    }
+
+    /// Registers in the prefix cache the full blocks of a running sequence whose K/V is now
+    /// written: call after the forward pass that computed them. Returns the blocks newly
+    /// registered (0 with caching off, for a compacted sequence, or a waiting one).
+    pub fn register_computed_blocks(&mut self, seq_id: SeqId) -> Result<usize, SchedulerError> {
+        let seq = self
+            .seqs
+            .get(&seq_id)
+            .ok_or(SchedulerError::UnknownSequence(seq_id))?;
+        if seq.status != SeqStatus::Running || !self.kv.prefix_caching_enabled() {
+            return Ok(0);
+        }
+        let hashes = self
+            .block_hashes
+            .get(&seq_id)
+            .map_or(&[][..], Vec::as_slice);
+        let full_blocks = seq.num_computed_tokens / self.kv.block_size_tokens();
+        let written = &hashes[..hashes.len().min(full_blocks)];
+        Ok(self.kv.register_full_blocks(seq_id, written)?)
+    }
+
+    /// Physical tokens of a running sequence up to the end of its last block shared with
+    /// another sequence: a compaction may rewrite only slots from here on.
+    pub fn shared_prefix_len_tokens(&self, seq_id: SeqId) -> Result<usize, SchedulerError> {
+        Ok(self.kv.shared_prefix_len_tokens(seq_id)?)
+    }
+
+    /// Announces a compaction of a running sequence rewriting its slots from
+    /// `first_rewritten_token` on (before any write): those blocks leave the prefix cache and
+    /// the sequence registers nothing more. Refused, changing nothing, when one of them is
+    /// shared ([`KvError::SharedBlockRewrite`]).
+    pub fn prepare_rewrite(
+        &mut self,
+        seq_id: SeqId,
+        first_rewritten_token: usize,
+    ) -> Result<usize, SchedulerError> {
+        match self.seqs.get(&seq_id) {
+            None => Err(SchedulerError::UnknownSequence(seq_id)),
+            Some(seq) if seq.status != SeqStatus::Running => {
+                Err(SchedulerError::NotRunning(seq_id))
+            }
+            Some(_) => Ok(self.kv.prepare_rewrite(seq_id, first_rewritten_token)?),
+        }
+    }
+
     /// Progress of one sequence, if it is waiting or running.
     pub fn sequence(&self, seq_id: SeqId) -> Option<SeqProgress> {
         self.seqs.get(&seq_id).copied()
@@ -359,6 +458,8 @@ impl Scheduler {
     fn remove(&mut self, seq_id: SeqId) -> Result<(), SchedulerError> {
         self.seqs.remove(&seq_id);
         self.held.remove(&seq_id);
+        self.block_hashes.remove(&seq_id);
+        self.uncached_tail_tokens.remove(&seq_id);
         self.running.retain(|id| *id != seq_id);
         self.waiting.retain(|id| *id != seq_id);
         if self.kv.contains(seq_id) {

@@ -18,8 +18,13 @@
 //! later request jumps ahead of it (no starvation of large requests). Under
 //! [`super::AdmissionPolicy::ReservePeak`] the head also waits until the
 //! projected peaks of the running sequences and its own fit (see `admission`).
+//!
+//! A waiting sequence starts at its prefix-cache hit: the cached leading blocks
+//! go into its table as they are, `num_computed_tokens` starts after them, and
+//! only the uncached rest counts against the budget. The hit never covers the
+//! last known token (its logits must be computed), so at least one token runs.
 
-use starling_kv::{KvError, SeqId};
+use starling_kv::{KvError, PrefixQuery, SeqId};
 
 use super::plan::{ScheduledSeq, StepPlan, StepStats};
 use super::sequence::SeqStatus;
@@ -98,11 +103,15 @@ impl Scheduler {
                 self.waiting.pop_front();
                 continue;
             };
-            let num_tokens = seq.num_remaining_tokens().min(draft.budget_tokens);
-            if num_tokens == 0 || !self.admits(seq_id) || !self.try_allocate(seq_id, num_tokens) {
+            let num_known = seq.num_tokens;
+            if !self.admits(seq_id) {
                 // FCFS: the head waits, and so does everyone behind it.
                 break;
             }
+            let Some(num_tokens) = self.try_allocate_new(seq_id, num_known, draft.budget_tokens)
+            else {
+                break;
+            };
             self.waiting.pop_front();
             self.running.push(seq_id);
             if let Some(seq) = self.seqs.get_mut(&seq_id) {
@@ -119,6 +128,51 @@ impl Scheduler {
             Err(e) => {
                 debug_assert!(matches!(e, KvError::OutOfBlocks { .. }), "{e}");
                 false
+            }
+        }
+    }
+
+    /// Makes the table of a sequence starting from nothing computed: its cached leading blocks
+    /// (never the one holding its last known token, nor any of its uncached tail) plus fresh slots for a chunk of the rest
+    /// within `budget_tokens`. Sets `num_computed_tokens` to the hit and returns the chunk's
+    /// length; `None` (nothing changed) when out of blocks or budget.
+    fn try_allocate_new(
+        &mut self,
+        seq_id: SeqId,
+        num_known_tokens: usize,
+        budget_tokens: usize,
+    ) -> Option<usize> {
+        let bs = self.kv.block_size_tokens();
+        let hashes = self
+            .block_hashes
+            .get(&seq_id)
+            .map_or(&[][..], Vec::as_slice);
+        let tail = self.uncached_tail_tokens.get(&seq_id).copied().unwrap_or(1);
+        let reusable = num_known_tokens.saturating_sub(tail.max(1)) / bs;
+        let hashes = &hashes[..hashes.len().min(reusable)];
+        let cached_tokens = self.kv.find_cached_prefix(hashes).num_tokens;
+        let num_tokens = (num_known_tokens - cached_tokens).min(budget_tokens);
+        if num_tokens == 0 {
+            return None;
+        }
+        let query = PrefixQuery {
+            block_hashes: hashes,
+            query_len_tokens: num_known_tokens,
+        };
+        match self
+            .kv
+            .allocate_with_prefix(seq_id, query, cached_tokens + num_tokens)
+        {
+            Ok(hit) => {
+                debug_assert_eq!(hit.num_tokens, cached_tokens);
+                if let Some(seq) = self.seqs.get_mut(&seq_id) {
+                    seq.num_computed_tokens = hit.num_tokens;
+                }
+                Some(cached_tokens + num_tokens - hit.num_tokens)
+            }
+            Err(e) => {
+                debug_assert!(matches!(e, KvError::OutOfBlocks { .. }), "{e}");
+                None
             }
         }
     }

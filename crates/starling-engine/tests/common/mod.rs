@@ -74,6 +74,25 @@ pub fn engine_with_admission(
     compression: CompressionConfig,
     admission: AdmissionPolicy,
 ) -> Engine<CpuBackend> {
+    engine_with_prefix_caching(
+        kv_blocks,
+        max_num_batched_tokens,
+        max_model_len_tokens,
+        compression,
+        admission,
+        false,
+    )
+}
+
+/// [`engine_with_admission`] with automatic prefix caching on or off.
+pub fn engine_with_prefix_caching(
+    kv_blocks: usize,
+    max_num_batched_tokens: usize,
+    max_model_len_tokens: usize,
+    compression: CompressionConfig,
+    admission: AdmissionPolicy,
+    enable_prefix_caching: bool,
+) -> Engine<CpuBackend> {
     let model = tiny_model();
     let bytes_per_block =
         Engine::cache_layout_of(&CpuBackend::new(), &model).bytes_per_block(BLOCK_TOKENS);
@@ -88,6 +107,8 @@ pub fn engine_with_admission(
         kv_cache_memory_bytes: bytes_per_block * kv_blocks as u64,
         compression,
         star_kv: None,
+        enable_prefix_caching,
+        model_identity: None,
     };
     Engine::new(CpuBackend::new(), model, None, config).unwrap()
 }

@@ -220,6 +220,8 @@ pub fn start(setup: Setup) -> TestServer {
             kv_cache_memory_bytes: kv_blocks * block_bytes,
             compression: Default::default(),
             star_kv: None,
+            enable_prefix_caching: false,
+            model_identity: None,
         };
         let text = Arc::new(TokenizerText(text_tokenizer));
         Engine::new(backend, model, Some(text), engine_config)

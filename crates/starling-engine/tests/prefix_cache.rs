@@ -1,0 +1,308 @@
+//! Automatic prefix caching through the engine, on the tiny CPU model (issue 19): requests
+//! sharing a prefix generate exactly what they generate with caching off while computing fewer
+//! tokens; preemption, pool pressure (LRU eviction of cached blocks) and token eviction keep
+//! the outputs and leak no block; a workload with nothing to share is unchanged.
+
+mod common;
+
+use common::{engine_with_prefix_caching, greedy, prompt, BLOCK_TOKENS};
+use starling_backend::cpu::CpuBackend;
+use starling_engine::scheduler::AdmissionPolicy;
+use starling_engine::testing::{first_divergence, EngineTester, Trace, TraceOutcome, TraceRequest};
+use starling_engine::{Engine, RequestOptions};
+use starling_evict::{CompressionConfig, CompressionMethod};
+
+/// An engine on the tiny model; its context window is what the pool holds (at most 256).
+fn engine(kv_blocks: usize, batched: usize, cached: bool) -> Engine<CpuBackend> {
+    engine_with_prefix_caching(
+        kv_blocks,
+        batched,
+        (kv_blocks * BLOCK_TOKENS).min(256),
+        CompressionConfig::default(),
+        AdmissionPolicy::Optimistic,
+        cached,
+    )
+}
+
+fn run(engine: &mut Engine<CpuBackend>, trace: &Trace) -> TraceOutcome {
+    EngineTester::default().run(engine, trace).unwrap()
+}
+
+fn request(arrival_step: usize, prompt_ids: Vec<u32>, max_tokens: usize) -> TraceRequest {
+    TraceRequest {
+        arrival_step,
+        prompt_ids,
+        params: greedy(max_tokens),
+        options: RequestOptions::default(),
+    }
+}
+
+/// `prefix` followed by a suffix of `suffix_len` tokens drawn from `seed`.
+fn with_suffix(prefix: &[u32], seed: u32, suffix_len: usize) -> Vec<u32> {
+    let mut p = prefix.to_vec();
+    p.extend(
+        prompt(seed, suffix_len)
+            .iter()
+            .map(|t| (t + 17 * seed) % 120 + 3),
+    );
+    p
+}
+
+fn assert_same_tokens(cached: &TraceOutcome, plain: &TraceOutcome) {
+    assert_eq!(
+        first_divergence(cached, plain),
+        None,
+        "cached {:?}\nuncached {:?}",
+        cached.requests,
+        plain.requests
+    );
+}
+
+/// vLLM's `prefix_repetition` shape: `prefixes` × `suffixes` requests.
+fn prefix_repetition(
+    prefixes: u32,
+    suffixes: u32,
+    prefix_len: usize,
+    suffix_len: usize,
+    max_tokens: usize,
+    arrival: impl Fn(u32, u32) -> usize,
+) -> Trace {
+    let mut requests = Vec::new();
+    for p in 0..prefixes {
+        let prefix = prompt(100 + p, prefix_len);
+        for s in 0..suffixes {
+            let seed = p * suffixes + s + 1;
+            requests.push(request(
+                arrival(p, s),
+                with_suffix(&prefix, seed, suffix_len),
+                max_tokens,
+            ));
+        }
+    }
+    Trace { requests }
+}
+
+#[test]
+fn shared_prefixes_generate_the_uncached_tokens_and_compute_only_the_tails() {
+    // Prefix of 41 tokens: 10 full blocks plus one token in the 11th, so the 11th block
+    // differs per suffix and never hits. Suffixes arrive after the first request's prefill.
+    let trace = prefix_repetition(2, 3, 41, 7, 9, |p, s| (p + 2 * s) as usize);
+    let plain = run(&mut engine(400, 64, false), &trace);
+    let mut cached_engine = engine(400, 64, true);
+    let cached = run(&mut cached_engine, &trace);
+    assert_same_tokens(&cached, &plain);
+    assert_eq!(plain.prefix_cache_hit_tokens, 0);
+    assert_eq!(plain.prefix_cache_query_tokens, 0);
+    // Each later request of a prefix reuses exactly its 10 full prefix blocks.
+    let hits = 2 * 2 * 40;
+    assert_eq!(cached.prefix_cache_hit_tokens, hits);
+    assert_eq!(cached.prefix_cache_query_tokens, 6 * 48);
+    assert_eq!(cached.prefill_tokens, plain.prefill_tokens - hits);
+    let counters = cached_engine.stats().prefix_cache;
+    assert!(counters.enabled && counters.cached_blocks > 0);
+    assert!((counters.hit_rate() - hits as f64 / (6.0 * 48.0)).abs() < 1e-12);
+}
+
+#[test]
+fn a_prompt_fully_cached_still_computes_its_last_token() {
+    // The same 32-token prompt (exactly 8 blocks) twice: the second reuses 7 blocks, since the
+    // block holding its last token must run to produce logits.
+    let p = prompt(3, 32);
+    let trace = Trace {
+        requests: vec![request(0, p.clone(), 5), request(3, p, 5)],
+    };
+    let plain = run(&mut engine(200, 64, false), &trace);
+    let cached = run(&mut engine(200, 64, true), &trace);
+    assert_same_tokens(&cached, &plain);
+    assert_eq!(cached.prefix_cache_hit_tokens, 7 * BLOCK_TOKENS as u64);
+    assert_eq!(cached.requests[0].token_ids, cached.requests[1].token_ids);
+}
+
+#[test]
+fn chunked_prefill_continues_after_the_hit() {
+    // 16-token chunks: the first request registers its blocks chunk by chunk while later ones
+    // arrive mid-prefill and reuse what is there, then prefill the rest in chunks.
+    let trace = prefix_repetition(1, 4, 60, 9, 6, |_, s| 3 * s as usize);
+    let plain = run(&mut engine(400, 16, false), &trace);
+    let cached = run(&mut engine(400, 16, true), &trace);
+    assert_same_tokens(&cached, &plain);
+    assert!(cached.prefix_cache_hit_tokens > 0);
+    assert!(cached.prefill_tokens < plain.prefill_tokens);
+    assert!(
+        cached.steps < plain.steps,
+        "{} vs {}",
+        cached.steps,
+        plain.steps
+    );
+}
+
+#[test]
+fn preemption_with_shared_blocks_keeps_outputs_and_books() {
+    // 40 blocks: six requests of 49 prompt tokens + 24 outputs cannot all run; the newest are
+    // preempted while holding blocks others share, and resume from the cache.
+    let trace = prefix_repetition(2, 3, 36, 13, 24, |p, s| (p + s) as usize);
+    let plain = run(&mut engine(40, 32, false), &trace);
+    let cached = run(&mut engine(40, 32, true), &trace);
+    assert_same_tokens(&cached, &plain);
+    assert!(cached.preemptions > 0, "the pool is meant to be too small");
+    assert!(cached.prefix_cache_hit_tokens > 0);
+}
+
+#[test]
+fn a_soak_of_shared_prefixes_leaks_no_block() {
+    // 4 prefixes x 12 suffixes over a pool that holds only a few requests: cached free blocks
+    // are evicted for new ones, requests are preempted, and every step's books must agree
+    // (the tester checks ref counts and free + cached + used after each step).
+    let trace = prefix_repetition(4, 12, 29, 11, 10, |p, s| ((s * 7 + p * 3) % 40) as usize);
+    let plain = run(&mut engine(48, 32, false), &trace);
+    let mut cached_engine = engine(48, 32, true);
+    let cached = run(&mut cached_engine, &trace);
+    assert_same_tokens(&cached, &plain);
+    let counters = cached_engine.stats().prefix_cache;
+    assert!(counters.hits_tokens > 0);
+    assert!(
+        counters.evicted_blocks > 0,
+        "the pool should have evicted cached blocks"
+    );
+    let stats = cached_engine.stats();
+    assert_eq!(stats.kv_blocks_free, stats.kv_blocks_total);
+    // Run the same trace again on the warm engine: still the same tokens.
+    let again = run(&mut cached_engine, &trace);
+    assert_same_tokens(&again, &plain);
+    assert!(again.prefix_cache_hit_tokens > 0);
+}
+
+#[test]
+fn a_workload_with_nothing_to_share_is_unchanged() {
+    let trace = Trace::seeded_greedy(21, 12, 128, 5..60, 3..20, 8);
+    let plain = run(&mut engine(400, 32, false), &trace);
+    let cached = run(&mut engine(400, 32, true), &trace);
+    assert_same_tokens(&cached, &plain);
+    assert_eq!(cached.prefix_cache_hit_tokens, 0);
+    // Same schedule: same steps, same tokens computed, same blocks held.
+    assert_eq!(cached.steps, plain.steps);
+    assert_eq!(cached.prefill_tokens, plain.prefill_tokens);
+    assert_eq!(cached.max_blocks_in_use, plain.max_blocks_in_use);
+}
+
+// --- Token eviction -------------------------------------------------------------------------
+
+fn keydiff(sink_tokens: usize) -> CompressionConfig {
+    CompressionConfig {
+        method: CompressionMethod::KeyDiff,
+        ratio: 0.5,
+        sink_tokens,
+        window_tokens: 4,
+        every_n_tokens: 8,
+        seed: 7,
+        head_wise: true,
+    }
+}
+
+fn compressed(mut r: TraceRequest, c: CompressionConfig) -> TraceRequest {
+    r.options.compression = Some(c);
+    r
+}
+
+#[test]
+fn a_request_sharing_a_prefix_with_a_compressed_one_generates_what_it_does_alone() {
+    // U (plain) computes the prefix; A (compressing) reuses it and compacts only its private
+    // tail while U still holds the prefix; B (plain) arrives after A's compactions and reuses
+    // the same prefix blocks. U and B must generate what they generate with caching off: the
+    // shared blocks were never rewritten.
+    let prefix = prompt(42, 40);
+    let trace = Trace {
+        requests: vec![
+            request(0, with_suffix(&prefix, 1, 6), 30),
+            compressed(request(2, with_suffix(&prefix, 2, 23), 20), keydiff(2)),
+            request(8, with_suffix(&prefix, 3, 5), 12),
+        ],
+    };
+    let plain = run(&mut engine(400, 64, false), &trace);
+    let mut cached_engine = engine(400, 64, true);
+    let cached = run(&mut cached_engine, &trace);
+    assert!(cached.compressions > 0, "A is meant to compress");
+    for i in [0, 2] {
+        assert_eq!(
+            cached.requests[i].token_ids, plain.requests[i].token_ids,
+            "request {i}"
+        );
+    }
+    assert_eq!(cached.requests[1].finish_reason, "length");
+    // A and B each reuse the prefix's 10 blocks.
+    assert_eq!(cached.prefix_cache_hit_tokens, 2 * 40);
+    // And alone on a fresh cached engine, B generates the same again.
+    let alone = Trace {
+        requests: vec![trace.requests[2].clone()],
+    };
+    let b_alone = run(&mut engine(400, 64, true), &alone);
+    assert_eq!(b_alone.requests[0].token_ids, cached.requests[2].token_ids);
+}
+
+#[test]
+fn a_compacted_requests_blocks_are_never_offered_under_their_original_hashes() {
+    // A compresses alone (sinks of 8 tokens = 2 blocks kept in place): after its compaction
+    // only those two blocks still hold what their hashes say. A later request with A's whole
+    // prompt and outputs must reuse exactly those two blocks and generate what it does
+    // without the cache; reusing any other block of A would read compacted slots.
+    let a_prompt = prompt(9, 37);
+    let a = Trace {
+        requests: vec![compressed(request(0, a_prompt.clone(), 16), keydiff(8))],
+    };
+    let mut cached_engine = engine(400, 64, true);
+    let first = run(&mut cached_engine, &a);
+    assert!(first.compressions > 0);
+    let mut follow_up = a_prompt.clone();
+    follow_up.extend(&first.requests[0].token_ids);
+    follow_up.push(5);
+    let c = Trace {
+        requests: vec![request(0, follow_up, 8)],
+    };
+    let second = run(&mut cached_engine, &c);
+    let plain = run(&mut engine(400, 64, false), &c);
+    assert_same_tokens(&second, &plain);
+    assert_eq!(second.prefix_cache_hit_tokens, 2 * BLOCK_TOKENS as u64);
+}
+
+#[test]
+fn a_compressing_request_with_nothing_shared_compresses_as_without_the_cache() {
+    // With no other holder of its blocks, a compressing request evicts over its whole context,
+    // so its tokens equal the uncached run's even when its prefix came from the cache.
+    let prefix = prompt(77, 44);
+    let trace = Trace {
+        requests: vec![
+            request(0, with_suffix(&prefix, 4, 3), 2),
+            // Arrives after the first finished: its hit blocks are held by it alone.
+            compressed(request(6, with_suffix(&prefix, 5, 13), 18), keydiff(2)),
+        ],
+    };
+    let plain = run(&mut engine(400, 64, false), &trace);
+    let cached = run(&mut engine(400, 64, true), &trace);
+    assert!(cached.prefix_cache_hit_tokens > 0);
+    assert!(cached.compressions > 0);
+    assert_same_tokens(&cached, &plain);
+}
+
+#[test]
+fn snapkv_requests_compute_their_observation_window_even_when_cached() {
+    // SnapKV scores with the queries of the prompt's last `window` tokens: those rows must
+    // run through the model, so the cache hit stops before them and the outputs equal the
+    // uncached run's.
+    let snapkv = CompressionConfig {
+        method: CompressionMethod::SnapKv,
+        window_tokens: 12,
+        ..keydiff(2)
+    };
+    let p = prompt(5, 48);
+    let trace = Trace {
+        requests: vec![
+            request(0, p.clone(), 3),
+            compressed(request(5, p, 10), snapkv),
+        ],
+    };
+    let plain = run(&mut engine(400, 64, false), &trace);
+    let cached = run(&mut engine(400, 64, true), &trace);
+    assert_same_tokens(&cached, &plain);
+    // 48 - 12 = 36 tokens may come from the cache: 9 blocks.
+    assert_eq!(cached.prefix_cache_hit_tokens, 36);
+}
