@@ -167,6 +167,49 @@ fn fill_latents(
     .unwrap();
 }
 
+/// A random batch of `shape` (context, new tokens) attends both caches; the GPU's rows must
+/// match the CPU reference's.
+#[allow(clippy::too_many_arguments)]
+fn attend_and_check(
+    gpu: &CudaBackend,
+    cpu: &CpuBackend,
+    (cache_c, cache_g): (
+        &<CpuBackend as Backend>::KvCache,
+        &<CudaBackend as Backend>::KvCache,
+    ),
+    factors: &Factors,
+    dims: &AttentionDims,
+    rope: &RopeSpec,
+    shape: &[(usize, usize)],
+    width: usize,
+    rng: &mut ChaCha8Rng,
+    name: &str,
+) {
+    let num_blocks = cache_g.spec().num_blocks;
+    let meta = random_batch(rng, shape, 16, num_blocks);
+    let qkv = rand_host(rng, vec![meta.num_tokens(), width], 1.0);
+    let (bc, bg) = (
+        cpu.prepare_batch(&meta, num_blocks).unwrap(),
+        gpu.prepare_batch(&meta, num_blocks).unwrap(),
+    );
+    let want = cpu
+        .latent_attention(&qkv, cache_c, &factors.cpu(), dims, rope, &bc)
+        .unwrap();
+    let got = gpu
+        .latent_attention(
+            &gpu.upload(&qkv).unwrap(),
+            cache_g,
+            &factors.gpu(),
+            dims,
+            rope,
+            &bg,
+        )
+        .unwrap();
+    let got = gpu.to_host(&got).unwrap();
+    report_rows(name, &meta, &got, &want);
+    check(name, &got, &want);
+}
+
 /// Every slot of the two latent caches holds the same rows and positions, bit for bit.
 fn assert_same_caches(
     name: &str,
@@ -277,29 +320,11 @@ fn latent_write_attention_and_reconstruction_match_cpu() {
         ];
         for (part, shape, kernel) in parts {
             gpu.set_latent_score_kernel(kernel);
-            let part = format!("{part} ({kernel:?})");
-            let meta = random_batch(&mut rng, shape, 16, num_blocks);
-            let qkv = rand_host(&mut rng, vec![meta.num_tokens(), width], 1.0);
-            let (bc, bg) = (
-                cpu.prepare_batch(&meta, num_blocks).unwrap(),
-                gpu.prepare_batch(&meta, num_blocks).unwrap(),
+            let name = format!("{label} {part} ({kernel:?})");
+            let caches = (&cache_c, &cache_g);
+            attend_and_check(
+                &gpu, &cpu, caches, &factors, &dims, &rope, shape, width, &mut rng, &name,
             );
-            let want = cpu
-                .latent_attention(&qkv, &cache_c, &factors.cpu(), &dims, &rope, &bc)
-                .unwrap();
-            let got = gpu
-                .latent_attention(
-                    &gpu.upload(&qkv).unwrap(),
-                    &cache_g,
-                    &factors.gpu(),
-                    &dims,
-                    &rope,
-                    &bg,
-                )
-                .unwrap();
-            let got = gpu.to_host(&got).unwrap();
-            report_rows(&format!("{label} {part}"), &meta, &got, &want);
-            check(&format!("{label} {part}"), &got, &want);
         }
 
         // Decode rows again over keys at consecutive positions within each block.
@@ -319,29 +344,11 @@ fn latent_write_attention_and_reconstruction_match_cpu() {
             LatentScoreKernel::RotaryAbsorbed,
         ] {
             gpu.set_latent_score_kernel(kernel);
-            let meta = random_batch(&mut rng, &decode, 16, num_blocks);
-            let qkv = rand_host(&mut rng, vec![meta.num_tokens(), width], 1.0);
-            let (bc, bg) = (
-                cpu.prepare_batch(&meta, num_blocks).unwrap(),
-                gpu.prepare_batch(&meta, num_blocks).unwrap(),
-            );
-            let want = cpu
-                .latent_attention(&qkv, &cache_c, &factors.cpu(), &dims, &rope, &bc)
-                .unwrap();
-            let got = gpu
-                .latent_attention(
-                    &gpu.upload(&qkv).unwrap(),
-                    &cache_g,
-                    &factors.gpu(),
-                    &dims,
-                    &rope,
-                    &bg,
-                )
-                .unwrap();
-            let got = gpu.to_host(&got).unwrap();
             let name = format!("{label} decode ({kernel:?}), consecutive positions");
-            report_rows(&name, &meta, &got, &want);
-            check(&name, &got, &want);
+            let caches = (&cache_c, &cache_g);
+            attend_and_check(
+                &gpu, &cpu, caches, &factors, &dims, &rope, &decode, width, &mut rng, &name,
+            );
         }
 
         // Reconstruction of one long sequence into a full cache.
