@@ -11,6 +11,7 @@ pub mod client;
 pub mod dataset;
 pub mod driver;
 pub mod error;
+pub mod multi_turn;
 pub mod niah;
 pub mod plot;
 pub mod quality;

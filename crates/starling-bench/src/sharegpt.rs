@@ -37,8 +37,9 @@ struct Conversation {
     conversations: Vec<Turn>,
 }
 
-/// The (first human turn, first reply) pairs of a ShareGPT file.
-pub fn load_pairs(path: &Path) -> Result<Vec<(String, String)>, BenchError> {
+/// Every conversation of a ShareGPT file as its (human turn, reply) exchanges, from the first
+/// human turn while the roles alternate.
+pub fn load_exchanges(path: &Path) -> Result<Vec<Vec<(String, String)>>, BenchError> {
     let text = std::fs::read_to_string(path).map_err(|e| BenchError::io(path, e))?;
     let conversations: Vec<Conversation> =
         serde_json::from_str(&text).map_err(|source| BenchError::Json {
@@ -47,12 +48,26 @@ pub fn load_pairs(path: &Path) -> Result<Vec<(String, String)>, BenchError> {
         })?;
     Ok(conversations
         .into_iter()
-        .filter_map(|c| {
+        .map(|c| {
+            let mut exchanges = Vec::new();
             let mut turns = c.conversations.into_iter();
-            let first = turns.next()?;
-            let second = turns.next()?;
-            (first.from == "human").then_some((first.value, second.value))
+            while let (Some(human), Some(reply)) = (turns.next(), turns.next()) {
+                if human.from != "human" || reply.from == "human" {
+                    break;
+                }
+                exchanges.push((human.value, reply.value));
+            }
+            exchanges
         })
+        .filter(|e| !e.is_empty())
+        .collect())
+}
+
+/// The (first human turn, first reply) pairs of a ShareGPT file.
+pub fn load_pairs(path: &Path) -> Result<Vec<(String, String)>, BenchError> {
+    Ok(load_exchanges(path)?
+        .into_iter()
+        .filter_map(|e| e.into_iter().next())
         .collect())
 }
 

@@ -24,8 +24,9 @@ pub struct BenchServeArgs {
     model: Option<String>,
     /// `random`, `prefix_repetition` (vLLM's: random prefixes shared by several requests, for
     /// prefix caching; the report gives the server's prefix-cache hit rate), `sharegpt`
-    /// (chitchat-dataset, fetched and converted once into $STARLING_HOME/datasets/), or a
-    /// ShareGPT JSON file.
+    /// (chitchat-dataset, fetched and converted once into $STARLING_HOME/datasets/),
+    /// `sharegpt_multiturn` (its conversations turn by turn, each prompt the transcript so far:
+    /// prefix caching across turns), or a ShareGPT JSON file.
     #[arg(long, default_value = "random")]
     dataset: String,
     /// Requests per run.
@@ -61,6 +62,10 @@ pub struct BenchServeArgs {
     /// Prefix-repetition dataset: output length, tokens.
     #[arg(long, default_value_t = 128)]
     prefix_repetition_output_len: usize,
+    /// Multi-turn dataset: turns kept per conversation (requests come from
+    /// num_prompts / turns conversations).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(usize))]
+    multi_turn_max_turns: usize,
     /// Generate the full output length even past EOS.
     #[arg(long)]
     ignore_eos: bool,
@@ -227,14 +232,27 @@ async fn load_dataset(args: &BenchServeArgs, client: &StreamClient) -> Result<Ve
             args.seed,
         )?);
     }
-    let path = if args.dataset == "sharegpt" {
+    let multi_turn = args.dataset == "sharegpt_multiturn";
+    let path = if args.dataset == "sharegpt" || multi_turn {
         let options = starling_hub::FetchOptions::from_env()?;
         sharegpt::ensure_cached(&options.home, &options.python)?
     } else {
         PathBuf::from(&args.dataset)
     };
-    let pairs = sharegpt::load_pairs(&path)?;
     let max_model_len = client.max_model_len().await?;
+    if multi_turn {
+        let conversations = sharegpt::load_exchanges(&path)?;
+        return Ok(starling_bench::multi_turn::multi_turn_requests(
+            conversations,
+            args.num_prompts,
+            args.seed,
+            args.multi_turn_max_turns,
+            client,
+            max_model_len,
+        )
+        .await?);
+    }
+    let pairs = sharegpt::load_pairs(&path)?;
     Ok(
         sharegpt::sample_requests(pairs, args.num_prompts, args.seed, client, max_model_len)
             .await?,
