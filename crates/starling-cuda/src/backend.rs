@@ -45,6 +45,7 @@ pub(crate) mod key_scores;
 mod kv_cache;
 mod kv_ops;
 pub(crate) mod latent;
+mod latent_reconstruct;
 pub(crate) mod latent_scores;
 mod linear;
 mod recording_pool;

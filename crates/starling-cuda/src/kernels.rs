@@ -36,7 +36,8 @@ const PREFILL_ATTENTION_SRC: &str = kernel_source!("../kernels/prefill_attention
 const DECODE_ATTENTION_SRC: &str = kernel_source!("../kernels/decode_attention.cu", mma_common);
 const SAMPLING_SRC: &str = kernel_source!("../kernels/sampling.cu");
 const GEMV_SRC: &str = kernel_source!("../kernels/gemv.cu", bf16_vec);
-const LATENT_SRC: &str = kernel_source!("../kernels/latent.cu", mma_common);
+const LATENT_SRC: &str = kernel_source!("../kernels/latent.cu", mma_common, latent_common);
+const LATENT_ROT_SRC: &str = kernel_source!("../kernels/latent_rot.cu", mma_common, latent_common);
 
 /// Head widths the latent score kernel (`latent.cu`) is instantiated for.
 const LATENT_HEAD_DIMS: [usize; 2] = [64, 128];
@@ -314,13 +315,16 @@ pub fn kernel_modules() -> Vec<KernelModule> {
             ])
             .into_iter()
             .chain(LATENT_HEAD_DIMS.iter().map(|&d| names::latent_scores(d)))
-            .chain(
-                LATENT_ROT_VARIANTS
-                    .iter()
-                    .map(|&(d, ks, mt)| names::latent_scores_rot(d, ks, mt)),
-            )
             .chain(LATENT_M_TILES.iter().map(|&mt| names::latent_values(mt)))
             .collect(),
+        },
+        KernelModule {
+            name: "latent_rot",
+            source: LATENT_ROT_SRC,
+            functions: LATENT_ROT_VARIANTS
+                .iter()
+                .map(|&(d, ks, mt)| names::latent_scores_rot(d, ks, mt))
+                .collect(),
         },
     ]
 }

@@ -107,7 +107,7 @@ pub struct CudaBatch {
     pub(crate) decode_score_capacity: usize,
     /// A latent prefill's reconstruction plan, made on first use (one per step, shared by
     /// every latent layer).
-    pub(crate) latent_prefill: std::sync::OnceLock<super::latent::PrefillScratchPlan>,
+    pub(crate) latent_prefill: std::sync::OnceLock<super::latent_reconstruct::PrefillScratchPlan>,
 }
 
 impl CudaBatch {

@@ -1,0 +1,46 @@
+// Helpers shared by the latent kernel modules (latent.cu, latent_rot.cu). Not a module of its
+// own: the host prepends it after mma_common.cuh (kernels.rs).
+#include <cuda_fp16.h>
+
+// A compile-time flag for generic lambdas (NVRTC has no <type_traits>).
+template <bool B>
+struct BoolTag {
+    static constexpr bool value = B;
+};
+
+// 16-byte global → shared copy through L1 (zero-filled when invalid): for rows whose sectors
+// are requested in two halves by one thread.
+__device__ __forceinline__ void cp_async16_ca(bf16* dst, const bf16* src, bool valid) {
+    const int n = valid ? 16 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(n));
+}
+
+// 4-byte global → shared copy (zero-filled when invalid).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+    const int n = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(n));
+}
+
+// The latent kernels cut each split of the step's attention plan (the dense kernels' plan, so a
+// replayed step reads the same one) into `sub` finer splits of whole key tiles: reconstructing
+// keys makes a latent split far more work than a dense one, and shapes with few KV heads would
+// otherwise leave most SMs idle. Eager launches and replays refine the same plan alike.
+__device__ __forceinline__ void refine_split(const unsigned* __restrict__ plan, int sub,
+                                             int& splits, int& split_len) {
+    if (plan != nullptr) {
+        splits = (int)plan[0];
+        split_len = (int)plan[1];
+    }
+    if (sub > 1) {
+        splits *= sub;
+        split_len = (((split_len + sub - 1) / sub) + 63) & ~63;
+    }
+}
+
+// Bits of the slot's position (stored as two bf16 words: the row-moving kernels copy it as data).
+__device__ __forceinline__ unsigned slot_position(const unsigned* __restrict__ positions,
+                                                  unsigned slot) {
+    return positions[slot];
+}

@@ -1,0 +1,317 @@
+//! A latent layer's prefill chunks on the GPU: each step's reconstruction plan (scratch slots
+//! and block tables for its prefill sequences), the reconstruction of their contexts into a
+//! scratch full cache (gather, one GEMM per key head and one for the values, bias and RoPE),
+//! and `reconstruct_kv` (a sequence's latents to full K/V), beside the cuBLAS call they share.
+
+use cudarc::cublas::sys::{
+    cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t,
+};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use half::bf16;
+use starling_backend::cpu::{check_block_table, check_distinct_blocks, physical_slots};
+use starling_backend::{AttentionDims, LatentFactors, RopeSpec, RopeStyle};
+
+use super::kv_ops::int_arg;
+use super::latent::{positions, DeviceFactors, NULL};
+use super::{grid_for, CudaBackend, CudaBatch, CudaKvCache};
+use crate::{CudaError, CudaTensor};
+
+/// A slot no cache row lives at (padding of a scratch block).
+const NO_SLOT: u32 = u32::MAX;
+
+/// One step's reconstruction plan for its prefill sequences (made once per batch, shared by the
+/// latent layers): the cache slot behind every scratch slot, and the scratch block tables.
+pub(crate) struct PrefillScratchPlan {
+    /// `[scratch slots]`: the latent cache slot each reconstructed row comes from.
+    pub(super) src_slots: CudaSlice<u32>,
+    /// `[sequences, max_blocks]`: sequence `s`'s physical block `b` → scratch block.
+    pub(super) tables: CudaSlice<u32>,
+    /// Scratch slots (whole blocks).
+    pub(super) num_slots: usize,
+}
+
+impl CudaBackend {
+    /// The batch's prefill reconstruction plan (made on first use).
+    pub(super) fn prefill_scratch_plan<'b>(
+        &self,
+        batch: &'b CudaBatch,
+    ) -> Result<&'b PrefillScratchPlan, CudaError> {
+        if let Some(plan) = batch.latent_prefill.get() {
+            return Ok(plan);
+        }
+        let bs = batch.meta.block_size_tokens;
+        let mut tables = vec![0u32; batch.meta.seqs.len() * batch.max_blocks];
+        let mut src = Vec::new();
+        let mut next_block = 0usize;
+        for (s, seq) in batch.meta.seqs.iter().enumerate() {
+            if seq.query_len < 2 {
+                continue;
+            }
+            let blocks = seq.context_len_tokens.div_ceil(bs);
+            for b in 0..blocks {
+                tables[s * batch.max_blocks + b] = u32::try_from(next_block + b)
+                    .map_err(|_| CudaError::Shape("scratch block id exceeds u32".into()))?;
+            }
+            for j in 0..blocks * bs {
+                src.push(if j < seq.context_len_tokens {
+                    seq.block_table[j / bs] * bs as u32 + (j % bs) as u32
+                } else {
+                    NO_SLOT
+                });
+            }
+            next_block += blocks;
+        }
+        let plan = PrefillScratchPlan {
+            num_slots: src.len(),
+            src_slots: self.upload_u32(&src)?,
+            tables: self.upload_u32(&tables)?,
+        };
+        // A concurrent caller may have set it first; either plan is the same.
+        let _ = batch.latent_prefill.set(plan);
+        batch
+            .latent_prefill
+            .get()
+            .ok_or_else(|| CudaError::Shape("latent prefill plan".into()))
+    }
+
+    /// Full post-RoPE keys and values `[count, kv_heads · head_dim]` of the latent rows at
+    /// `src_slots` (a zero latent where the slot is [`NO_SLOT`]).
+    pub(super) fn reconstruct_rows(
+        &self,
+        cache: &CudaKvCache,
+        factors: &DeviceFactors<'_>,
+        dims: &AttentionDims,
+        rope: &RopeSpec,
+        src_slots: &CudaSlice<u32>,
+        count: usize,
+    ) -> Result<(CudaSlice<bf16>, CudaSlice<bf16>), CudaError> {
+        let (kw, vw) = cache.plane_widths();
+        let (d, kv) = (dims.head_dim, dims.kv_size());
+        let ranks = cache.spec.require_latent("reconstruct")?;
+        let mut z = self.alloc_bf16(count * kw)?;
+        let mut u = self.alloc_bf16(count * vw)?;
+        // SAFETY: the gather writes all `count` positions.
+        let mut pos = unsafe { self.stream.alloc::<u32>(count.max(1)) }?;
+        for (plane, out, width) in [(&cache.keys, &mut z, kw), (&cache.values, &mut u, vw)] {
+            let width_i = int_arg(width, "latent width")?;
+            if count * width > 0 {
+                launch!(
+                    self,
+                    &self.kernels.latent_gather_rows,
+                    grid_for(count * width / 8),
+                    out,
+                    plane,
+                    src_slots,
+                    &count,
+                    &width_i
+                )?;
+            }
+        }
+        launch!(
+            self,
+            &self.kernels.latent_gather_positions,
+            grid_for(count),
+            &mut pos,
+            positions(cache)?,
+            src_slots,
+            &count
+        )?;
+        // A head of rank 0 has keys of its bias alone: the GEMMs leave its columns zero.
+        let mut k = self.stream.alloc_zeros::<bf16>((count * kv).max(1))?;
+        let mut v = self.alloc_bf16(count * kv)?;
+        let mut offset = 0;
+        for (h, &rank) in ranks.iter().enumerate() {
+            if rank > 0 && count > 0 {
+                self.gemm_bf16_raw(
+                    GemmShape::single(d, count, rank, kw, kw, kv),
+                    (factors.key_up, offset),
+                    (&z, offset),
+                    (&mut k, h * d),
+                )?;
+            }
+            offset += rank;
+        }
+        if count > 0 {
+            self.gemm_bf16_raw(
+                GemmShape::single(kv, count, vw, vw, vw, kv),
+                (factors.value_up, 0),
+                (&u, 0),
+                (&mut v, 0),
+            )?;
+        }
+        let freqs = self.rope_freqs(&rope.inv_freqs)?;
+        let key_bias = factors
+            .key_bias
+            .map_or(NULL, |b| b.device_ptr(&self.stream).0);
+        let value_bias = factors
+            .value_bias
+            .map_or(NULL, |b| b.device_ptr(&self.stream).0);
+        let ints = [
+            int_arg(dims.num_kv_heads, "KV heads")?,
+            int_arg(d, "head_dim")?,
+            i32::from(rope.style == RopeStyle::Interleaved),
+        ];
+        if count > 0 {
+            launch!(
+                self,
+                &self.kernels.latent_finish_kv,
+                grid_for(count * (kv / 2 + kv)),
+                &mut k,
+                &mut v,
+                &pos,
+                &key_bias,
+                &value_bias,
+                freqs.as_ref(),
+                &count,
+                &ints[0],
+                &ints[1],
+                &ints[2]
+            )?;
+        }
+        Ok((k, v))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn reconstruct_kv_impl(
+        &self,
+        latent: &CudaKvCache,
+        factors: &LatentFactors<'_, CudaTensor>,
+        dims: &AttentionDims,
+        rope: &RopeSpec,
+        block_table: &[u32],
+        len_tokens: usize,
+        dense: &mut CudaKvCache,
+        dense_table: &[u32],
+    ) -> Result<(), CudaError> {
+        let op = "reconstruct_kv";
+        let dev = DeviceFactors::new(factors, latent, dims, op)?;
+        let bs = latent.spec.block_size_tokens;
+        let src = physical_slots(&latent.spec, block_table, bs, len_tokens, op)?;
+        if dense.full_dims(op)? != (dims.num_kv_heads, dims.head_dim) {
+            return Err(CudaError::Shape(format!(
+                "{op}: a full cache of {:?} for {dims:?}",
+                dense.spec.layout
+            )));
+        }
+        let dense_bs = dense.spec.block_size_tokens;
+        check_block_table(&dense.spec, dense_table, dense_bs, len_tokens, op)?;
+        check_distinct_blocks(dense_table, dense_bs, len_tokens, op)?;
+        if len_tokens == 0 {
+            return Ok(());
+        }
+        let src = self.upload_u32(&src)?;
+        let (k, v) = self.reconstruct_rows(latent, &dev, dims, rope, &src, len_tokens)?;
+        let table = self.upload_u32(dense_table)?;
+        let kv = dims.kv_size();
+        self.scatter_rows_of(&mut dense.keys, &table, dense_bs, &k, len_tokens, kv)?;
+        self.scatter_rows_of(&mut dense.values, &table, dense_bs, &v, len_tokens, kv)
+    }
+
+    /// `C = op(A) · op(B)` in cuBLAS's column-major terms (A transposed, B not: the row-major
+    /// `C[n × m] = B[n × k] · A[m × k]ᵀ`), bf16 operands and result, f32 accumulation, over
+    /// `shape.batch` strided problems. Each operand is a buffer and an element offset.
+    pub(super) fn gemm_bf16_raw(
+        &self,
+        shape: GemmShape,
+        a: (&CudaSlice<bf16>, usize),
+        b: (&CudaSlice<bf16>, usize),
+        c: (&mut CudaSlice<bf16>, usize),
+    ) -> Result<(), CudaError> {
+        let need = |lead: usize, cols: usize, stride: usize| {
+            (shape.batch.max(1) - 1) * stride + (cols.max(1) - 1) * lead
+        };
+        let fits =
+            |len: usize, offset: usize, last: usize, rows: usize| offset + last + rows <= len;
+        if !fits(
+            a.0.len(),
+            a.1,
+            need(shape.lda, shape.m, shape.stride_a),
+            shape.k,
+        ) || !fits(
+            b.0.len(),
+            b.1,
+            need(shape.ldb, shape.n, shape.stride_b),
+            shape.k,
+        ) || !fits(
+            c.0.len(),
+            c.1,
+            need(shape.ldc, shape.n, shape.stride_c),
+            shape.m,
+        ) {
+            return Err(CudaError::Shape(format!(
+                "latent GEMM {shape:?} out of its buffers ({}, {}, {})",
+                a.0.len(),
+                b.0.len(),
+                c.0.len()
+            )));
+        }
+        let to_i = |x: usize| int_arg(x, "GEMM dimension");
+        let elem = std::mem::size_of::<bf16>() as u64;
+        let (pa, _ga) = a.0.device_ptr(&self.stream);
+        let (pb, _gb) = b.0.device_ptr(&self.stream);
+        let (pc, _gc) = c.0.device_ptr_mut(&self.stream);
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: every problem's extent was checked against its buffer above.
+        unsafe {
+            cudarc::cublas::result::gemm_strided_batched_ex(
+                *self.blas.handle(),
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                to_i(shape.m)?,
+                to_i(shape.n)?,
+                to_i(shape.k)?,
+                (&alpha) as *const f32 as *const _,
+                (pa + a.1 as u64 * elem) as *const _,
+                cudaDataType_t::CUDA_R_16BF,
+                to_i(shape.lda)?,
+                shape.stride_a as i64,
+                (pb + b.1 as u64 * elem) as *const _,
+                cudaDataType_t::CUDA_R_16BF,
+                to_i(shape.ldb)?,
+                shape.stride_b as i64,
+                (&beta) as *const f32 as *const _,
+                (pc + c.1 as u64 * elem) as *mut _,
+                cudaDataType_t::CUDA_R_16BF,
+                to_i(shape.ldc)?,
+                shape.stride_c as i64,
+                to_i(shape.batch)?,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }?;
+        Ok(())
+    }
+}
+
+/// The shape of a (strided batched) column-major GEMM `C[m × n] = Aᵀ[m × k] · B[k × n]`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct GemmShape {
+    pub(super) m: usize,
+    pub(super) n: usize,
+    pub(super) k: usize,
+    pub(super) lda: usize,
+    pub(super) ldb: usize,
+    pub(super) ldc: usize,
+    pub(super) stride_a: usize,
+    pub(super) stride_b: usize,
+    pub(super) stride_c: usize,
+    pub(super) batch: usize,
+}
+
+impl GemmShape {
+    /// One problem.
+    pub(super) fn single(m: usize, n: usize, k: usize, lda: usize, ldb: usize, ldc: usize) -> Self {
+        Self {
+            m,
+            n,
+            k,
+            lda,
+            ldb,
+            ldc,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+            batch: 1,
+        }
+    }
+}
