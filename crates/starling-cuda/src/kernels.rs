@@ -785,7 +785,7 @@ mod tests {
                 .contains("__device__ __forceinline__ void mma_bf16(");
             let tiled = matches!(
                 module.name,
-                "prefill_attention" | "decode_attention" | "latent"
+                "prefill_attention" | "decode_attention" | "latent" | "latent_rot"
             );
             assert_eq!(has, tiled, "{}", module.name);
         }
