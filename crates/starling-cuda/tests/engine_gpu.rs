@@ -101,6 +101,17 @@ enum Memory {
 
 /// An engine of `arm` with the given cache memory; `dtype` is the backend's cache dtype.
 fn engine<B: Backend>(backend: B, arm: Arm, memory: Memory, dtype: CacheDtype) -> Engine<B> {
+    engine_with_prefix_caching(backend, arm, memory, dtype, false)
+}
+
+/// [`engine`], with automatic prefix caching on or off.
+fn engine_with_prefix_caching<B: Backend>(
+    backend: B,
+    arm: Arm,
+    memory: Memory,
+    dtype: CacheDtype,
+    enable_prefix_caching: bool,
+) -> Engine<B> {
     let model = model(&backend, arm);
     let bytes = match memory {
         Memory::DenseBlocks(n) => {
@@ -121,7 +132,7 @@ fn engine<B: Backend>(backend: B, arm: Arm, memory: Memory, dtype: CacheDtype) -
         kv_cache_memory_bytes: bytes,
         compression: CompressionConfig::default(),
         star_kv: None,
-        enable_prefix_caching: false,
+        enable_prefix_caching,
         model_identity: None,
     };
     Engine::new(backend, model, None, engine_config).expect("engine")
@@ -356,5 +367,74 @@ fn preemption_on_the_gpu_keeps_the_outputs_for_every_cache() {
             &on_gpu,
             &on_cpu,
         );
+    }
+}
+
+/// Prefix caching on the GPU (issue 19), every cache: 3 prefixes × 4 requests (160-token
+/// prefixes: 10 blocks, several 96-token chunks), under eviction every second request
+/// compressing. The CPU with the cache on generates exactly what it does with it off; the GPU
+/// with the cache on, forced to those tokens, gives them the CPU's probabilities, finds the
+/// same cached tokens and copies the same blocks before its compactions.
+#[test]
+#[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
+fn prefix_caching_on_the_gpu_matches_the_uncached_cpu_for_every_cache() {
+    for arm in ARMS {
+        let trace = Trace::seeded_shared_prefixes(23, 3, 4, 128, 160, 20..90, 8..30, 3)
+            .with_options(|i, o: &mut RequestOptions| {
+                o.return_full_logprobs = true;
+                if matches!(arm, Arm::Eviction | Arm::LatentEviction) && i % 2 == 1 {
+                    o.compression = Some(CompressionConfig {
+                        method: CompressionMethod::KeyDiff,
+                        ratio: 0.5,
+                        ..CompressionConfig::default()
+                    });
+                }
+            });
+        let cpu = |cached| {
+            let backend = CpuBackend::new();
+            let mut e = engine_with_prefix_caching(
+                backend,
+                arm,
+                Memory::OwnBlocks(400),
+                CacheDtype::F32,
+                cached,
+            );
+            run(&mut e, &trace)
+        };
+        let (cpu_plain, cpu_cached) = (cpu(false), cpu(true));
+        assert_eq!(
+            first_divergence(&cpu_cached, &cpu_plain),
+            None,
+            "{arm:?}: CPU cached vs uncached"
+        );
+        let mut gpu_engine =
+            engine_with_prefix_caching(gpu(), arm, Memory::OwnBlocks(400), CacheDtype::BF16, true);
+        let on_gpu = run(&mut gpu_engine, &trace.forced_to(&cpu_plain));
+        println!(
+            "{arm:?}: hit tokens {} of {} queried on the GPU ({} on the CPU), forked blocks {}, compactions {}",
+            on_gpu.prefix_cache_hit_tokens,
+            on_gpu.prefix_cache_query_tokens,
+            cpu_cached.prefix_cache_hit_tokens,
+            on_gpu.forked_blocks,
+            on_gpu.compressions
+        );
+        assert_same_probabilities(
+            &format!("{arm:?} cached GPU vs uncached CPU"),
+            arm.tolerance(),
+            &on_gpu,
+            &cpu_plain,
+        );
+        assert!(on_gpu.prefix_cache_hit_tokens > 0, "{arm:?}: no hit");
+        assert_eq!(
+            on_gpu.prefix_cache_hit_tokens, cpu_cached.prefix_cache_hit_tokens,
+            "{arm:?}: hits"
+        );
+        assert_eq!(
+            on_gpu.forked_blocks, cpu_cached.forked_blocks,
+            "{arm:?}: forks"
+        );
+        if matches!(arm, Arm::Eviction | Arm::LatentEviction) {
+            assert!(on_gpu.forked_blocks > 0, "{arm:?}: compactions must fork");
+        }
     }
 }

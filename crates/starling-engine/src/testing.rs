@@ -72,6 +72,46 @@ impl Trace {
         Self { requests }
     }
 
+    /// vLLM's `prefix_repetition` shape, seeded: `prefixes` random prefixes of `prefix_tokens`
+    /// tokens, each followed by `per_prefix` random suffixes (lengths drawn from
+    /// `suffix_tokens`), greedy, EOS ignored; request `i` of a prefix arrives at step
+    /// `i * step_gap` (the first one computes the prefix, the later ones may find it cached).
+    #[allow(clippy::too_many_arguments)]
+    pub fn seeded_shared_prefixes(
+        seed: u64,
+        prefixes: usize,
+        per_prefix: usize,
+        vocab_size: usize,
+        prefix_tokens: usize,
+        suffix_tokens: Range<usize>,
+        output_tokens: Range<usize>,
+        step_gap: usize,
+    ) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let token = |rng: &mut ChaCha8Rng| rng.gen_range(3..vocab_size.max(4) as u32);
+        let mut requests = Vec::new();
+        for _ in 0..prefixes {
+            let prefix: Vec<u32> = (0..prefix_tokens).map(|_| token(&mut rng)).collect();
+            for i in 0..per_prefix {
+                let mut prompt_ids = prefix.clone();
+                let len = rng.gen_range(suffix_tokens.clone());
+                prompt_ids.extend((0..len).map(|_| token(&mut rng)));
+                requests.push(TraceRequest {
+                    arrival_step: i * step_gap,
+                    prompt_ids,
+                    params: SamplingParams {
+                        temperature: 0.0,
+                        max_tokens: Some(rng.gen_range(output_tokens.clone())),
+                        ignore_eos: true,
+                        ..SamplingParams::default()
+                    },
+                    options: RequestOptions::default(),
+                });
+            }
+        }
+        Self { requests }
+    }
+
     /// The trace teacher-forced to `outcome`'s tokens (each request emits exactly what it
     /// generated there, with its full log-softmax rows): another backend then runs the same
     /// schedule, and its probabilities of the same tokens can be compared position by position.
@@ -124,6 +164,8 @@ pub struct TraceOutcome {
     pub compressions: u64,
     /// Blocks eviction returned.
     pub evicted_blocks: u64,
+    /// Cached or shared blocks copied before a compaction (copy-on-compact).
+    pub forked_blocks: u64,
     /// Prompt and recomputed tokens run through the model (prefix-cache hits are not).
     pub prefill_tokens: u64,
     /// Tokens found in the prefix cache at admission (vLLM's `prefix_cache_hits`).
@@ -251,6 +293,7 @@ impl EngineTester {
             preemptions: end.num_preemptions - start.num_preemptions,
             compressions: end.counters.compressions - start.counters.compressions,
             evicted_blocks: end.counters.evicted_blocks - start.counters.evicted_blocks,
+            forked_blocks: end.counters.forked_blocks - start.counters.forked_blocks,
             prefill_tokens: end.counters.prefill_tokens - start.counters.prefill_tokens,
             prefix_cache_hit_tokens: end.prefix_cache.hits_tokens - start.prefix_cache.hits_tokens,
             prefix_cache_query_tokens: end.prefix_cache.queries_tokens

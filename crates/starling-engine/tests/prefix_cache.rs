@@ -206,10 +206,11 @@ fn compressed(mut r: TraceRequest, c: CompressionConfig) -> TraceRequest {
 
 #[test]
 fn a_request_sharing_a_prefix_with_a_compressed_one_generates_what_it_does_alone() {
-    // U (plain) computes the prefix; A (compressing) reuses it and compacts only its private
-    // tail while U still holds the prefix; B (plain) arrives after A's compactions and reuses
-    // the same prefix blocks. U and B must generate what they generate with caching off: the
-    // shared blocks were never rewritten.
+    // U (plain) computes the prefix; A (compressing) reuses it, copies the prefix blocks U
+    // still holds into private ones and compacts over its whole context; B (plain) arrives
+    // after A's compactions and reuses the same prefix blocks. All three must generate what
+    // they generate with caching off: the shared blocks were never rewritten, and A evicted
+    // exactly what it evicts alone.
     let prefix = prompt(42, 40);
     let trace = Trace {
         requests: vec![
@@ -222,13 +223,11 @@ fn a_request_sharing_a_prefix_with_a_compressed_one_generates_what_it_does_alone
     let mut cached_engine = engine(400, 64, true);
     let cached = run(&mut cached_engine, &trace);
     assert!(cached.compressions > 0, "A is meant to compress");
-    for i in [0, 2] {
-        assert_eq!(
-            cached.requests[i].token_ids, plain.requests[i].token_ids,
-            "request {i}"
-        );
-    }
+    assert_same_tokens(&cached, &plain);
     assert_eq!(cached.requests[1].finish_reason, "length");
+    // A's compaction rewrites from its third token on: it copied every registered block of
+    // its 63-token prompt (15 full blocks, the 10 prefix blocks U holds among them).
+    assert_eq!(cached.forked_blocks, 15);
     // A and B each reuse the prefix's 10 blocks.
     assert_eq!(cached.prefix_cache_hit_tokens, 2 * 40);
     // And alone on a fresh cached engine, B generates the same again.
@@ -240,11 +239,12 @@ fn a_request_sharing_a_prefix_with_a_compressed_one_generates_what_it_does_alone
 }
 
 #[test]
-fn a_compacted_requests_blocks_are_never_offered_under_their_original_hashes() {
-    // A compresses alone (sinks of 8 tokens = 2 blocks kept in place): after its compaction
-    // only those two blocks still hold what their hashes say. A later request with A's whole
-    // prompt and outputs must reuse exactly those two blocks and generate what it does
-    // without the cache; reusing any other block of A would read compacted slots.
+fn a_compacted_requests_prompt_blocks_stay_cached_intact() {
+    // A compresses alone (sinks of 8 tokens = 2 blocks kept in place): its compaction first
+    // copies the 7 registered prompt blocks it rewrites, so all 9 full prompt blocks stay
+    // cached, holding the K/V their hashes name. A later request with A's whole prompt and
+    // outputs reuses exactly those 9 blocks (never a compacted one: A registers nothing after
+    // its compaction) and generates what it does without the cache.
     let a_prompt = prompt(9, 37);
     let a = Trace {
         requests: vec![compressed(request(0, a_prompt.clone(), 16), keydiff(8))],
@@ -252,6 +252,9 @@ fn a_compacted_requests_blocks_are_never_offered_under_their_original_hashes() {
     let mut cached_engine = engine(400, 64, true);
     let first = run(&mut cached_engine, &a);
     assert!(first.compressions > 0);
+    assert_eq!(first.forked_blocks, 7);
+    let alone = run(&mut engine(400, 64, false), &a);
+    assert_same_tokens(&first, &alone);
     let mut follow_up = a_prompt.clone();
     follow_up.extend(&first.requests[0].token_ids);
     follow_up.push(5);
@@ -261,7 +264,72 @@ fn a_compacted_requests_blocks_are_never_offered_under_their_original_hashes() {
     let second = run(&mut cached_engine, &c);
     let plain = run(&mut engine(400, 64, false), &c);
     assert_same_tokens(&second, &plain);
-    assert_eq!(second.prefix_cache_hit_tokens, 2 * BLOCK_TOKENS as u64);
+    assert_eq!(second.prefix_cache_hit_tokens, 9 * BLOCK_TOKENS as u64);
+}
+
+#[test]
+fn without_blocks_for_the_copies_a_compaction_keeps_the_shared_prefix_whole() {
+    // Over a range of pools, some too small to copy the prefix blocks U holds when A compacts:
+    // there A keeps them in place and evicts only from its private tail (no fork). Either way
+    // U and B generate what they generate with caching off, and the books agree at every step
+    // (the tester checks them).
+    let prefix = prompt(42, 40);
+    let trace = Trace {
+        requests: vec![
+            request(0, with_suffix(&prefix, 1, 6), 30),
+            compressed(request(2, with_suffix(&prefix, 2, 23), 20), keydiff(2)),
+            request(8, with_suffix(&prefix, 3, 5), 12),
+        ],
+    };
+    let mut unforked = 0;
+    for blocks in 20..=30 {
+        let plain = run(&mut engine(blocks, 64, false), &trace);
+        let cached = run(&mut engine(blocks, 64, true), &trace);
+        if cached.compressions > 0 && cached.forked_blocks == 0 {
+            unforked += 1;
+        }
+        for i in [0, 2] {
+            assert_eq!(
+                cached.requests[i].token_ids, plain.requests[i].token_ids,
+                "{blocks} blocks: request {i}"
+            );
+        }
+    }
+    assert!(unforked > 0, "no pool was too small to fork");
+}
+
+#[test]
+fn under_eviction_the_hit_rate_and_the_outputs_are_the_dense_caches() {
+    // vLLM's prefix_repetition shape with every request compressing (KeyDiff at 0.5): each
+    // compaction forks the prefix blocks it rewrites, so later requests of a prefix find the
+    // whole prefix as with the dense cache (issue 19: within 5 points), and every request
+    // generates what it generates with caching off.
+    let all_compressed = |t: Trace| Trace {
+        requests: t
+            .requests
+            .into_iter()
+            .map(|r| compressed(r, keydiff(2)))
+            .collect(),
+    };
+    let dense_trace = prefix_repetition(3, 4, 45, 9, 12, |p, s| (p + 3 * s) as usize);
+    let evicting_trace = all_compressed(dense_trace.clone());
+    // Each prompt is prefilled in one step (an uncached request that compacts mid-prefill
+    // evicts over a partial prompt, which a cached one computing only its suffix never sees).
+    let dense = run(&mut engine(400, 128, true), &dense_trace);
+    let evicting = run(&mut engine(400, 128, true), &evicting_trace);
+    let evicting_plain = run(&mut engine(400, 128, false), &evicting_trace);
+    assert!(evicting.compressions >= 12);
+    assert!(evicting.forked_blocks > 0);
+    assert_same_tokens(&evicting, &evicting_plain);
+    let rate =
+        |o: &TraceOutcome| o.prefix_cache_hit_tokens as f64 / o.prefix_cache_query_tokens as f64;
+    assert!(rate(&dense) > 0.6, "dense hit rate {}", rate(&dense));
+    assert!(
+        (rate(&dense) - rate(&evicting)).abs() <= 0.05,
+        "dense {} vs evicting {}",
+        rate(&dense),
+        rate(&evicting)
+    );
 }
 
 #[test]

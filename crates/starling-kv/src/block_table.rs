@@ -189,6 +189,12 @@ impl BlockTable {
         self.num_hashed_blocks = n;
     }
 
+    /// Puts `block` at index `index` (a private copy of the block there),
+    /// returning the block it replaces.
+    pub(crate) fn replace_block(&mut self, index: usize, block: BlockId) -> BlockId {
+        std::mem::replace(&mut self.block_ids[index], block)
+    }
+
     /// First slot of an announced, unfinished compaction.
     pub(crate) fn pending_rewrite_from_tokens(&self) -> Option<usize> {
         self.pending_rewrite_from_tokens

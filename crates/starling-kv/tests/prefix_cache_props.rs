@@ -84,6 +84,9 @@ enum Op {
     Append { seq: u64, tokens: Vec<u32> },
     /// Announce a compaction of the private tail (the seq is then held).
     Prepare { seq: u64, from_permille: usize },
+    /// Announce a compaction over the whole context, forking the cached and
+    /// shared blocks it rewrites into private copies first.
+    Fork { seq: u64, from_permille: usize },
     /// Compact: announced (from the announced slot) or not (from slot 0).
     Shrink { seq: u64, keep_permille: usize },
     /// Finished, preempted or aborted.
@@ -99,6 +102,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => seq.clone().prop_map(|seq| Op::Compute { seq }),
         2 => (seq.clone(), toks).prop_map(|(seq, tokens)| Op::Append { seq, tokens }),
         2 => (seq.clone(), 0usize..=1000).prop_map(|(seq, from_permille)| Op::Prepare { seq, from_permille }),
+        2 => (seq.clone(), 0usize..=1000).prop_map(|(seq, from_permille)| Op::Fork { seq, from_permille }),
         2 => (seq.clone(), 0usize..=1000).prop_map(|(seq, keep_permille)| Op::Shrink { seq, keep_permille }),
         2 => seq.prop_map(|seq| Op::Free { seq }),
     ]
@@ -124,6 +128,8 @@ struct Reached {
     announced_compactions: usize,
     unannounced_compactions: usize,
     refused_rewrites: usize,
+    forks: usize,
+    refused_forks: usize,
     evicted_blocks: u64,
 }
 
@@ -358,6 +364,65 @@ impl World {
         }
     }
 
+    fn fork(&mut self, seq: SeqId, from_permille: usize) {
+        let Some(s) = self.seqs.get(&seq) else {
+            assert_eq!(
+                self.kv.fork_for_rewrite(seq, 0),
+                Err(KvError::UnknownSequence(seq))
+            );
+            return;
+        };
+        let table = self.kv.table(seq).unwrap().clone();
+        let physical = table.physical_len_tokens();
+        if s.pending_rewrite_from.is_some() || s.written != physical {
+            return;
+        }
+        let from = physical * from_permille / 1000;
+        let needed = self.kv.blocks_to_fork(seq, from).unwrap();
+        let counts_before = self.kv.block_counts();
+        let free_before = self.kv.num_free_blocks();
+        let others = self.held_by_others(seq);
+        match self.kv.fork_for_rewrite(seq, from) {
+            Ok(pairs) => {
+                self.reached.forks += usize::from(!pairs.is_empty());
+                assert_eq!(pairs.len(), needed);
+                let after = self.kv.table(seq).unwrap().clone();
+                for (old, new) in &pairs {
+                    assert!(!others.contains(new), "{new} handed out while held");
+                    assert_eq!(self.kv.ref_count(*new), Some(1));
+                    assert!(!after.block_ids().contains(old));
+                    // The caller copies the block's K/V.
+                    self.content[new.index()] = self.content[old.index()].clone();
+                }
+                // Everything from `from` on is private and unregistered now,
+                // so the rewrite may touch any of it.
+                for b in &after.block_ids()[from / self.bs..] {
+                    assert_eq!(self.kv.ref_count(*b), Some(1));
+                    assert_eq!(self.kv.block_hash(*b), None);
+                }
+                assert_eq!(
+                    &after.block_ids()[..from / self.bs],
+                    &table.block_ids()[..from / self.bs]
+                );
+                assert!(after.is_compacted());
+                let s = self.seqs.get_mut(&seq).unwrap();
+                s.pending_rewrite_from = Some(from);
+                s.compacted = true;
+            }
+            Err(KvError::OutOfBlocks { .. }) => {
+                self.reached.refused_forks += 1;
+                assert!(needed > free_before);
+                assert_eq!(
+                    self.kv.table(seq),
+                    Some(&table),
+                    "refusal changed the table"
+                );
+                assert_eq!(self.kv.block_counts(), counts_before);
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+
     fn shrink(&mut self, seq: SeqId, keep_permille: usize) {
         let Some(s) = self.seqs.get(&seq) else {
             assert_eq!(
@@ -490,6 +555,7 @@ fn run_script(num_blocks: usize, block_size: usize, ops: Vec<Op>) -> Reached {
             Op::Compute { seq } => w.compute(SeqId(seq)),
             Op::Append { seq, tokens } => w.append(SeqId(seq), tokens),
             Op::Prepare { seq, from_permille } => w.prepare(SeqId(seq), from_permille),
+            Op::Fork { seq, from_permille } => w.fork(SeqId(seq), from_permille),
             Op::Shrink { seq, keep_permille } => w.shrink(SeqId(seq), keep_permille),
             Op::Free { seq } => w.free(SeqId(seq)),
         }
@@ -531,6 +597,8 @@ fn scripts_reach_hits_evictions_refusals_and_compactions() {
             t.announced_compactions += r.announced_compactions;
             t.unannounced_compactions += r.unannounced_compactions;
             t.refused_rewrites += r.refused_rewrites;
+            t.forks += r.forks;
+            t.refused_forks += r.refused_forks;
             t.evicted_blocks += r.evicted_blocks;
             total.set(t);
             Ok(())
@@ -543,6 +611,8 @@ fn scripts_reach_hits_evictions_refusals_and_compactions() {
             && t.announced_compactions >= 20
             && t.unannounced_compactions >= 20
             && t.refused_rewrites >= 10
+            && t.forks >= 20
+            && t.refused_forks >= 5
             && t.evicted_blocks >= 50,
         "scripts no longer reach every path: {t:?}"
     );
@@ -607,6 +677,14 @@ proptest! {
                     if let Some(t) = off.table(seq) {
                         let from = t.physical_len_tokens() * from_permille / 1000;
                         prop_assert_eq!(off.prepare_rewrite(seq, from), Ok(0));
+                    }
+                }
+                Op::Fork { seq, from_permille } => {
+                    let seq = SeqId(seq);
+                    if let Some(t) = off.table(seq) {
+                        let from = t.physical_len_tokens() * from_permille / 1000;
+                        prop_assert_eq!(off.blocks_to_fork(seq, from), Ok(0));
+                        prop_assert_eq!(off.fork_for_rewrite(seq, from), Ok(vec![]));
                     }
                 }
                 Op::Shrink { seq, keep_permille } => {

@@ -380,6 +380,12 @@ fn render_state(state: &MetricsState, model_name: &str) -> String {
         counters.evicted_blocks.to_string(),
     );
     metric(
+        "starling:kv_compaction_forked_blocks_total",
+        "counter",
+        "Cached or shared KV blocks copied into private ones before a compaction (the prefix cache keeps the originals).",
+        counters.forked_blocks.to_string(),
+    );
+    metric(
         "starling:kv_compression_seconds_total",
         "counter",
         "Wall time the engine spent compacting caches (scoring, selection, compaction).",

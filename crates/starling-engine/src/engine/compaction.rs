@@ -95,6 +95,11 @@ pub(crate) struct DueCompression {
     due: DueTarget,
     /// Positions of the window the compaction scores with (SnapKV, TOVA).
     window: Option<Range<usize>>,
+    /// Copy-on-compact: the cached and shared blocks the compaction rewrites are first copied
+    /// into private ones (the target then evicts over the whole context, as without the
+    /// cache). False when the pool had no blocks for the copies: the target keeps the shared
+    /// prefix whole and the cached private blocks leave the cache.
+    fork: bool,
 }
 
 /// The step's compactions and the capture they need.
@@ -132,6 +137,9 @@ impl<B: Backend> Engine<B> {
     /// capture for them and for the prefill windows it computes.
     pub(crate) fn plan_compactions(&self, plan: &StepPlan, built: &BuiltBatch) -> CompactionPlan {
         let mut due = Vec::new();
+        // Blocks this step's forks may still take (nothing is allocated between this plan and
+        // the queueing after the forward pass).
+        let mut fork_budget_blocks = self.scheduler.num_free_blocks();
         let mut entries = Vec::new();
         let mut rows: Vec<u32> = Vec::new();
         // (request, positions, first position of its chunk, its first batch row, kind)
@@ -177,21 +185,42 @@ impl<B: Backend> Engine<B> {
                     );
                 }
             }
-            // Blocks another request holds are read by it: they are kept whole. (Sharing
-            // changes only at admission, in the next schedule, so this holds until the
-            // compaction is queued and announced after the forward pass.)
-            let shared = self
-                .scheduler
-                .shared_prefix_len_tokens(s.seq_id)
-                .unwrap_or(physical);
-            let Some(target) = policy.due_target(
-                end,
-                physical,
-                prompt_completed,
-                seq.num_prompt_tokens,
-                shared,
-            ) else {
-                continue;
+            // Evict over the whole context, as without the cache, when the pool has blocks to
+            // copy the cached and shared blocks about to be rewritten; otherwise blocks another
+            // request holds (it reads them) are kept whole. (Sharing changes only at
+            // admission, in the next schedule, so this holds until the compaction is queued
+            // and announced after the forward pass.)
+            let target_for = |shared| {
+                policy.due_target(
+                    end,
+                    physical,
+                    prompt_completed,
+                    seq.num_prompt_tokens,
+                    shared,
+                )
+            };
+            let forked = target_for(0).and_then(|t| {
+                let blocks = self
+                    .scheduler
+                    .blocks_to_fork(s.seq_id, t.first_rewritten_tokens)
+                    .ok()?;
+                (blocks <= fork_budget_blocks).then(|| {
+                    fork_budget_blocks -= blocks;
+                    t
+                })
+            });
+            let (target, fork) = match forked {
+                Some(t) => (t, true),
+                None => {
+                    let shared = self
+                        .scheduler
+                        .shared_prefix_len_tokens(s.seq_id)
+                        .unwrap_or(physical);
+                    match target_for(shared) {
+                        Some(t) => (t, false),
+                        None => continue,
+                    }
+                }
             };
             let window = policy.needs_queries().then(|| {
                 if prompt_completed && end == total {
@@ -215,6 +244,7 @@ impl<B: Backend> Engine<B> {
                 physical_tokens: physical,
                 due: target,
                 window,
+                fork,
             });
         }
         let capture = (!rows.is_empty()).then(|| QueryCapture::new(rows));
@@ -348,6 +378,33 @@ impl<B: Backend> Engine<B> {
                 }
             }
         };
+        // Before any layer is touched, either the cached and shared blocks about to be
+        // rewritten are swapped for private copies (the originals stay cached, intact, for
+        // their other holders and later requests), or they leave the prefix cache (nobody
+        // admitted meanwhile may reuse them); either way the request registers nothing more.
+        // Without a fork, a shared block among them refuses the whole compaction, which then
+        // fails the request alone, its cache untouched.
+        if d.fork {
+            let pairs: Vec<(u32, u32)> = self
+                .scheduler
+                .fork_for_rewrite(d.seq_id, d.due.first_rewritten_tokens)
+                .map_err(|e| fail(e.into()))?
+                .into_iter()
+                .map(|(original, copy)| (original.0, copy.0))
+                .collect();
+            if !pairs.is_empty() {
+                for cache in self.caches.iter_mut() {
+                    self.backend
+                        .copy_kv_blocks(cache, &pairs)
+                        .map_err(|e| fail(e.into()))?;
+                }
+                self.counters.forked_blocks += pairs.len() as u64;
+            }
+        } else {
+            self.scheduler
+                .prepare_rewrite(d.seq_id, d.due.first_rewritten_tokens)
+                .map_err(|e| fail(e.into()))?;
+        }
         let block_table: Vec<u32> = self
             .scheduler
             .kv()
@@ -357,13 +414,6 @@ impl<B: Backend> Engine<B> {
             .iter()
             .map(|b| b.0)
             .collect();
-        // Before any layer is touched: the blocks about to be rewritten leave the prefix cache
-        // (nobody admitted meanwhile may reuse them) and the request registers nothing more.
-        // A shared one among them refuses the whole compaction, which then fails the request
-        // alone, its cache untouched.
-        self.scheduler
-            .prepare_rewrite(d.seq_id, d.due.first_rewritten_tokens)
-            .map_err(|e| fail(e.into()))?;
         self.scheduler.hold(d.seq_id).map_err(|e| fail(e.into()))?;
         self.compactions.push_back(Compaction {
             seq_id: d.seq_id,

@@ -64,6 +64,9 @@ pub struct EngineCounters {
     pub evicted_tokens: u64,
     /// KV blocks returned to the pool by eviction.
     pub evicted_blocks: u64,
+    /// Cached or shared blocks copied into private ones before a compaction rewrote them
+    /// (copy-on-compact: the prefix cache keeps the originals).
+    pub forked_blocks: u64,
     /// Wall time spent compacting (scoring, selection, compaction of every layer, with the
     /// device syncs that scoring needs), microseconds: the share of step time eviction costs.
     pub compression_micros: u64,

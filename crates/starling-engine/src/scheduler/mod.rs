@@ -47,7 +47,7 @@ mod tests;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use starling_kv::{BlockHash, KvCacheManager, KvError, SeqId};
+use starling_kv::{BlockHash, BlockId, KvCacheManager, KvError, SeqId};
 
 pub use admission::{AdmissionPolicy, Footprint};
 pub use config::SchedulerConfig;
@@ -365,6 +365,41 @@ impl Scheduler {
                 Err(SchedulerError::NotRunning(seq_id))
             }
             Some(_) => Ok(self.kv.prepare_rewrite(seq_id, first_rewritten_token)?),
+        }
+    }
+
+    /// Blocks [`Self::fork_for_rewrite`] would take from the pool for a compaction of
+    /// `seq_id` rewriting from `first_rewritten_token` on (its cached and shared blocks there).
+    pub fn blocks_to_fork(
+        &self,
+        seq_id: SeqId,
+        first_rewritten_token: usize,
+    ) -> Result<usize, SchedulerError> {
+        Ok(self.kv.blocks_to_fork(seq_id, first_rewritten_token)?)
+    }
+
+    /// Free blocks an allocation could take now (uncached, then cached ones evicted LRU).
+    pub fn num_free_blocks(&self) -> usize {
+        self.kv.num_free_blocks()
+    }
+
+    /// Copy-on-compact: announces a compaction of a running sequence rewriting its slots from
+    /// `first_rewritten_token` on, giving it a private copy of each cached or shared block
+    /// there (returned as `(original, copy)` pairs whose K/V the caller copies in every layer
+    /// before the rewrite). The originals stay in the prefix cache for later requests and
+    /// other holders; the sequence registers nothing more. All or nothing on
+    /// [`KvError::OutOfBlocks`].
+    pub fn fork_for_rewrite(
+        &mut self,
+        seq_id: SeqId,
+        first_rewritten_token: usize,
+    ) -> Result<Vec<(BlockId, BlockId)>, SchedulerError> {
+        match self.seqs.get(&seq_id) {
+            None => Err(SchedulerError::UnknownSequence(seq_id)),
+            Some(seq) if seq.status != SeqStatus::Running => {
+                Err(SchedulerError::NotRunning(seq_id))
+            }
+            Some(_) => Ok(self.kv.fork_for_rewrite(seq_id, first_rewritten_token)?),
         }
     }
 
