@@ -38,6 +38,16 @@ pub struct Trace {
     pub requests: Vec<TraceRequest>,
 }
 
+/// Greedy sampling of exactly `max_tokens` tokens (EOS ignored).
+fn greedy_ignoring_eos(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(max_tokens),
+        ignore_eos: true,
+        ..SamplingParams::default()
+    }
+}
+
 impl Trace {
     /// `count` greedy requests (EOS ignored, so each runs to its `max_tokens`) with prompt
     /// lengths in `prompt_tokens`, outputs in `output_tokens`, ids in `3..vocab_size` and
@@ -59,12 +69,7 @@ impl Trace {
                     prompt_ids: (0..len)
                         .map(|_| rng.gen_range(3..vocab_size.max(4) as u32))
                         .collect(),
-                    params: SamplingParams {
-                        temperature: 0.0,
-                        max_tokens: Some(rng.gen_range(output_tokens.clone())),
-                        ignore_eos: true,
-                        ..SamplingParams::default()
-                    },
+                    params: greedy_ignoring_eos(rng.gen_range(output_tokens.clone())),
                     options: RequestOptions::default(),
                 }
             })
@@ -99,12 +104,7 @@ impl Trace {
                 requests.push(TraceRequest {
                     arrival_step: i * step_gap,
                     prompt_ids,
-                    params: SamplingParams {
-                        temperature: 0.0,
-                        max_tokens: Some(rng.gen_range(output_tokens.clone())),
-                        ignore_eos: true,
-                        ..SamplingParams::default()
-                    },
+                    params: greedy_ignoring_eos(rng.gen_range(output_tokens.clone())),
                     options: RequestOptions::default(),
                 });
             }

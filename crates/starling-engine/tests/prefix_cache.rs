@@ -204,6 +204,18 @@ fn compressed(mut r: TraceRequest, c: CompressionConfig) -> TraceRequest {
     r
 }
 
+/// U (plain, step 0), A (KeyDiff, step 2) and B (plain, step 8) on one 40-token prefix.
+fn plain_compressed_plain_on_one_prefix() -> Trace {
+    let prefix = prompt(42, 40);
+    Trace {
+        requests: vec![
+            request(0, with_suffix(&prefix, 1, 6), 30),
+            compressed(request(2, with_suffix(&prefix, 2, 23), 20), keydiff(2)),
+            request(8, with_suffix(&prefix, 3, 5), 12),
+        ],
+    }
+}
+
 #[test]
 fn a_request_sharing_a_prefix_with_a_compressed_one_generates_what_it_does_alone() {
     // U (plain) computes the prefix; A (compressing) reuses it, copies the prefix blocks U
@@ -211,14 +223,7 @@ fn a_request_sharing_a_prefix_with_a_compressed_one_generates_what_it_does_alone
     // after A's compactions and reuses the same prefix blocks. All three must generate what
     // they generate with caching off: the shared blocks were never rewritten, and A evicted
     // exactly what it evicts alone.
-    let prefix = prompt(42, 40);
-    let trace = Trace {
-        requests: vec![
-            request(0, with_suffix(&prefix, 1, 6), 30),
-            compressed(request(2, with_suffix(&prefix, 2, 23), 20), keydiff(2)),
-            request(8, with_suffix(&prefix, 3, 5), 12),
-        ],
-    };
+    let trace = plain_compressed_plain_on_one_prefix();
     let plain = run(&mut engine(400, 64, false), &trace);
     let mut cached_engine = engine(400, 64, true);
     let cached = run(&mut cached_engine, &trace);
@@ -273,14 +278,7 @@ fn without_blocks_for_the_copies_a_compaction_keeps_the_shared_prefix_whole() {
     // there A keeps them in place and evicts only from its private tail (no fork). Either way
     // U and B generate what they generate with caching off, and the books agree at every step
     // (the tester checks them).
-    let prefix = prompt(42, 40);
-    let trace = Trace {
-        requests: vec![
-            request(0, with_suffix(&prefix, 1, 6), 30),
-            compressed(request(2, with_suffix(&prefix, 2, 23), 20), keydiff(2)),
-            request(8, with_suffix(&prefix, 3, 5), 12),
-        ],
-    };
+    let trace = plain_compressed_plain_on_one_prefix();
     let mut unforked = 0;
     for blocks in 20..=30 {
         let plain = run(&mut engine(blocks, 64, false), &trace);

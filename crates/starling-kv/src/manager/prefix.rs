@@ -297,14 +297,7 @@ impl KvCacheManager {
             .tables
             .get_mut(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
-        if first_rewritten_token > table.physical_len_tokens() {
-            return Err(KvError::InvalidRange {
-                seq,
-                start: first_rewritten_token,
-                end: table.physical_len_tokens(),
-                physical_len_tokens: table.physical_len_tokens(),
-            });
-        }
+        check_rewrite_start(table, first_rewritten_token)?;
         let dropped = if self.prefix_caching {
             let rewritten = first_rewritten_token / bs..table.block_ids().len();
             unregister_private(&mut self.pool, table, rewritten)?
@@ -359,14 +352,7 @@ impl KvCacheManager {
     ) -> Result<Vec<(BlockId, BlockId)>, KvError> {
         let bs = self.block_size_tokens;
         let table = self.tables.get(&seq).ok_or(KvError::UnknownSequence(seq))?;
-        if first_rewritten_token > table.physical_len_tokens() {
-            return Err(KvError::InvalidRange {
-                seq,
-                start: first_rewritten_token,
-                end: table.physical_len_tokens(),
-                physical_len_tokens: table.physical_len_tokens(),
-            });
-        }
+        check_rewrite_start(table, first_rewritten_token)?;
         let from = (first_rewritten_token / bs).min(table.block_ids().len());
         let forked: Vec<usize> = (from..table.block_ids().len())
             .filter(|i| self.prefix_caching && self.must_fork(table.block_ids()[*i]))
@@ -413,6 +399,19 @@ impl KvCacheManager {
         let max_blocks = (num_tokens / self.block_size_tokens).min(block_hashes.len());
         self.cached_run(&block_hashes[..max_blocks])
     }
+}
+
+/// A rewrite announced from `first_rewritten_token` must start within the physical length.
+fn check_rewrite_start(table: &BlockTable, first_rewritten_token: usize) -> Result<(), KvError> {
+    if first_rewritten_token > table.physical_len_tokens() {
+        return Err(KvError::InvalidRange {
+            seq: table.seq(),
+            start: first_rewritten_token,
+            end: table.physical_len_tokens(),
+            physical_len_tokens: table.physical_len_tokens(),
+        });
+    }
+    Ok(())
 }
 
 /// Drops the registration of `table`'s blocks in `blocks` (indices), which
