@@ -46,6 +46,9 @@ fn private_home() -> tempfile::TempDir {
     .expect("a STARLING_HOME");
     let home = tempfile::tempdir().unwrap();
     for dir in ["models", "datasets"] {
+        // On a fresh machine the real cache may not have fetched the essays yet: a link to a
+        // missing directory would make the fetch fail instead of filling the real cache.
+        std::fs::create_dir_all(real.join(dir)).unwrap();
         std::os::unix::fs::symlink(real.join(dir), home.path().join(dir)).unwrap();
     }
     home
