@@ -10,6 +10,7 @@ use crate::block_pool::{BlockCounts, BlockId, BlockPool};
 use crate::block_table::{BlockTable, SeqId};
 use crate::error::KvError;
 
+mod fork;
 mod prefix;
 
 pub use prefix::{PrefixCacheStats, PrefixHit, PrefixQuery};
