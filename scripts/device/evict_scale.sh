@@ -133,10 +133,14 @@ if [[ " $PHASES " == *" saturation "* ]]; then
   echo "== saturation: synthetic qwen2.5-7b, 8 GiB KV, $SAT_PROMPTS x 3k-token prompts, $SAT_OUTPUT out"
   port=8060
   for arm in $SAT_ARMS; do
-    port=$((port + 1)); policy=${arm%-unbudgeted}
+    port=$((port + 1)); policy=${arm%%-*}
     method=${policy%@*}; ratio=${policy#*@}; [ "$method" = none ] && ratio=0
-    flags=(); [[ $arm == *-unbudgeted ]] && flags=(--compaction-step-budget-tokens 0)
-    .device/starling serve --device cuda --load-format synthetic --model qwen2.5-7b --tokenizer "${TOKENIZER:-$gguf}" \
+    flags=()
+    case $arm in
+      *-unbudgeted) flags=(--compaction-step-budget-tokens 0) ;;
+      *-b[0-9]*) flags=(--compaction-step-budget-tokens "${arm##*-b}") ;;
+    esac
+    STARLING_LOG=info,starling_engine::engine::compaction=debug .device/starling serve --device cuda --load-format synthetic --model qwen2.5-7b --tokenizer "${TOKENIZER:-$gguf}" \
       --max-model-len 4096 --max-num-batched-tokens 1024 --kv-cache-memory 8GiB \
       --kv-compression "{\"method\":\"$method\",\"ratio\":$ratio}" --port $port "${flags[@]}" \
       > "$work/sat_$arm.log" 2>&1 &
@@ -151,14 +155,22 @@ if [[ " $PHASES " == *" saturation "* ]]; then
 import json, os, sys
 n, out = sys.argv[2], sys.argv[3]
 print(f"\n## Saturation (synthetic qwen2.5-7b, 8 GiB KV, {n} x 3072 in / {out} out, concurrency {n})\n")
-print("| policy | output tok/s | ITL p99 ms | TPOT median ms |")
-print("|---|---:|---:|---:|")
+import re
+print("| policy | output tok/s | ITL p99 ms | ITL median ms | TPOT median ms | compactions | compaction ms mean / max | steps per compaction max |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
 for arm in sys.argv[4:]:
     path = f"{sys.argv[1]}/sat_{arm}.json"
     if not os.path.exists(path):
-        print(f"| {arm} | - | - | - |"); continue
+        print(f"| {arm} | - | - | - | - | - | - | - |"); continue
     m = json.load(open(path))["run"]["metrics"]
-    print(f"| {arm} | {m['output_throughput']:.0f} | {m['itl']['p99_ms']:.1f} | {m['tpot']['median_ms']:.1f} |")
+    # "compaction of SeqId(..): L layers, a -> b tokens, X ms over S steps" (debug log)
+    found = [(float(x), int(s)) for x, s in re.findall(r"compaction of .*?([0-9.]+) ms over ([0-9]+) steps",
+             open(f"{sys.argv[1]}/sat_{arm}.log", errors="replace").read())]
+    ms = [x for x, _ in found]
+    comp = f"{sum(ms) / len(ms):.2f} / {max(ms):.2f}" if ms else "-"
+    steps = max((s for _, s in found), default=0)
+    print(f"| {arm} | {m['output_throughput']:.0f} | {m['itl']['p99_ms']:.1f} | {m['itl']['median_ms']:.1f} | "
+          f"{m['tpot']['median_ms']:.1f} | {len(ms)} | {comp} | {steps} |")
 EOF2
   tail -6 "$md"
 fi

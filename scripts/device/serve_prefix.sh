@@ -8,8 +8,8 @@
 #            tokens/s on / off (target: no loss beyond 2%)
 # each point also run with every request evicting (KeyDiff 0.5) when EVICT=1: hit rate beside
 # the dense cache's. Needs the SmolLM2 GGUF at $HOME/stage/smollm2.gguf (its tokenizer serves
-# the API) or TOKENIZER=<alias/path>. Results in $OUT: <point>_<arm>.{json,md,log},
-# serve_prefix.md.
+# the API) or TOKENIZER=<alias/path>. Results in $OUT: serve_prefix.md and serve_prefix.tgz
+# (<point>_<arm>.{json,md,log} — the device tool returns at most 8 files).
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64
 S=${S:-.device/starling}
@@ -17,7 +17,10 @@ TOKENIZER=${TOKENIZER:-$HOME/stage/smollm2.gguf}
 POINTS=${POINTS:-sharing none}
 ARMS=${ARMS:-off on}
 MEM=${MEM:-40GiB}
-date -u +%FT%TZ > "$OUT/date.txt"
+RUN=${RUN:-$HOME/serve_prefix}
+mkdir -p "$RUN"
+date -u +%FT%TZ > "$RUN/date.txt"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$RUN/date.txt"
 summary=$OUT/serve_prefix.md
 echo "| point | arm | requests | concurrency | output tok/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | prefix hit rate | forked blocks |" > "$summary"
 echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" >> "$summary"
@@ -36,7 +39,7 @@ for point in $POINTS; do
       on-evict) flags=(--enable-prefix-caching --kv-compression '{"method":"keydiff","ratio":0.5}') ;;
       off-evict) flags=(--no-enable-prefix-caching --kv-compression '{"method":"keydiff","ratio":0.5}') ;;
     esac
-    log=$OUT/${point}_$arm.log
+    log=$RUN/${point}_$arm.log
     $S serve --device cuda --load-format synthetic --model llama2-7b --tokenizer "$TOKENIZER" \
       --max-model-len 4096 --kv-cache-memory "$MEM" --max-num-seqs 64 --port $port "${flags[@]}" > "$log" 2>&1 &
     pid=$!
@@ -49,9 +52,9 @@ for point in $POINTS; do
     if [ $up -ne 1 ]; then echo "$point $arm: server did not start"; tail -5 "$log"; kill $pid 2>/dev/null; continue; fi
     timeout 200 $S bench serve --base-url http://127.0.0.1:$port --model llama2-7b "${workload[@]}" \
       --ignore-eos --seed 1 --max-concurrency $conc \
-      --output-json "$OUT/${point}_$arm.json" --output-md "$OUT/${point}_$arm.md" > "$OUT/${point}_$arm.bench.log" 2>&1
+      --output-json "$RUN/${point}_$arm.json" --output-md "$RUN/${point}_$arm.md" > "$RUN/${point}_$arm.bench.log" 2>&1
     forked=$(python3 -c "import urllib.request as u; t=u.urlopen('http://127.0.0.1:$port/metrics', timeout=5).read().decode(); print(next((l.split()[-1] for l in t.splitlines() if l.startswith('starling:kv_compaction_forked_blocks_total')), 'n/a'))" 2>/dev/null)
-    python3 - "$OUT/${point}_$arm.json" "$point" "$arm" "$conc" "${forked:-n/a}" >> "$summary" <<'PY'
+    python3 - "$RUN/${point}_$arm.json" "$point" "$arm" "$conc" "${forked:-n/a}" >> "$summary" <<'PY'
 import json, sys
 path, point, arm, conc, forked = sys.argv[1:]
 try:
@@ -68,4 +71,6 @@ PY
     port=$((port + 1))
   done
 done
+cp "$summary" "$RUN/"
+tar czf "$OUT/serve_prefix.tgz" -C "$RUN" .
 cat "$summary"

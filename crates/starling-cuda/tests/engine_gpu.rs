@@ -370,43 +370,71 @@ fn preemption_on_the_gpu_keeps_the_outputs_for_every_cache() {
     }
 }
 
-/// Prefix caching on the GPU (issue 19), every cache: 3 prefixes × 4 requests (160-token
-/// prefixes: 10 blocks, several 96-token chunks), under eviction every second request
-/// compressing. The CPU with the cache on generates exactly what it does with it off; the GPU
-/// with the cache on, forced to those tokens, gives them the CPU's probabilities, finds the
-/// same cached tokens and copies the same blocks before its compactions.
+/// The prefix-caching trace of [`prefix_caching_on_the_gpu_matches_the_uncached_cpu_for_every_cache`]:
+/// 3 prefixes × 4 requests (160-token prefixes: 10 blocks, several 96-token chunks), under
+/// eviction every second request compressing.
+fn prefix_trace(arm: Arm) -> Trace {
+    Trace::seeded_shared_prefixes(23, 3, 4, 128, 160, 20..90, 8..30, 3).with_options(
+        |i, o: &mut RequestOptions| {
+            o.return_full_logprobs = true;
+            if matches!(arm, Arm::Eviction | Arm::LatentEviction) && i % 2 == 1 {
+                o.compression = Some(CompressionConfig {
+                    method: CompressionMethod::KeyDiff,
+                    ratio: 0.5,
+                    ..CompressionConfig::default()
+                });
+            }
+        },
+    )
+}
+
+/// The CPU with the prefix cache off and on over [`prefix_trace`]; the two must generate the
+/// same tokens.
+fn cpu_prefix_outcomes(arm: Arm, trace: &Trace) -> (TraceOutcome, TraceOutcome) {
+    let cpu = |cached| {
+        let backend = CpuBackend::new();
+        let mut e = engine_with_prefix_caching(
+            backend,
+            arm,
+            Memory::OwnBlocks(400),
+            CacheDtype::F32,
+            cached,
+        );
+        run(&mut e, trace)
+    };
+    let (cpu_plain, cpu_cached) = (cpu(false), cpu(true));
+    assert_eq!(
+        first_divergence(&cpu_cached, &cpu_plain),
+        None,
+        "{arm:?}: CPU cached vs uncached"
+    );
+    (cpu_plain, cpu_cached)
+}
+
+/// The CPU half of the GPU prefix test, in CPU CI: with the cache on, every cache generates
+/// the uncached tokens (under eviction the compressing requests fork the blocks they share).
+#[test]
+fn prefix_caching_on_the_cpu_generates_the_uncached_tokens_for_every_cache() {
+    for arm in ARMS {
+        let trace = prefix_trace(arm);
+        let (_, cached) = cpu_prefix_outcomes(arm, &trace);
+        assert!(cached.prefix_cache_hit_tokens > 0, "{arm:?}: no hit");
+        if matches!(arm, Arm::Eviction | Arm::LatentEviction) {
+            assert!(cached.forked_blocks > 0, "{arm:?}: compactions must fork");
+        }
+    }
+}
+
+/// Prefix caching on the GPU (issue 19), every cache, over [`prefix_trace`]. The CPU with the
+/// cache on generates exactly what it does with it off; the GPU with the cache on, forced to
+/// those tokens, gives them the CPU's probabilities, finds the same cached tokens and copies
+/// the same blocks before its compactions.
 #[test]
 #[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
 fn prefix_caching_on_the_gpu_matches_the_uncached_cpu_for_every_cache() {
     for arm in ARMS {
-        let trace = Trace::seeded_shared_prefixes(23, 3, 4, 128, 160, 20..90, 8..30, 3)
-            .with_options(|i, o: &mut RequestOptions| {
-                o.return_full_logprobs = true;
-                if matches!(arm, Arm::Eviction | Arm::LatentEviction) && i % 2 == 1 {
-                    o.compression = Some(CompressionConfig {
-                        method: CompressionMethod::KeyDiff,
-                        ratio: 0.5,
-                        ..CompressionConfig::default()
-                    });
-                }
-            });
-        let cpu = |cached| {
-            let backend = CpuBackend::new();
-            let mut e = engine_with_prefix_caching(
-                backend,
-                arm,
-                Memory::OwnBlocks(400),
-                CacheDtype::F32,
-                cached,
-            );
-            run(&mut e, &trace)
-        };
-        let (cpu_plain, cpu_cached) = (cpu(false), cpu(true));
-        assert_eq!(
-            first_divergence(&cpu_cached, &cpu_plain),
-            None,
-            "{arm:?}: CPU cached vs uncached"
-        );
+        let trace = prefix_trace(arm);
+        let (cpu_plain, cpu_cached) = cpu_prefix_outcomes(arm, &trace);
         let mut gpu_engine =
             engine_with_prefix_caching(gpu(), arm, Memory::OwnBlocks(400), CacheDtype::BF16, true);
         let on_gpu = run(&mut gpu_engine, &trace.forced_to(&cpu_plain));

@@ -372,3 +372,32 @@ fn snapkv_requests_compute_their_observation_window_even_when_cached() {
     // 48 - 12 = 36 tokens may come from the cache: 9 blocks.
     assert_eq!(cached.prefix_cache_hit_tokens, 36);
 }
+
+#[test]
+fn a_memory_bound_compressing_workload_fails_no_request_for_its_copies() {
+    // Nothing shared, every request compressing, a pool that keeps the engine memory-bound:
+    // every full block is registered, but a block only its request holds needs no copy, so a
+    // compaction never fails for want of blocks (on the H200 before this test, 42 of 128
+    // KeyDiff requests were stopped with "out of KV-cache blocks: 61 needed, 5 free"). Every
+    // request ends as it does with caching off, with the same tokens.
+    let trace = Trace {
+        requests: (0..12)
+            .map(|i| compressed(request(i / 2, prompt(300 + i as u32, 60), 40), keydiff(2)))
+            .collect(),
+    };
+    for blocks in [40, 48, 56] {
+        let plain = run(&mut engine(blocks, 64, false), &trace);
+        let cached = run(&mut engine(blocks, 64, true), &trace);
+        assert!(cached.compressions > 0, "{blocks} blocks: no compaction");
+        assert!(
+            cached.requests.iter().all(|r| r.finish_reason == "length"),
+            "{blocks} blocks: {:?}",
+            cached
+                .requests
+                .iter()
+                .map(|r| &r.finish_reason)
+                .collect::<Vec<_>>()
+        );
+        assert_same_tokens(&cached, &plain);
+    }
+}

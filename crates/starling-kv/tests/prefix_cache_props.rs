@@ -130,6 +130,8 @@ struct Reached {
     refused_rewrites: usize,
     forks: usize,
     refused_forks: usize,
+    /// Forks that left private registered blocks uncopied (pool short).
+    partial_forks: usize,
     evicted_blocks: u64,
 }
 
@@ -382,10 +384,35 @@ impl World {
         let counts_before = self.kv.block_counts();
         let free_before = self.kv.num_free_blocks();
         let others = self.held_by_others(seq);
+        let rewritten = &table.block_ids()[(from / self.bs).min(table.block_ids().len())..];
+        let shared: Vec<_> = rewritten
+            .iter()
+            .filter(|b| self.kv.ref_count(**b) > Some(1))
+            .copied()
+            .collect();
+        let registered_private = rewritten
+            .iter()
+            .filter(|b| self.kv.ref_count(**b) == Some(1) && self.kv.block_hash(**b).is_some())
+            .count();
         match self.kv.fork_for_rewrite(seq, from) {
             Ok(pairs) => {
                 self.reached.forks += usize::from(!pairs.is_empty());
-                assert_eq!(pairs.len(), needed);
+                // Every shared block is copied; private registered ones only
+                // into uncached free blocks beyond those, and all of them
+                // when there are enough.
+                assert_eq!(needed, shared.len());
+                let olds: Vec<_> = pairs.iter().map(|(old, _)| *old).collect();
+                assert!(
+                    shared.iter().all(|b| olds.contains(b)),
+                    "a shared block not copied"
+                );
+                let spare = counts_before.free_uncached.saturating_sub(needed);
+                assert!(pairs.len() <= needed + spare.min(registered_private));
+                if spare >= registered_private {
+                    assert_eq!(pairs.len(), needed + registered_private);
+                } else {
+                    self.reached.partial_forks += 1;
+                }
                 let after = self.kv.table(seq).unwrap().clone();
                 for (old, new) in &pairs {
                     assert!(!others.contains(new), "{new} handed out while held");
@@ -599,6 +626,7 @@ fn scripts_reach_hits_evictions_refusals_and_compactions() {
             t.refused_rewrites += r.refused_rewrites;
             t.forks += r.forks;
             t.refused_forks += r.refused_forks;
+            t.partial_forks += r.partial_forks;
             t.evicted_blocks += r.evicted_blocks;
             total.set(t);
             Ok(())
@@ -613,6 +641,7 @@ fn scripts_reach_hits_evictions_refusals_and_compactions() {
             && t.refused_rewrites >= 10
             && t.forks >= 20
             && t.refused_forks >= 5
+            && t.partial_forks >= 5
             && t.evicted_blocks >= 50,
         "scripts no longer reach every path: {t:?}"
     );

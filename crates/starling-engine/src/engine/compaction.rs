@@ -95,10 +95,11 @@ pub(crate) struct DueCompression {
     due: DueTarget,
     /// Positions of the window the compaction scores with (SnapKV, TOVA).
     window: Option<Range<usize>>,
-    /// Copy-on-compact: the cached and shared blocks the compaction rewrites are first copied
-    /// into private ones (the target then evicts over the whole context, as without the
-    /// cache). False when the pool had no blocks for the copies: the target keeps the shared
-    /// prefix whole and the cached private blocks leave the cache.
+    /// Copy-on-compact: the shared blocks the compaction rewrites (and the cached private ones
+    /// while spare blocks last) are first copied into private ones (the target then evicts over
+    /// the whole context, as without the cache). False when the pool had no blocks for the
+    /// shared copies: the target keeps the shared prefix whole and the cached private blocks
+    /// leave the cache.
     fork: bool,
 }
 
@@ -186,10 +187,11 @@ impl<B: Backend> Engine<B> {
                 }
             }
             // Evict over the whole context, as without the cache, when the pool has blocks to
-            // copy the cached and shared blocks about to be rewritten; otherwise blocks another
-            // request holds (it reads them) are kept whole. (Sharing changes only at
-            // admission, in the next schedule, so this holds until the compaction is queued
-            // and announced after the forward pass.)
+            // copy the shared blocks about to be rewritten (blocks only this request holds need
+            // none: `fork_for_rewrite` copies the registered ones only into spare uncached
+            // blocks); otherwise blocks another request holds (it reads them) are kept whole.
+            // (Sharing changes only at admission, in the next schedule, so this holds until
+            // the compaction is queued and announced after the forward pass.)
             let target_for = |shared| {
                 policy.due_target(
                     end,

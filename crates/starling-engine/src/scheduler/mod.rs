@@ -368,8 +368,9 @@ impl Scheduler {
         }
     }
 
-    /// Blocks [`Self::fork_for_rewrite`] would take from the pool for a compaction of
-    /// `seq_id` rewriting from `first_rewritten_token` on (its cached and shared blocks there).
+    /// Blocks [`Self::fork_for_rewrite`] must take from the pool for a compaction of
+    /// `seq_id` rewriting from `first_rewritten_token` on (its shared blocks there; cached
+    /// blocks it alone holds are copied only into spare uncached blocks).
     pub fn blocks_to_fork(
         &self,
         seq_id: SeqId,
