@@ -186,6 +186,12 @@ impl<B: Backend> Engine<B> {
                     );
                 }
             }
+            // A chunk that does not sample compacts only where its chunks are cut
+            // (`Scheduler::align_chunks`): positions independent of the batch and the cache.
+            let stride = self.scheduler.config().max_num_batched_tokens;
+            if !s.samples_next_token && policy.compacts_during_prefill() && end % stride != 0 {
+                continue;
+            }
             // Evict over the whole context, as without the cache, when the pool has blocks to
             // copy the shared blocks about to be rewritten (blocks only this request holds need
             // none: `fork_for_rewrite` copies the registered ones only into spare uncached

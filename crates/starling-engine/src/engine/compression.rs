@@ -209,6 +209,12 @@ impl SeqCompression {
         (surplus >= self.config.every_n_tokens || prompt_completed).then_some(due)
     }
 
+    /// Whether the policy may compact before the prompt is in (as chunks fill); under the
+    /// context/question split it compacts once, when the prompt is in.
+    pub(crate) fn compacts_during_prefill(&self) -> bool {
+        self.question_tokens.is_none()
+    }
+
     /// Where this policy's scores come from.
     fn scoring(&self) -> Scoring {
         match self.config.method {

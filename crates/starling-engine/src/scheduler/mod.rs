@@ -73,6 +73,8 @@ pub struct Scheduler {
     /// Per sequence, the newest known tokens admission always computes, cached or not (an
     /// observation window whose queries the forward pass must capture); 1 when absent.
     uncached_tail_tokens: HashMap<SeqId, usize>,
+    /// Per sequence, the stride its multi-token chunks never cross (see [`Self::align_chunks`]).
+    chunk_stride_tokens: HashMap<SeqId, usize>,
     num_preemptions: u64,
 }
 
@@ -101,6 +103,7 @@ impl Scheduler {
             held: HashSet::new(),
             block_hashes: HashMap::new(),
             uncached_tail_tokens: HashMap::new(),
+            chunk_stride_tokens: HashMap::new(),
             num_preemptions: 0,
         })
     }
@@ -319,6 +322,39 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Cuts `seq_id`'s chunks so that none crosses a multiple of `stride_tokens` (positions
+    /// `k × stride`), and makes admission reuse cached tokens only before the first multiple
+    /// (strictly: the chunk that ends there runs, and compacts).
+    /// A compressing sequence compacts at those positions (and at its prompt's end), so its
+    /// compaction points, hence its cache contents and outputs, are the same whatever the
+    /// batch around it cuts its chunks to and whatever the prefix cache holds: the tokens
+    /// after the first point were computed, in a run without the cache, over a compacted
+    /// context, so cached dense blocks there are not theirs. `stride_tokens` 0 is refused.
+    pub fn align_chunks(
+        &mut self,
+        seq_id: SeqId,
+        stride_tokens: usize,
+    ) -> Result<(), SchedulerError> {
+        if !self.seqs.contains_key(&seq_id) {
+            return Err(SchedulerError::UnknownSequence(seq_id));
+        }
+        if stride_tokens == 0 {
+            return Err(SchedulerError::InvalidConfig(
+                "a chunk stride of 0 tokens".into(),
+            ));
+        }
+        self.chunk_stride_tokens.insert(seq_id, stride_tokens);
+        Ok(())
+    }
+
+    /// The most tokens a chunk of `seq_id` starting at `computed_tokens` may hold under its
+    /// [`Self::align_chunks`] stride (`usize::MAX` without one).
+    fn chunk_room_tokens(&self, seq_id: SeqId, computed_tokens: usize) -> usize {
+        self.chunk_stride_tokens
+            .get(&seq_id)
+            .map_or(usize::MAX, |&stride| stride - computed_tokens % stride)
+    }
+
     /// `seq_id`'s chain of full-block hashes so far (empty for an unknown sequence).
     pub fn block_hashes(&self, seq_id: SeqId) -> &[BlockHash] {
         self.block_hashes.get(&seq_id).map_or(&[], Vec::as_slice)
@@ -496,6 +532,7 @@ impl Scheduler {
         self.held.remove(&seq_id);
         self.block_hashes.remove(&seq_id);
         self.uncached_tail_tokens.remove(&seq_id);
+        self.chunk_stride_tokens.remove(&seq_id);
         self.running.retain(|id| *id != seq_id);
         self.waiting.retain(|id| *id != seq_id);
         if self.kv.contains(seq_id) {

@@ -72,7 +72,10 @@ impl Scheduler {
             let Some(seq) = self.seqs.get(&seq_id) else {
                 continue;
             };
-            let num_tokens = seq.num_remaining_tokens().min(draft.budget_tokens);
+            let num_tokens = seq
+                .num_remaining_tokens()
+                .min(draft.budget_tokens)
+                .min(self.chunk_room_tokens(seq_id, seq.num_computed_tokens));
             // Zero: waiting for the engine's sampled token, or no budget left.
             if num_tokens == 0 {
                 continue;
@@ -148,10 +151,17 @@ impl Scheduler {
             .get(&seq_id)
             .map_or(&[][..], Vec::as_slice);
         let tail = self.uncached_tail_tokens.get(&seq_id).copied().unwrap_or(1);
-        let reusable = num_known_tokens.saturating_sub(tail.max(1)) / bs;
+        let mut reusable = num_known_tokens.saturating_sub(tail.max(1)) / bs;
+        if let Some(&stride) = self.chunk_stride_tokens.get(&seq_id) {
+            // Cached tokens only before the first aligned point (see `align_chunks`): the
+            // chunk ending there must run, for the compaction it makes due.
+            reusable = reusable.min((stride - 1) / bs);
+        }
         let hashes = &hashes[..hashes.len().min(reusable)];
         let cached_tokens = self.kv.find_cached_prefix(hashes).num_tokens;
-        let num_tokens = (num_known_tokens - cached_tokens).min(budget_tokens);
+        let num_tokens = (num_known_tokens - cached_tokens)
+            .min(budget_tokens)
+            .min(self.chunk_room_tokens(seq_id, cached_tokens));
         if num_tokens == 0 {
             return None;
         }

@@ -711,3 +711,44 @@ proptest! {
         sim.assert_all_correct();
     }
 }
+
+#[test]
+fn aligned_chunks_never_cross_a_multiple_of_the_stride() {
+    // Three sequences share a 24-token step budget; sequence 1's chunks are aligned to 16, so
+    // whatever budget the others leave it, each of its chunks ends at or before the next
+    // multiple of 16, and every multiple of 16 inside its prompt is some chunk's end.
+    let mut sim = Sim::new(config(4, 24, 4), 200);
+    sim.add(0, 37, 3);
+    sim.add(1, 70, 3);
+    sim.add(2, 29, 3);
+    sim.sched.align_chunks(SeqId(1), 16).unwrap();
+    assert!(matches!(
+        sim.sched.align_chunks(SeqId(1), 0),
+        Err(SchedulerError::InvalidConfig(_))
+    ));
+    assert_eq!(
+        sim.sched.align_chunks(SeqId(9), 16),
+        Err(SchedulerError::UnknownSequence(SeqId(9)))
+    );
+    sim.run_to_completion(200);
+    let mut ends = Vec::new();
+    for plan in &sim.plans {
+        for s in plan.scheduled.iter().filter(|s| s.seq_id == SeqId(1)) {
+            let end = s.start_position + s.num_tokens;
+            assert!(
+                s.start_position / 16 == (end - 1) / 16,
+                "chunk {}..{end} crosses a multiple of 16",
+                s.start_position
+            );
+            ends.push(end);
+        }
+    }
+    for multiple in [16, 32, 48, 64] {
+        assert!(
+            ends.contains(&multiple),
+            "no chunk ends at {multiple}: {ends:?}"
+        );
+    }
+    // Cut chunks still complete the request with the tokens it generates alone.
+    assert_eq!(sim.outputs[&SeqId(1)].len(), 3);
+}
