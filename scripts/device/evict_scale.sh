@@ -140,9 +140,10 @@ if [[ " $PHASES " == *" saturation "* ]]; then
       *-unbudgeted) flags=(--compaction-step-budget-tokens 0) ;;
       *-b[0-9]*) flags=(--compaction-step-budget-tokens "${arm##*-b}") ;;
     esac
+    every=""; [[ $arm == *-n[0-9]* ]] && every=",\"every_n_tokens\":${arm##*-n}"
     STARLING_LOG=info,starling_engine::engine::compaction=debug .device/starling serve --device cuda --load-format synthetic --model qwen2.5-7b --tokenizer "${TOKENIZER:-$gguf}" \
       --max-model-len 4096 --max-num-batched-tokens 1024 --kv-cache-memory 8GiB \
-      --kv-compression "{\"method\":\"$method\",\"ratio\":$ratio}" --port $port "${flags[@]}" \
+      --kv-compression "{\"method\":\"$method\",\"ratio\":$ratio$every}" --port $port "${flags[@]}" \
       > "$work/sat_$arm.log" 2>&1 &
     pid=$!
     wait_health $port || { echo "$arm: server did not start"; tail -5 "$work/sat_$arm.log"; continue; }

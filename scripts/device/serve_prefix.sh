@@ -38,6 +38,13 @@ for point in $POINTS; do
       on) flags=(--enable-prefix-caching) ;;
       on-evict) flags=(--enable-prefix-caching --kv-compression '{"method":"keydiff","ratio":0.5}') ;;
       off-evict) flags=(--no-enable-prefix-caching --kv-compression '{"method":"keydiff","ratio":0.5}') ;;
+      # A step budget above the prompts: their compressions come once the prompt is in, so a
+      # compressing request may reuse the whole cached prefix (see ARCHITECTURE.md, compaction
+      # points).
+      on-evict-b4096) flags=(--enable-prefix-caching --kv-compression '{"method":"keydiff","ratio":0.5}'
+                             --max-num-batched-tokens 4096) ;;
+      off-evict-b4096) flags=(--no-enable-prefix-caching --kv-compression '{"method":"keydiff","ratio":0.5}'
+                              --max-num-batched-tokens 4096) ;;
     esac
     log=$RUN/${point}_$arm.log
     $S serve --device cuda --load-format synthetic --model llama2-7b --tokenizer "$TOKENIZER" \
