@@ -169,6 +169,10 @@ for arm in sys.argv[4:]:
              open(f"{sys.argv[1]}/sat_{arm}.log", errors="replace").read())]
     ms = [x for x, _ in found]
     comp = f"{sum(ms) / len(ms):.2f} / {max(ms):.2f}" if ms else "-"
+    phases = [tuple(map(float, p)) for p in re.findall(r"\(score ([0-9.]+), select ([0-9.]+), compact ([0-9.]+)\)",
+              open(f"{sys.argv[1]}/sat_{arm}.log", errors="replace").read())]
+    if phases:
+        comp += " (score {:.2f}, select {:.2f}, compact {:.2f})".format(*(sum(p[i] for p in phases) / len(phases) for i in range(3)))
     steps = max((s for _, s in found), default=0)
     print(f"| {arm} | {m['output_throughput']:.0f} | {m['itl']['p99_ms']:.1f} | {m['itl']['median_ms']:.1f} | "
           f"{m['tpot']['median_ms']:.1f} | {len(ms)} | {comp} | {steps} |")

@@ -115,34 +115,46 @@ fn select_one(
     sink_tokens: usize,
     window_tokens: usize,
 ) -> Vec<u32> {
-    let mut kept: Vec<u32> = Vec::with_capacity(keep);
-    let mut candidates: Vec<u32> = Vec::with_capacity(n_tokens);
-    for i in 0..n_tokens {
-        if is_protected(i, n_tokens, sink_tokens, window_tokens) {
-            kept.push(i as u32);
+    let protected = |i: usize| is_protected(i, n_tokens, sink_tokens, window_tokens);
+    let room = keep - protected_count(n_tokens, sink_tokens, window_tokens).min(keep);
+    // Highest score first, equal scores in index order, NaN lowest, as one integer per token
+    // (unique, so exactly `room` candidates rank at or above the room-th): the selection is
+    // a partial selection over integers and a scan in index order, with no sort — compaction
+    // runs it for every KV head of every layer, inside a serving step.
+    let key = |i: usize| rank_key(scores[i], i);
+    let threshold = if room == 0 {
+        None
+    } else {
+        let mut keys: Vec<u64> = (0..n_tokens).filter(|&i| !protected(i)).map(key).collect();
+        if room >= keys.len() {
+            Some(0)
         } else {
-            candidates.push(i as u32);
-        }
-    }
-    let rank = |i: u32| {
-        let s = scores[i as usize];
-        if s.is_nan() {
-            f32::NEG_INFINITY
-        } else {
-            s
+            let (_, nth, _) = keys.select_nth_unstable_by(room - 1, |a, b| b.cmp(a));
+            Some(*nth)
         }
     };
-    let room = keep - kept.len();
-    if room > 0 && room < candidates.len() {
-        // Highest score first, equal scores in index order: a total order, so the partial
-        // selection keeps exactly the set a full stable sort would.
-        candidates.select_nth_unstable_by(room - 1, |&a, &b| {
-            rank(b).total_cmp(&rank(a)).then(a.cmp(&b))
-        });
-    }
-    kept.extend_from_slice(&candidates[..room]);
-    kept.sort_unstable();
-    kept
+    (0..n_tokens)
+        .filter(|&i| protected(i) || threshold.is_some_and(|t| key(i) >= t))
+        .map(|i| i as u32)
+        .collect()
+}
+
+/// A token's place in the eviction order as one integer: the score's bits made monotone
+/// (`f32::total_cmp`'s order; NaN counted as −∞) above the index reversed, so a larger key is
+/// a better token and equal scores favour the lower index.
+fn rank_key(score: f32, index: usize) -> u64 {
+    let score = if score.is_nan() {
+        f32::NEG_INFINITY
+    } else {
+        score
+    };
+    let bits = score.to_bits();
+    let monotone = if bits & 0x8000_0000 != 0 {
+        !bits
+    } else {
+        bits | 0x8000_0000
+    };
+    (u64::from(monotone) << 32) | u64::from(u32::MAX - index as u32)
 }
 
 #[cfg(test)]

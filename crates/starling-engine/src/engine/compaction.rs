@@ -121,6 +121,8 @@ pub(crate) struct Compaction {
     queries: Vec<HostTensor>,
     next_layer: usize,
     micros: u64,
+    /// `micros` by phase.
+    phases: compression::LayerMicros,
     steps: u32,
 }
 
@@ -431,6 +433,7 @@ impl<B: Backend> Engine<B> {
             queries,
             next_layer: 0,
             micros: 0,
+            phases: compression::LayerMicros::default(),
             steps: 0,
         });
         Ok(())
@@ -518,7 +521,8 @@ impl<B: Backend> Engine<B> {
                 rope: self.model.rope(),
             });
         let started = std::time::Instant::now();
-        compression::compact_layer(&self.backend, cache, policy, shape, &job, layer, latent)?;
+        c.phases +=
+            compression::compact_layer(&self.backend, cache, policy, shape, &job, layer, latent)?;
         let micros = started.elapsed().as_micros() as u64;
         c.micros += micros;
         c.next_layer += 1;
@@ -542,13 +546,17 @@ impl<B: Backend> Engine<B> {
         self.counters.evicted_tokens += (c.physical_tokens - c.due.target_tokens) as u64;
         self.counters.evicted_blocks += freed as u64;
         tracing::debug!(
-            "compaction of {:?}: {} layers, {} -> {} tokens, {:.2} ms over {} steps",
+            "compaction of {:?}: {} layers, {} -> {} tokens, {:.2} ms over {} steps \
+             (score {:.2}, select {:.2}, compact {:.2})",
             c.seq_id,
             c.next_layer,
             c.physical_tokens,
             c.due.target_tokens,
             c.micros as f64 / 1000.0,
-            c.steps + 1
+            c.steps + 1,
+            c.phases.score as f64 / 1000.0,
+            c.phases.select as f64 / 1000.0,
+            c.phases.compact as f64 / 1000.0,
         );
         Ok(c.due.target_tokens)
     }

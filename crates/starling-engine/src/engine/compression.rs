@@ -290,7 +290,9 @@ pub(crate) fn compact_layer<B: Backend>(
     job: &LayerJob<'_>,
     layer: usize,
     latent: Option<LatentScoring<'_, B::Tensor>>,
-) -> Result<(), EngineError> {
+) -> Result<LayerMicros, EngineError> {
+    let started = std::time::Instant::now();
+    let mut micros = LayerMicros::default();
     let n = job.physical_tokens;
     let scores = match &latent {
         None => layer_scores(backend, cache, policy, shape, job, layer)?,
@@ -323,6 +325,7 @@ pub(crate) fn compact_layer<B: Backend>(
             layer_scores(backend, &dense, policy, shape, &dense_job, layer)?
         }
     };
+    micros.score = started.elapsed().as_micros() as u64;
     let layer_wide = job.shared_rows
         || latent.is_some()
         || policy.scorer.layer_wide()
@@ -362,8 +365,28 @@ pub(crate) fn compact_layer<B: Backend>(
         }
     }
     let table = job.block_table.get(skip_blocks..).unwrap_or(&[]);
+    micros.select = started.elapsed().as_micros() as u64 - micros.score;
     backend.compact_kv(cache, table, job.block_size_tokens, n - skip, &keep)?;
-    Ok(())
+    micros.compact = started.elapsed().as_micros() as u64 - micros.score - micros.select;
+    Ok(micros)
+}
+
+/// Host time of one layer's compaction by phase, microseconds: scoring (its launches and the
+/// wait for the scores, which includes the device work queued before them), selection on the
+/// host, and issuing the compaction.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct LayerMicros {
+    pub(crate) score: u64,
+    pub(crate) select: u64,
+    pub(crate) compact: u64,
+}
+
+impl std::ops::AddAssign for LayerMicros {
+    fn add_assign(&mut self, other: Self) {
+        self.score += other.score;
+        self.select += other.select;
+        self.compact += other.compact;
+    }
 }
 
 /// One score vector per KV head, `n` long, computed where the cache lives.
