@@ -1,7 +1,6 @@
 //! The Llama-family decoder (Llama 2/3, SmolLM2, Mistral-style, Qwen2 with Q/K/V bias, Qwen3
-//! with per-head Q/K norms), written once
-//! against [`Backend`] ops. Attention receives the paged cache from the caller; the model owns no
-//! KV state.
+//! with per-head Q/K norms), written once against [`Backend`] ops. Attention receives the paged
+//! cache from the caller; the model owns no KV state.
 
 use starling_backend::{
     AttentionDims, Backend, BatchMeta, HeadSpan, HostTensor, KvCacheSpec, LatentFactors, RopeSpec,
