@@ -55,6 +55,26 @@ impl AttentionDims {
     }
 }
 
+/// The columns of a row-major `[rows, width]` tensor that [`Backend::rms_norm_heads`]
+/// normalises: `num_heads` consecutive heads of `head_dim` elements from column `first_col` on
+/// (the query or key part of a fused Q/K/V row, so the projection stays one tensor).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadSpan {
+    /// The first column of the first head.
+    pub first_col: usize,
+    /// Heads in the span.
+    pub num_heads: usize,
+    /// Elements per head (the length of the norm's weight).
+    pub head_dim: usize,
+}
+
+impl HeadSpan {
+    /// The column just past the span.
+    pub fn end_col(&self) -> usize {
+        self.first_col + self.num_heads * self.head_dim
+    }
+}
+
 /// One layer's paged cache: how many blocks of how many token slots, and what each slot stores
 /// ([`LayerLayout`], the same description that sized the cache: full K/V, or STAR-KV latents
 /// with each token's position). Every backend allocates from it.
@@ -387,6 +407,17 @@ pub trait Backend: Send + Sync {
         w: &Self::Tensor,
         eps: f32,
     ) -> Result<Self::Tensor, BackendError>;
+    /// Per-head RMSNorm in place (Qwen3's q/k norm): every `head_dim` slice of `span`'s columns
+    /// in every row of `x` becomes `v * rsqrt(mean(v²) + eps) * w`, with one weight `w`
+    /// (`[head_dim]`) shared by the heads; columns outside the span are left as they are.
+    /// Reference: [`crate::cpu::rms_norm_heads`].
+    fn rms_norm_heads(
+        &self,
+        x: &mut Self::Tensor,
+        w: &Self::Tensor,
+        span: HeadSpan,
+        eps: f32,
+    ) -> Result<(), BackendError>;
     /// `x += delta`, elementwise.
     fn add_inplace(&self, x: &mut Self::Tensor, delta: &Self::Tensor) -> Result<(), BackendError>;
     /// SwiGLU on a fused `[n, 2f]` gate|up tensor → `silu(gate) * up`, `[n, f]`.

@@ -13,8 +13,8 @@ mod host_tensor;
 pub mod sampling;
 
 pub use backend::{
-    AttentionDims, Backend, KeyScoreKind, KvCacheSpec, KvRows, LatentFactors, RopeSpec, RopeStyle,
-    WindowScoreSpec,
+    AttentionDims, Backend, HeadSpan, KeyScoreKind, KvCacheSpec, KvRows, LatentFactors, RopeSpec,
+    RopeStyle, WindowScoreSpec,
 };
 pub use batch::{BatchMeta, SeqBatchMeta};
 pub use error::BackendError;

@@ -10,8 +10,9 @@ use half::bf16;
 use rayon::prelude::*;
 use starling_backend::sampling::{RowOutcome, RowSamplingParams};
 use starling_backend::{
-    AttentionDims, Backend, BackendError, BatchMeta, DecodeGraphConfig, DecodeGraphs, HostTensor,
-    KeyScoreKind, KvCacheSpec, KvRows, LatentFactors, RopeSpec, RopeStyle, WindowScoreSpec,
+    AttentionDims, Backend, BackendError, BatchMeta, DecodeGraphConfig, DecodeGraphs, HeadSpan,
+    HostTensor, KeyScoreKind, KvCacheSpec, KvRows, LatentFactors, RopeSpec, RopeStyle,
+    WindowScoreSpec,
 };
 use starling_kv::CacheDtype;
 
@@ -41,6 +42,7 @@ pub(crate) mod attention_plan;
 mod batch;
 // After `launch!`, which they use.
 mod graphs;
+mod head_norm;
 pub(crate) mod key_scores;
 mod kv_cache;
 mod kv_ops;
@@ -673,6 +675,16 @@ impl Backend for CudaBackend {
         )
         .map_err(err)?;
         Ok(self.tensor(DeviceBuf::Bf16(out), shape))
+    }
+
+    fn rms_norm_heads(
+        &self,
+        x: &mut CudaTensor,
+        w: &CudaTensor,
+        span: HeadSpan,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        head_norm::rms_norm_heads(self, x, w, span, eps)
     }
 
     fn add_inplace(&self, x: &mut CudaTensor, delta: &CudaTensor) -> Result<(), BackendError> {

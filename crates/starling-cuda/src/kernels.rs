@@ -29,6 +29,7 @@ macro_rules! kernel_source {
     };
 }
 const OPS_SRC: &str = kernel_source!("../kernels/ops.cu", bf16_vec);
+const HEAD_NORM_SRC: &str = kernel_source!("../kernels/head_norm.cu", bf16_vec);
 const ATTENTION_SRC: &str = kernel_source!("../kernels/attention.cu", bf16_vec);
 const KV_CACHE_SRC: &str = kernel_source!("../kernels/kv_cache.cu");
 const KEY_SCORES_SRC: &str = kernel_source!("../kernels/key_scores.cu", bf16_vec);
@@ -137,6 +138,7 @@ mod names {
     pub(super) const GATHER_ROWS: &str = "gather_rows_bf16";
     pub(super) const RMS_NORM: &str = "rms_norm_bf16";
     pub(super) const ADD_RMS_NORM: &str = "add_rms_norm_bf16";
+    pub(super) const RMS_NORM_HEADS: &str = "rms_norm_heads_bf16";
     pub(super) const ADD_INPLACE: &str = "add_inplace_bf16";
     pub(super) const ADD_BIAS: &str = "add_bias_bf16";
     pub(super) const SILU_MUL: &str = "silu_mul_bf16";
@@ -248,6 +250,11 @@ pub fn kernel_modules() -> Vec<KernelModule> {
             ]),
         },
         KernelModule {
+            name: "head_norm",
+            source: HEAD_NORM_SRC,
+            functions: owned(&[names::RMS_NORM_HEADS]),
+        },
+        KernelModule {
             name: "attention",
             source: ATTENTION_SRC,
             functions: attention,
@@ -334,6 +341,7 @@ pub(crate) struct Kernels {
     pub(crate) gather_rows: CudaFunction,
     pub(crate) rms_norm: CudaFunction,
     pub(crate) add_rms_norm: CudaFunction,
+    pub(crate) rms_norm_heads: CudaFunction,
     pub(crate) add_inplace: CudaFunction,
     pub(crate) add_bias: CudaFunction,
     pub(crate) silu_mul: CudaFunction,
@@ -476,6 +484,7 @@ impl Kernels {
             gather_rows: take(names::GATHER_ROWS)?,
             rms_norm: take(names::RMS_NORM)?,
             add_rms_norm: take(names::ADD_RMS_NORM)?,
+            rms_norm_heads: take(names::RMS_NORM_HEADS)?,
             add_inplace: take(names::ADD_INPLACE)?,
             add_bias: take(names::ADD_BIAS)?,
             silu_mul: take(names::SILU_MUL)?,

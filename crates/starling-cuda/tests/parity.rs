@@ -24,6 +24,10 @@ mod sampling;
 #[path = "parity/latent.rs"]
 mod latent;
 
+/// Per-head RMSNorm (Qwen3's q/k norm).
+#[path = "parity/head_norm.rs"]
+mod head_norm;
+
 /// bf16 operand tolerance on ‖out − ref‖ / ‖ref‖.
 const BF16_REL_TOL: f64 = 1e-2;
 

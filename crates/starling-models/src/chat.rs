@@ -5,12 +5,17 @@
 //! methods (`.strip()`, `.startswith()`, `.items()`...) through minijinja-contrib's `pycompat`,
 //! `raise_exception(msg)`, `strftime_now(fmt)` (UTC), and a `tojson` that writes what Python's
 //! `json.dumps(..., ensure_ascii=False)` writes. Templates see `messages`,
-//! `add_generation_prompt`, `bos_token`, `eos_token` and `tools` (always none for now).
+//! `add_generation_prompt`, `bos_token`, `eos_token`, `tools` (always none for now) and any
+//! extra template kwargs the caller passes ([`ChatTemplate::render_with_kwargs`]: transformers'
+//! `apply_chat_template(**kwargs)`, vLLM's `chat_template_kwargs`, e.g. Qwen3's
+//! `enable_thinking`).
 //!
 //! A model without a template gets [`CHATML_FALLBACK_TEMPLATE`] (see [`ChatTemplate::for_tokenizer`]).
 
 mod python_json;
 mod strftime;
+
+use std::collections::BTreeMap;
 
 use minijinja::{Environment, ErrorKind, Value};
 use serde::Serialize;
@@ -19,6 +24,15 @@ use crate::tokenizer::Tokenizer;
 
 /// The name the single template is registered under inside its environment.
 const TEMPLATE_NAME: &str = "chat";
+
+/// The variables every render sets; a template kwarg may not replace them.
+pub const RESERVED_TEMPLATE_VARIABLES: &[&str] = &[
+    "messages",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+    "tools",
+];
 
 /// Prefix marking errors raised by the template itself through `raise_exception`.
 const RAISED_PREFIX: &str = "raise_exception: ";
@@ -92,6 +106,13 @@ pub enum ChatTemplateError {
         /// minijinja's description, with the line.
         message: String,
     },
+    /// A template kwarg has the name of a variable every render sets
+    /// ([`RESERVED_TEMPLATE_VARIABLES`]).
+    #[error("chat template kwarg `{name}` is reserved (it is set from the request itself)")]
+    ReservedKwarg {
+        /// The kwarg's name.
+        name: String,
+    },
     /// Rendering needed more than [`RENDER_FUEL`] instructions or wrote more than
     /// [`MAX_RENDERED_BYTES`].
     #[error("chat template exceeded its render budget: {message}")]
@@ -151,6 +172,26 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatTemplateError> {
+        self.render_with_kwargs(messages, add_generation_prompt, &BTreeMap::new())
+    }
+
+    /// [`ChatTemplate::render`] with extra top-level template variables (`kwargs`), as
+    /// transformers' `apply_chat_template(..., **kwargs)` passes them: Qwen3 reads
+    /// `enable_thinking` (false: the generation prompt ends with an empty think block). A kwarg
+    /// named like a variable the render sets is refused
+    /// ([`ChatTemplateError::ReservedKwarg`]).
+    pub fn render_with_kwargs(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        kwargs: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<String, ChatTemplateError> {
+        if let Some(name) = kwargs
+            .keys()
+            .find(|k| RESERVED_TEMPLATE_VARIABLES.contains(&k.as_str()))
+        {
+            return Err(ChatTemplateError::ReservedKwarg { name: name.clone() });
+        }
         let template =
             self.env
                 .get_template(TEMPLATE_NAME)
@@ -163,6 +204,7 @@ impl ChatTemplate {
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
             tools => Value::from(()),
+            ..Value::from_serialize(kwargs)
         };
         let mut rendered = BoundedBuffer::default();
         let result = template

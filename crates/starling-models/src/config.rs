@@ -6,14 +6,18 @@ use serde::{Deserialize, Serialize};
 use crate::loader::weight_names::expected_num_params;
 use crate::ModelError;
 
-/// The decoder families Starling implements. Both are pre-norm RMSNorm + GQA + SwiGLU
-/// decoders; they differ in Q/K/V biases and the RoPE layout of their GGUF exports.
+/// The decoder families Starling implements. All are pre-norm RMSNorm + GQA + SwiGLU
+/// decoders; they differ in Q/K/V biases, per-head Q/K norms and the RoPE layout of their GGUF
+/// exports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Architecture {
     /// Llama 2/3, SmolLM2, LongChat and other `LlamaForCausalLM` models.
     Llama,
     /// Qwen2 / Qwen2.5 (`Qwen2ForCausalLM`): Q/K/V projections carry biases.
     Qwen2,
+    /// Qwen3 (`Qwen3ForCausalLM`): no Q/K/V biases; an RMSNorm over each query and key head
+    /// (`q_norm`, `k_norm`, one `[head_dim]` weight each per layer) before RoPE.
+    Qwen3,
 }
 
 impl Architecture {
@@ -22,7 +26,14 @@ impl Architecture {
         match self {
             Self::Llama => "llama",
             Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
         }
+    }
+
+    /// Whether every layer normalises each query and key head (RMSNorm over `head_dim`) before
+    /// RoPE.
+    pub fn has_qk_norm(self) -> bool {
+        matches!(self, Self::Qwen3)
     }
 }
 
@@ -275,6 +286,7 @@ pub const PRESET_NAMES: &[&str] = &[
     "longchat-7b-32k",
     "llama3-8b",
     "qwen2.5-7b",
+    "qwen3-8b",
 ];
 
 /// Looks up a preset of real (or test) model shapes by name (case-insensitive, see
@@ -289,6 +301,7 @@ pub fn preset(name: &str) -> Result<ModelConfig, ModelError> {
         "longchat-7b-32k" => Ok(ModelConfig::longchat_7b_32k()),
         "llama3-8b" => Ok(ModelConfig::llama3_8b()),
         "qwen2.5-7b" => Ok(ModelConfig::qwen2_5_7b()),
+        "qwen3-8b" => Ok(ModelConfig::qwen3_8b()),
         _ => Err(invalid(format!(
             "unknown model preset `{name}` (known: {})",
             PRESET_NAMES.join(", ")
@@ -386,6 +399,25 @@ impl ModelConfig {
         }
     }
 
+    /// Qwen3-8B: 36 layers, d 4096, 32 q / 8 kv heads × 128, q/k norm, untied, vocab 151936
+    /// (its `config.json`).
+    pub fn qwen3_8b() -> Self {
+        Self {
+            architecture: Architecture::Qwen3,
+            vocab_size: 151_936,
+            hidden_size: 4096,
+            intermediate_size: 12_288,
+            num_layers: 36,
+            num_attention_heads: 32,
+            num_kv_heads: 8,
+            head_dim: 128,
+            max_position_embeddings: 40_960,
+            tie_word_embeddings: false,
+            attention_bias: false,
+            ..Self::qwen2_base()
+        }
+    }
+
     /// Llama-2-7B: 32 layers, d 4096, 32 heads × 128 (MHA), 4k context.
     pub fn llama2_7b() -> Self {
         Self {
@@ -437,7 +469,7 @@ impl ModelConfig {
         }
     }
 
-    /// Fields shared by the Qwen2.5 presets; shapes are filled in by each preset.
+    /// Fields shared by the Qwen2.5 and Qwen3 presets; shapes are filled in by each preset.
     fn qwen2_base() -> Self {
         Self {
             architecture: Architecture::Qwen2,
@@ -495,12 +527,14 @@ mod tests {
 
     #[test]
     fn parameter_counts_match_published_sizes() {
-        // Published: Llama-2-7B 6.74B, Llama-3-8B 8.03B, Qwen2.5-7B 7.62B, SmolLM2 134.5M.
+        // Published: Llama-2-7B 6.74B, Llama-3-8B 8.03B, Qwen2.5-7B 7.62B, SmolLM2 134.5M,
+        // Qwen3-8B 8.19B (q/k norms included).
         let cases = [
             (ModelConfig::llama2_7b(), 6_738_415_616_u64),
             (ModelConfig::llama3_8b(), 8_030_261_248),
             (ModelConfig::qwen2_5_7b(), 7_615_616_512),
             (ModelConfig::smollm2_135m(), 134_515_008),
+            (ModelConfig::qwen3_8b(), 8_190_735_360),
         ];
         for (config, expected) in cases {
             assert_eq!(config.num_params(), expected, "{config:?}");

@@ -1,9 +1,9 @@
-//! The Llama-family decoder (Llama 2/3, SmolLM2, Mistral-style, Qwen2 with Q/K/V bias), written once
-//! against [`Backend`] ops. Attention receives the paged cache from the caller; the model owns no
-//! KV state.
+//! The Llama-family decoder (Llama 2/3, SmolLM2, Mistral-style, Qwen2 with Q/K/V bias, Qwen3
+//! with per-head Q/K norms), written once against [`Backend`] ops. Attention receives the paged
+//! cache from the caller; the model owns no KV state.
 
 use starling_backend::{
-    AttentionDims, Backend, BatchMeta, HostTensor, KvCacheSpec, LatentFactors, RopeSpec,
+    AttentionDims, Backend, BatchMeta, HeadSpan, HostTensor, KvCacheSpec, LatentFactors, RopeSpec,
     RopeStyle as OpRopeStyle,
 };
 use starling_kv::{CacheDtype, CacheLayout, LayerLayout, LATENT_RANK_MULTIPLE};
@@ -19,12 +19,46 @@ struct DecoderLayer<B: Backend> {
     /// head, then the value latent).
     qkv_weight: B::Tensor,
     qkv_bias: Option<B::Tensor>,
+    /// Qwen3's per-head RMSNorms of the queries and keys; `None` for the other architectures.
+    head_norms: Option<HeadNorms<B>>,
     /// A STAR-KV latent layer's ranks and up-projections; `None` for full K/V.
     latent: Option<LatentLayer<B>>,
     o_proj: B::Tensor,
     post_attention_norm: B::Tensor,
     gate_up_proj: B::Tensor,
     down_proj: B::Tensor,
+}
+
+/// One layer's query and key head norms (`[head_dim]` weights, shared by the heads).
+struct HeadNorms<B: Backend> {
+    q: B::Tensor,
+    k: B::Tensor,
+}
+
+impl<B: Backend> HeadNorms<B> {
+    /// Normalises the query and key heads of a fused `[n, q | k | v]` projection in place,
+    /// before RoPE (Qwen3 rotates the normalised heads).
+    fn apply(
+        &self,
+        backend: &B,
+        qkv: &mut B::Tensor,
+        dims: &AttentionDims,
+        eps: f32,
+    ) -> Result<(), ModelError> {
+        let q = HeadSpan {
+            first_col: 0,
+            num_heads: dims.num_heads,
+            head_dim: dims.head_dim,
+        };
+        let k = HeadSpan {
+            first_col: dims.q_size(),
+            num_heads: dims.num_kv_heads,
+            head_dim: dims.head_dim,
+        };
+        backend.rms_norm_heads(qkv, &self.q, q, eps)?;
+        backend.rms_norm_heads(qkv, &self.k, k, eps)?;
+        Ok(())
+    }
 }
 
 /// What a STAR-KV latent layer caches: the stored rank of each KV head's key latent and of the
@@ -407,6 +441,23 @@ impl<B: Backend> LlamaModel<B> {
             let p = format!("model.layers.{l}");
             let attn = |t: &str| format!("{p}.self_attn.{t}");
             let ranks = latent_ranks.get(l).and_then(Option::as_ref);
+            let head_norms = if config.architecture.has_qk_norm() {
+                if ranks.is_some() {
+                    // The key norm sits between the key projection and RoPE, so keys are no
+                    // longer linear in the latents the cache would hold.
+                    return Err(ModelError::InvalidConfig(format!(
+                        "layer {l}: STAR-KV latents are not supported for {} (per-head key norm)",
+                        config.architecture.name()
+                    )));
+                }
+                let norm = |t: &str| one(attn(t), vec![config.head_dim]);
+                Some(HeadNorms {
+                    q: weights.fused(backend, &norm("q_norm.weight"), true)?,
+                    k: weights.fused(backend, &norm("k_norm.weight"), true)?,
+                })
+            } else {
+                None
+            };
             let (qkv, qkv_bias, latent) = match ranks {
                 None => {
                     let qkv_bias = if config.attention_bias {
@@ -486,6 +537,7 @@ impl<B: Backend> LlamaModel<B> {
                 )?,
                 qkv_weight: weights.fused(backend, &qkv, false)?,
                 qkv_bias,
+                head_norms,
                 latent,
                 o_proj: weights.fused(backend, &one(attn("o_proj.weight"), vec![d, q]), false)?,
                 post_attention_norm: weights.fused(
@@ -800,6 +852,9 @@ impl<B: Backend> LlamaModel<B> {
                 a.attention_input(index, &backend.to_host(&x)?)?;
             }
             let mut qkv = backend.linear(&x, &layer.qkv_weight, layer.qkv_bias.as_ref())?;
+            if let Some(norms) = &layer.head_norms {
+                norms.apply(backend, &mut qkv, &self.dims, eps)?;
+            }
             // The captured rows are read after the write: it leaves `qkv` as RoPE left it.
             match &layer.latent {
                 None => backend.rope_qk_write_kv(&mut qkv, cache, &self.dims, &self.rope, batch)?,

@@ -1,6 +1,8 @@
 //! The chat templates embedded in SmolLM2 and Qwen2.5-Coder, rendered as transformers renders
-//! them (fixtures from scripts/make_tokenizer_fixtures.py; no model file needed).
+//! them (fixtures from scripts/make_tokenizer_fixtures.py; no model file needed), and Qwen3's
+//! with its `enable_thinking` kwarg (fixture from scripts/make_qwen3_chat_fixture.py).
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::Deserialize;
@@ -20,6 +22,9 @@ struct Fixture {
 struct Chat {
     messages: Vec<Message>,
     add_generation_prompt: bool,
+    /// Extra template variables (only in the Qwen3 fixture).
+    #[serde(default)]
+    chat_template_kwargs: BTreeMap<String, serde_json::Value>,
     rendered: String,
 }
 
@@ -68,6 +73,61 @@ fn smollm2_template_renders_like_transformers() {
 #[test]
 fn qwen2_5_template_renders_like_transformers() {
     check_renders("qwen2.5-coder-0.5b");
+}
+
+/// Qwen3's template with thinking on (the default), explicitly on and off: off ends the
+/// generation prompt with an empty think block, and earlier turns' reasoning is dropped.
+#[test]
+fn qwen3_template_renders_thinking_on_and_off_like_transformers() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat/qwen3.json");
+    let fixture: Fixture = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let template = ChatTemplate::new(
+        &fixture.chat_template,
+        "",
+        fixture.eos_token.as_deref().unwrap_or_default(),
+    )
+    .unwrap();
+    let mut thinking_off = 0;
+    for chat in &fixture.chats {
+        let rendered = template
+            .render_with_kwargs(
+                &messages(chat),
+                chat.add_generation_prompt,
+                &chat.chat_template_kwargs,
+            )
+            .unwrap();
+        assert_eq!(rendered, chat.rendered, "{:?}", chat.chat_template_kwargs);
+        if chat.chat_template_kwargs.get("enable_thinking") == Some(&serde_json::json!(false)) {
+            assert!(
+                rendered.ends_with("<think>\n\n</think>\n\n"),
+                "{rendered:?}"
+            );
+            thinking_off += 1;
+        }
+    }
+    assert!(
+        thinking_off >= 2,
+        "the fixture exercises enable_thinking = false"
+    );
+    // Without the kwarg the same conversation renders differently: the kwarg is what matters.
+    let chat = &fixture.chats[2];
+    assert_ne!(
+        template.render(&messages(chat), true).unwrap(),
+        chat.rendered
+    );
+}
+
+#[test]
+fn reserved_template_kwargs_are_refused() {
+    let template = ChatTemplate::new(CHATML_FALLBACK_TEMPLATE, "", "").unwrap();
+    let kwargs = BTreeMap::from([("messages".to_owned(), serde_json::json!([]))]);
+    let err = template
+        .render_with_kwargs(&[ChatMessage::user("hi")], true, &kwargs)
+        .unwrap_err();
+    assert!(
+        matches!(&err, ChatTemplateError::ReservedKwarg { name } if name == "messages"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -349,3 +349,70 @@ fn overlapping_tensor_data_names_both_tensors() {
     assert!(text.contains("blk.0.attn_k.weight"), "{text}");
     assert!(text.contains("overlap"), "{text}");
 }
+
+/// The tiny model as llama.cpp writes a `qwen3` file: no biases, `attn_q_norm`/`attn_k_norm`
+/// (`[head_dim]`, F32) in every layer, minus the tensors named in `without`.
+fn tiny_qwen3_tensors(without: &[&str]) -> Vec<common::TensorSpec> {
+    let config = ModelConfig::tiny_llama_for_tests();
+    let mut tensors = tiny_tensors(TinyOptions {
+        architecture: "qwen3",
+        with_output: true,
+        with_bias: false,
+    });
+    for layer in 0..config.num_layers {
+        for (salt, norm) in ["attn_q_norm", "attn_k_norm"].into_iter().enumerate() {
+            tensors.push(common::TensorSpec {
+                name: format!("blk.{layer}.{norm}.weight"),
+                shape: vec![config.head_dim],
+                values: common::pattern(config.head_dim, 100 + 2 * layer + salt),
+                dtype: candle_core::quantized::GgmlDType::F32,
+            });
+        }
+    }
+    tensors.retain(|t| !without.contains(&t.name.as_str()));
+    tensors
+}
+
+#[test]
+fn qwen3_reads_head_norms_and_neox_rope() {
+    let dir = tempfile::tempdir().unwrap();
+    let tensors = tiny_qwen3_tensors(&[]);
+    let model = load_bytes(dir.path(), &gguf_bytes(&tiny_metadata("qwen3"), &tensors)).unwrap();
+    assert_eq!(model.config.architecture, Architecture::Qwen3);
+    assert_eq!(model.config.rope.style, RopeStyle::Neox);
+    assert!(!model.config.attention_bias);
+    let k_norm = model
+        .weights
+        .get("model.layers.1.self_attn.k_norm.weight")
+        .unwrap();
+    let written = tensors
+        .iter()
+        .find(|t| t.name == "blk.1.attn_k_norm.weight")
+        .unwrap();
+    assert_eq!(k_norm.data(), written.values.as_slice());
+    let backend = starling_backend::cpu::CpuBackend::new();
+    let llama = starling_models::llama::LlamaModel::load(&backend, &model.config, model.weights);
+    assert!(llama.is_ok());
+}
+
+#[test]
+fn qwen3_without_a_head_norm_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let tensors = tiny_qwen3_tensors(&["blk.1.attn_k_norm.weight"]);
+    let bytes = gguf_bytes(&tiny_metadata("qwen3"), &tensors);
+    // The loader or the model build refuses it, naming the tensor either way.
+    let err = match load_bytes(dir.path(), &bytes) {
+        Err(e) => e,
+        Ok(model) => {
+            let backend = starling_backend::cpu::CpuBackend::new();
+            starling_models::llama::LlamaModel::load(&backend, &model.config, model.weights)
+                .err()
+                .unwrap()
+        }
+    };
+    assert!(
+        matches!(&err, ModelError::MissingTensor { name }
+            if name == "model.layers.1.self_attn.k_norm.weight"),
+        "{err}"
+    );
+}

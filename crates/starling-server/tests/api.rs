@@ -554,3 +554,52 @@ async fn per_request_kv_compression_evicts_and_is_reported() {
         "server-wide policy missing:\n{after}"
     );
 }
+
+/// vLLM's `chat_template_kwargs` reach the template render: SmolLM2's template reads none of
+/// them, so an unused kwarg changes nothing, while one naming a variable the render sets is
+/// refused with the field named (the render itself checks, so the 400 shows the kwargs got
+/// there), on `/tokenize` and on chat completions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_template_kwargs_reach_the_template() {
+    let base = &server().base_url;
+    let client = client();
+    let messages = json!([{"role": "user", "content": "hi"}]);
+    let tokenize = |kwargs: Value| json!({"messages": messages, "chat_template_kwargs": kwargs});
+    let (status, plain) = post(&client, base, "/tokenize", &json!({"messages": messages})).await;
+    assert_eq!(status, 200, "{plain}");
+    let (status, unused) = post(
+        &client,
+        base,
+        "/tokenize",
+        &tokenize(json!({"enable_thinking": false})),
+    )
+    .await;
+    assert_eq!(status, 200, "{unused}");
+    assert_eq!(json_of(&unused)["tokens"], json_of(&plain)["tokens"]);
+
+    let (status, body) = post(
+        &client,
+        base,
+        "/tokenize",
+        &tokenize(json!({"add_generation_prompt": false})),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(json_of(&body)["error"]["param"], "chat_template_kwargs");
+
+    let chat = json!({
+        "model": MODEL_NAME, "messages": messages, "max_tokens": 2,
+        "chat_template_kwargs": {"messages": []}
+    });
+    let (status, body) = post(&client, base, "/v1/chat/completions", &chat).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("chat_template_kwargs"), "{body}");
+
+    let not_an_object = json!({
+        "model": MODEL_NAME, "messages": messages, "max_tokens": 2,
+        "chat_template_kwargs": [true]
+    });
+    let (status, body) = post(&client, base, "/v1/chat/completions", &not_an_object).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("chat_template_kwargs"), "{body}");
+}

@@ -6,6 +6,7 @@
 mod attention;
 mod compact;
 mod elementwise;
+mod head_norm;
 mod key_scores;
 mod kv_cache;
 mod kv_checks;
@@ -17,12 +18,13 @@ mod test_geometry;
 
 use crate::sampling::{sample_host_rows, select_host_rows, RowOutcome, RowSamplingParams};
 use crate::{
-    AttentionDims, Backend, BackendError, BatchMeta, HostTensor, KeyScoreKind, KvCacheSpec, KvRows,
-    LatentFactors, RopeSpec, RopeStyle, WindowScoreSpec,
+    AttentionDims, Backend, BackendError, BatchMeta, HeadSpan, HostTensor, KeyScoreKind,
+    KvCacheSpec, KvRows, LatentFactors, RopeSpec, RopeStyle, WindowScoreSpec,
 };
 
 pub use attention::dense_causal_attention;
 pub use compact::{compact_kv, read_keys};
+pub use head_norm::{check_head_span, rms_norm_heads};
 pub use key_scores::{key_scores, window_scores};
 pub use kv_cache::CpuKvCache;
 pub use kv_checks::{
@@ -149,6 +151,16 @@ impl Backend for CpuBackend {
     ) -> Result<HostTensor, BackendError> {
         elementwise::add_inplace(residual, delta)?;
         elementwise::rms_norm(residual, w, eps)
+    }
+
+    fn rms_norm_heads(
+        &self,
+        x: &mut HostTensor,
+        w: &HostTensor,
+        span: HeadSpan,
+        eps: f32,
+    ) -> Result<(), BackendError> {
+        head_norm::rms_norm_heads(x, w, span, eps)
     }
 
     fn add_inplace(&self, x: &mut HostTensor, delta: &HostTensor) -> Result<(), BackendError> {

@@ -107,6 +107,7 @@ pub(crate) fn architecture(metadata: &Metadata<'_>) -> Result<Architecture, Mode
     match metadata.str(key)?.ok_or_else(|| missing(key))? {
         "llama" => Ok(Architecture::Llama),
         "qwen2" => Ok(Architecture::Qwen2),
+        "qwen3" => Ok(Architecture::Qwen3),
         "gemma3" => Err(ModelError::UnsupportedArchitecture(
             "gemma3 (support is planned)".to_owned(),
         )),
@@ -180,9 +181,10 @@ pub(crate) fn config_from_gguf(
                 .unwrap_or(DEFAULT_ROPE_THETA),
             style: match architecture {
                 // llama.cpp permutes llama Q/K rows at conversion, making HF's half-split
-                // rotation an adjacent-pair rotation on the stored weights; qwen2 is not permuted.
+                // rotation an adjacent-pair rotation on the stored weights; qwen2 and qwen3 are
+                // not permuted.
                 Architecture::Llama => RopeStyle::Interleaved,
-                Architecture::Qwen2 => RopeStyle::Neox,
+                Architecture::Qwen2 | Architecture::Qwen3 => RopeStyle::Neox,
             },
             scaling: rope_scaling(metadata, arch)?,
         },

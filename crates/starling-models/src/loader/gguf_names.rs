@@ -25,6 +25,8 @@ pub(crate) fn canonical_name(name: &str) -> Option<String> {
         "attn_k.bias" => LayerTensor::KBias,
         "attn_v.weight" => LayerTensor::VProj,
         "attn_v.bias" => LayerTensor::VBias,
+        "attn_q_norm.weight" => LayerTensor::QNorm,
+        "attn_k_norm.weight" => LayerTensor::KNorm,
         "attn_output.weight" => LayerTensor::OProj,
         "ffn_norm.weight" => LayerTensor::PostAttentionNorm,
         "ffn_gate.weight" => LayerTensor::GateProj,
@@ -62,6 +64,14 @@ mod tests {
                 "model.layers.3.post_attention_layernorm.weight",
             ),
             (
+                "blk.0.attn_q_norm.weight",
+                "model.layers.0.self_attn.q_norm.weight",
+            ),
+            (
+                "blk.7.attn_k_norm.weight",
+                "model.layers.7.self_attn.k_norm.weight",
+            ),
+            (
                 "blk.29.ffn_down.weight",
                 "model.layers.29.mlp.down_proj.weight",
             ),
@@ -75,7 +85,7 @@ mod tests {
     fn unknown_names_are_not_mapped() {
         for name in [
             "blk.x.attn_q.weight",
-            "blk.0.attn_q_norm.weight",
+            "blk.0.attn_q_norm.bias",
             "rope_freqs.weight",
         ] {
             assert_eq!(canonical_name(name), None, "{name}");

@@ -1,5 +1,6 @@
 //! Reading a Hugging Face `config.json` (plus `generation_config.json`'s stop tokens) into a
-//! [`ModelConfig`], with `transformers`' defaults for `LlamaConfig` and `Qwen2Config`.
+//! [`ModelConfig`], with `transformers`' defaults for `LlamaConfig`, `Qwen2Config` and
+//! `Qwen3Config`.
 
 use std::path::Path;
 
@@ -26,6 +27,8 @@ struct HfConfig {
     max_position_embeddings: Option<usize>,
     tie_word_embeddings: Option<bool>,
     attention_bias: Option<bool>,
+    /// Qwen2/Qwen3 configs carry a sliding-window switch (off in every released model).
+    use_sliding_window: Option<bool>,
     bos_token_id: Option<u32>,
     eos_token_id: Option<OneOrMany>,
 }
@@ -98,6 +101,7 @@ pub(crate) fn parse_hf_config(text: &str) -> Result<ModelConfig, ModelError> {
     let architecture = match hf.model_type.as_str() {
         "llama" => Architecture::Llama,
         "qwen2" => Architecture::Qwen2,
+        "qwen3" => Architecture::Qwen3,
         "gemma3" | "gemma3_text" => {
             return Err(ModelError::UnsupportedArchitecture(format!(
                 "{} (support is planned)",
@@ -106,8 +110,16 @@ pub(crate) fn parse_hf_config(text: &str) -> Result<ModelConfig, ModelError> {
         }
         other => return Err(ModelError::UnsupportedArchitecture(other.to_owned())),
     };
+    if hf.use_sliding_window == Some(true) {
+        return Err(ModelError::InvalidConfig(format!(
+            "{}: `use_sliding_window: true` is not supported (sliding-window attention)",
+            hf.model_type
+        )));
+    }
     let head_dim = match hf.head_dim {
         Some(dim) => dim,
+        // `Qwen3Config` defaults `head_dim` to 128 whatever the hidden size.
+        None if architecture == Architecture::Qwen3 => 128,
         None => hf
             .hidden_size
             .checked_div(hf.num_attention_heads)
@@ -122,7 +134,7 @@ pub(crate) fn parse_hf_config(text: &str) -> Result<ModelConfig, ModelError> {
         .unwrap_or(10_000.0);
     let default_context = match architecture {
         Architecture::Llama => 2048,
-        Architecture::Qwen2 => 32_768,
+        Architecture::Qwen2 | Architecture::Qwen3 => 32_768,
     };
     Ok(ModelConfig {
         architecture,
@@ -232,6 +244,38 @@ mod tests {
         assert_eq!(config.max_position_embeddings, 32_768);
         assert_eq!(config.rope.scaling, None);
         assert_eq!(config.eos_token_ids, vec![151_645]);
+    }
+
+    /// Qwen3-8B's `config.json` (abridged): explicit head_dim, no biases, q/k norm implied.
+    const QWEN3_8B: &str = r#"{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+        "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288,
+        "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 128, "rms_norm_eps": 1e-06, "rope_theta": 1000000,
+        "rope_scaling": null, "max_position_embeddings": 40960, "attention_bias": false,
+        "tie_word_embeddings": false, "use_sliding_window": false, "sliding_window": null,
+        "bos_token_id": 151643, "eos_token_id": 151645}"#;
+
+    #[test]
+    fn qwen3_config_matches_the_preset() {
+        let config = parse_hf_config(QWEN3_8B).unwrap();
+        assert_eq!(config.architecture, Architecture::Qwen3);
+        assert!(config.architecture.has_qk_norm());
+        let mut preset = ModelConfig::qwen3_8b();
+        // The preset also stops at <|endoftext|> (generation_config.json's list).
+        preset.eos_token_ids = vec![151_645];
+        assert_eq!(config, preset);
+    }
+
+    #[test]
+    fn qwen3_defaults_head_dim_to_128_and_refuses_sliding_windows() {
+        let no_head_dim = QWEN3_8B.replace("\"head_dim\": 128,", "");
+        assert_eq!(parse_hf_config(&no_head_dim).unwrap().head_dim, 128);
+        let windowed = QWEN3_8B.replace(
+            "\"use_sliding_window\": false",
+            "\"use_sliding_window\": true",
+        );
+        let err = parse_hf_config(&windowed).unwrap_err();
+        assert!(err.to_string().contains("use_sliding_window"), "{err}");
     }
 
     #[test]

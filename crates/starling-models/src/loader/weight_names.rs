@@ -28,6 +28,10 @@ pub enum LayerTensor {
     VProj,
     /// Value bias, `[kv_size]` (only with `attention_bias`).
     VBias,
+    /// RMSNorm weight of every query head, `[head_dim]` (only with q/k norm: Qwen3).
+    QNorm,
+    /// RMSNorm weight of every key head, `[head_dim]` (only with q/k norm: Qwen3).
+    KNorm,
     /// Attention output projection, `[hidden, q_size]`.
     OProj,
     /// RMSNorm before the MLP, `[hidden]`.
@@ -42,7 +46,7 @@ pub enum LayerTensor {
 
 impl LayerTensor {
     /// Every layer tensor, in checkpoint order.
-    pub const ALL: [LayerTensor; 12] = [
+    pub const ALL: [LayerTensor; 14] = [
         Self::InputNorm,
         Self::QProj,
         Self::QBias,
@@ -50,6 +54,8 @@ impl LayerTensor {
         Self::KBias,
         Self::VProj,
         Self::VBias,
+        Self::QNorm,
+        Self::KNorm,
         Self::OProj,
         Self::PostAttentionNorm,
         Self::GateProj,
@@ -67,6 +73,8 @@ impl LayerTensor {
             Self::KBias => "self_attn.k_proj.bias",
             Self::VProj => "self_attn.v_proj.weight",
             Self::VBias => "self_attn.v_proj.bias",
+            Self::QNorm => "self_attn.q_norm.weight",
+            Self::KNorm => "self_attn.k_norm.weight",
             Self::OProj => "self_attn.o_proj.weight",
             Self::PostAttentionNorm => "post_attention_layernorm.weight",
             Self::GateProj => "mlp.gate_proj.weight",
@@ -84,6 +92,7 @@ impl LayerTensor {
     pub fn is_present(self, config: &ModelConfig) -> bool {
         match self {
             Self::QBias | Self::KBias | Self::VBias => config.attention_bias,
+            Self::QNorm | Self::KNorm => config.architecture.has_qk_norm(),
             _ => true,
         }
     }
@@ -98,6 +107,7 @@ impl LayerTensor {
             Self::QBias => vec![config.q_size()],
             Self::KProj | Self::VProj => vec![config.kv_size(), hidden],
             Self::KBias | Self::VBias => vec![config.kv_size()],
+            Self::QNorm | Self::KNorm => vec![config.head_dim],
             Self::OProj => vec![hidden, config.q_size()],
             Self::GateProj | Self::UpProj => vec![ffn, hidden],
             Self::DownProj => vec![hidden, ffn],
@@ -106,7 +116,10 @@ impl LayerTensor {
 
     /// Whether this tensor is an RMSNorm weight (initialised to ones, not noise).
     pub fn is_norm(self) -> bool {
-        matches!(self, Self::InputNorm | Self::PostAttentionNorm)
+        matches!(
+            self,
+            Self::InputNorm | Self::PostAttentionNorm | Self::QNorm | Self::KNorm
+        )
     }
 }
 
@@ -155,7 +168,10 @@ pub(crate) fn expected_num_params(config: &ModelConfig) -> u64 {
 
 /// Whether the canonical tensor `name` is an RMSNorm weight.
 pub fn is_norm_weight(name: &str) -> bool {
-    name == FINAL_NORM || name.ends_with("layernorm.weight")
+    name == FINAL_NORM
+        || name.ends_with("layernorm.weight")
+        || name.ends_with("self_attn.q_norm.weight")
+        || name.ends_with("self_attn.k_norm.weight")
 }
 
 #[cfg(test)]
@@ -211,5 +227,20 @@ mod tests {
         assert_eq!(LayerTensor::DownProj.shape(&config), vec![64, 128]);
         assert!(is_norm_weight(&LayerTensor::PostAttentionNorm.name(0)));
         assert!(!is_norm_weight(&LayerTensor::QProj.name(0)));
+        assert!(is_norm_weight(&LayerTensor::KNorm.name(3)));
+    }
+
+    #[test]
+    fn qwen3_layers_have_head_norms_and_no_biases() {
+        let mut config = ModelConfig::tiny_llama_for_tests();
+        config.architecture = crate::Architecture::Qwen3;
+        let shapes = expected_weight_shapes(&config);
+        assert_eq!(shapes.len(), 1 + 2 * 11 + 2);
+        let q_norm = shapes
+            .iter()
+            .find(|(n, _)| n == "model.layers.1.self_attn.q_norm.weight")
+            .unwrap();
+        assert_eq!(q_norm.1, vec![16]);
+        assert!(!shapes.iter().any(|(n, _)| n.ends_with(".bias")));
     }
 }

@@ -1,5 +1,7 @@
 //! `/v1/chat/completions` bodies.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use starling_engine::engine::TokenLogprob;
 use starling_models::chat::ChatMessage;
@@ -27,6 +29,9 @@ pub struct ChatRequest {
     pub logprobs: Option<bool>,
     /// With `logprobs`, how many alternatives per token (0..=20).
     pub top_logprobs: Option<u64>,
+    /// vLLM extra: top-level variables for the chat template (e.g. Qwen3's
+    /// `{"enable_thinking": false}`), as transformers' `apply_chat_template(**kwargs)`.
+    pub chat_template_kwargs: Option<BTreeMap<String, serde_json::Value>>,
     /// Everything else.
     #[serde(flatten)]
     pub sampling: SamplingFields,

@@ -17,6 +17,8 @@ pub struct TokenizeRequest {
     pub add_special_tokens: Option<bool>,
     /// End a rendered conversation with the assistant prompt (default true).
     pub add_generation_prompt: Option<bool>,
+    /// vLLM extra: top-level variables for the chat template, as in a chat request.
+    pub chat_template_kwargs: Option<std::collections::BTreeMap<String, serde_json::Value>>,
 }
 
 /// `/tokenize` answer.

@@ -1,10 +1,13 @@
 //! `POST /v1/chat/completions`.
 
+use std::collections::BTreeMap;
+
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use starling_engine::sampling::MAX_TOP_LOGPROBS;
 use starling_engine::RequestOutput;
+use starling_models::chat::ChatTemplateError;
 
 use super::generation::{
     check_lengths, finish_fields, for_each_output, new_request_id, prepare, submit, token_text,
@@ -20,11 +23,13 @@ use crate::protocol::chat::{
 use crate::protocol::Usage;
 use crate::state::AppState;
 
-/// Renders `messages` through the model's chat template and encodes the result.
+/// Renders `messages` through the model's chat template, with the request's
+/// `chat_template_kwargs` (`kwargs`) as extra template variables, and encodes the result.
 pub fn encode_chat(
     state: &AppState,
     messages: &[ChatRequestMessage],
     add_generation_prompt: bool,
+    kwargs: &BTreeMap<String, serde_json::Value>,
 ) -> Result<Vec<u32>, ApiError> {
     let template = state.chat_template.as_ref().ok_or_else(|| {
         ApiError::bad_request(
@@ -43,12 +48,13 @@ pub fn encode_chat(
         .map(ChatRequestMessage::to_chat_message)
         .collect::<Result<Vec<_>, _>>()?;
     let text = template
-        .render(&messages, add_generation_prompt)
+        .render_with_kwargs(&messages, add_generation_prompt, kwargs)
         .map_err(|e| {
-            ApiError::bad_request(
-                format!("cannot apply the chat template: {e}"),
-                Some("messages"),
-            )
+            let param = match &e {
+                ChatTemplateError::ReservedKwarg { .. } => "chat_template_kwargs",
+                _ => "messages",
+            };
+            ApiError::bad_request(format!("cannot apply the chat template: {e}"), Some(param))
         })?;
     // The template already placed BOS and the other special tokens.
     state.tokenizer.encode(&text, false).map_err(|e| {
@@ -67,7 +73,8 @@ pub async fn create(
     state.check_model(request.model.as_deref())?;
     let prompt_ids = {
         let (state, messages) = (state.clone(), request.messages.clone());
-        prepare(move || encode_chat(&state, &messages, true)).await?
+        let kwargs = request.chat_template_kwargs.clone().unwrap_or_default();
+        prepare(move || encode_chat(&state, &messages, true, &kwargs)).await?
     };
     let (max_tokens, max_param) = match (request.max_completion_tokens, request.max_tokens) {
         (Some(m), _) => (Some(m), "max_completion_tokens"),

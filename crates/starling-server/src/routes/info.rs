@@ -76,6 +76,7 @@ pub async fn tokenize(
             &worker_state,
             &messages,
             request.add_generation_prompt.unwrap_or(true),
+            &request.chat_template_kwargs.unwrap_or_default(),
         ),
         _ => Err(ApiError::bad_request(
             "give exactly one of `prompt` and `messages`",

@@ -58,6 +58,14 @@ impl FrozenModel {
     /// Copies every tensor `config` implies out of `weights`.
     pub(crate) fn new(config: &ModelConfig, weights: &WeightMap) -> Result<Self, DistillError> {
         config.validate().map_err(crate::StarKvError::from)?;
+        if config.architecture.has_qk_norm() {
+            // This student forward has no per-head q/k norm; distilling through it would train
+            // against a different model.
+            return Err(DistillError::InvalidArgument(format!(
+                "distillation does not support {} (per-head q/k norm)",
+                config.architecture.name()
+            )));
+        }
         let layer_tensor =
             |t: LayerTensor, layer: usize| tensor(weights, &t.name(layer), &t.shape(config));
         let mut layers = Vec::with_capacity(config.num_layers);

@@ -1,0 +1,173 @@
+//! A tiny random Qwen3 made by HF transformers' own `Qwen3ForCausalLM` (committed in
+//! `tests/fixtures/qwen3_tiny`, made by `scripts/make_qwen3_fixture.py`), loaded from its HF
+//! directory and run on the CPU backend: logits at every position of the fixture's prompts and
+//! greedy continuations against transformers' float32 CPU logits.
+
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::TensorView;
+use safetensors::SafeTensors;
+use serde::Deserialize;
+use starling_backend::cpu::CpuBackend;
+use starling_models::llama::LlamaModel;
+use starling_models::{load_model, Architecture, ModelConfig, ModelError, WeightMap};
+
+/// Mean |dlogit| allowed between Starling's f32 CPU backend and transformers' f32 CPU forward.
+/// Both compute in f32 and differ only in summation order and in `rsqrt` vs `1/sqrt`; over two
+/// layers of 64-wide sums that is a few f32 ulps of logits of magnitude ~1–10, i.e. around 1e-6
+/// (measured: see the test's output). 1e-4 leaves room for other BLAS orders while staying four
+/// orders of magnitude under what a missing head norm costs
+/// (`dropping_the_head_norms_is_detected`).
+const MEAN_ABS_DLOGIT_TOLERANCE: f32 = 1e-4;
+/// HF's top two logits closer than this are a tie: either token is an agreement.
+const TIE_MARGIN: f32 = 1e-4;
+
+#[derive(Deserialize)]
+struct Fixture {
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    prompt_ids: Vec<u32>,
+    greedy_ids: Vec<u32>,
+    /// `[prompt + greedy, vocab]`: the logits after every position.
+    logits: Vec<Vec<f32>>,
+}
+
+fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_tiny")
+}
+
+fn fixture() -> Fixture {
+    let path = fixture_dir().join("reference.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    serde_json::from_str(&text).unwrap()
+}
+
+fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// Whether `token` is HF's top-1 of `row`, or within [`TIE_MARGIN`] of it.
+fn agrees(row: &[f32], token: usize) -> bool {
+    row[token] >= row[argmax(row)] - TIE_MARGIN
+}
+
+/// Mean |dlogit| over every case, position and vocabulary entry, and the positions whose top-1
+/// differs from HF's (ties aside), running `config` with `weights`.
+fn compare(config: &ModelConfig, weights: WeightMap) -> (f32, Vec<String>) {
+    let backend = CpuBackend::new();
+    let model = LlamaModel::load(&backend, config, weights).unwrap();
+    let (mut sum, mut count) = (0.0f64, 0usize);
+    let mut disagreements = Vec::new();
+    for (c, case) in fixture().cases.iter().enumerate() {
+        let ids: Vec<u32> = case
+            .prompt_ids
+            .iter()
+            .chain(&case.greedy_ids)
+            .copied()
+            .collect();
+        assert_eq!(case.logits.len(), ids.len(), "case {c}: fixture rows");
+        let ours = model.sequence_logits(&backend, &ids).unwrap();
+        for (p, (got, want)) in ours.iter().zip(&case.logits).enumerate() {
+            assert_eq!(got.len(), want.len(), "case {c}: vocabulary");
+            for (a, b) in got.iter().zip(want) {
+                sum += f64::from((a - b).abs());
+                count += 1;
+            }
+            if !agrees(want, argmax(got)) {
+                disagreements.push(format!("case {c} position {p}"));
+            }
+        }
+    }
+    ((sum / count as f64) as f32, disagreements)
+}
+
+#[test]
+fn tiny_qwen3_matches_transformers_logits_and_greedy_tokens() {
+    let loaded = load_model(fixture_dir()).unwrap();
+    assert_eq!(loaded.config.architecture, Architecture::Qwen3);
+    assert!(loaded.config.tie_word_embeddings);
+    assert!(!loaded.config.attention_bias);
+    let (mean, disagreements) = compare(&loaded.config, loaded.weights);
+    println!("qwen3_tiny: mean |dlogit| vs transformers (f32 CPU) = {mean:.3e}");
+    assert!(
+        mean < MEAN_ABS_DLOGIT_TOLERANCE,
+        "mean |dlogit| {mean:.3e} over {MEAN_ABS_DLOGIT_TOLERANCE:e}"
+    );
+    // Top-1 at every teacher-forced position, so the greedy continuations are HF's too.
+    assert!(
+        disagreements.is_empty(),
+        "top-1 differs at {disagreements:?}"
+    );
+}
+
+/// The same weights run as a plain Llama (no q/k norm): the comparison must fail clearly, or
+/// the test above could not see a missing or misplaced head norm.
+#[test]
+fn dropping_the_head_norms_is_detected() {
+    let loaded = load_model(fixture_dir()).unwrap();
+    let mut config = loaded.config.clone();
+    config.architecture = Architecture::Llama;
+    let (mean, _) = compare(&config, loaded.weights);
+    println!("qwen3_tiny without head norms: mean |dlogit| = {mean:.3e}");
+    assert!(
+        mean > 100.0 * MEAN_ABS_DLOGIT_TOLERANCE,
+        "without head norms the logits moved only {mean:.3e}"
+    );
+}
+
+/// The fixture directory with one tensor left out of its safetensors file.
+fn fixture_without(tensor: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        fixture_dir().join("config.json"),
+        dir.path().join("config.json"),
+    )
+    .unwrap();
+    let bytes = std::fs::read(fixture_dir().join("model.safetensors")).unwrap();
+    let file = SafeTensors::deserialize(&bytes).unwrap();
+    let kept: Vec<(String, TensorView<'_>)> = file
+        .tensors()
+        .into_iter()
+        .filter(|(name, _)| name != tensor)
+        .collect();
+    assert!(kept.len() < file.len(), "the fixture has no {tensor}");
+    safetensors::serialize_to_file(kept, None, &dir.path().join("model.safetensors")).unwrap();
+    dir
+}
+
+#[test]
+fn a_missing_head_norm_is_named() {
+    for tensor in [
+        "model.layers.1.self_attn.k_norm.weight",
+        "model.layers.0.self_attn.q_norm.weight",
+    ] {
+        let dir = fixture_without(tensor);
+        let err = load_model(dir.path()).unwrap_err();
+        assert!(
+            matches!(&err, ModelError::MissingTensor { name } if name == tensor),
+            "{err}"
+        );
+        assert!(err.to_string().contains(tensor), "{err}");
+    }
+    // Building the model from a weight map (a caller that skipped the load-time check) names it
+    // too.
+    let mut loaded = load_model(fixture_dir()).unwrap();
+    let name = "model.layers.1.self_attn.q_norm.weight";
+    loaded.weights.take(name, &[16]).unwrap();
+    let err = LlamaModel::load(&CpuBackend::new(), &loaded.config, loaded.weights)
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&err, ModelError::MissingTensor { name: n } if n == name),
+        "{err}"
+    );
+}
