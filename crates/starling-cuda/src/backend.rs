@@ -16,6 +16,7 @@ use starling_backend::{
 use starling_kv::CacheDtype;
 
 use crate::kernels::Kernels;
+use crate::recording_pool::RecordingPool;
 use crate::{cuda_available, CudaError, CudaTensor, DeviceBuf, KernelCache};
 
 /// Threads per block of the elementwise kernels (grid-stride loops).
@@ -37,18 +38,18 @@ macro_rules! launch {
 }
 
 mod attention;
-pub(crate) mod attention_plan;
+mod attention_plan;
 mod batch;
 // After `launch!`, which they use.
+mod gemm;
 mod graphs;
-pub(crate) mod key_scores;
+mod key_scores;
 mod kv_cache;
 mod kv_ops;
-pub(crate) mod latent;
+mod latent;
 mod latent_reconstruct;
-pub(crate) mod latent_scores;
+mod latent_scores;
 mod linear;
-mod recording_pool;
 mod sampling;
 
 pub use batch::CudaBatch;
@@ -57,7 +58,6 @@ pub use kv_cache::CudaKvCache;
 pub use latent_scores::{LatentScoreKernel, LATENT_SCORES_ENV};
 use linear::GEMV_PREFETCH_BYTES;
 pub use linear::{GEMV_KSPLIT_ENV, GEMV_PREFETCH_ENV};
-pub(crate) use recording_pool::RecordingPool;
 
 /// Where attention reads full keys and values: a cache through the batch's block tables, or a
 /// latent layer's reconstructed context through its scratch tables.

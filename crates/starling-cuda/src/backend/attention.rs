@@ -5,10 +5,9 @@
 use cudarc::driver::{DevicePtr, LaunchConfig};
 use starling_backend::AttentionDims;
 
-use super::attention_plan::{
-    plan_splits, DecodeKernel, GridBlocks, SplitPlan, MAX_GROUP, PREFILL_THREADS,
-};
+use super::attention_plan::{plan_splits, DecodeKernel, GridBlocks, SplitPlan, MAX_GROUP};
 use super::{CudaBackend, CudaBatch, KvSource};
+use crate::geometry::PREFILL_THREADS;
 use crate::kernels::DECODE_MMA_THREADS;
 use crate::{CudaError, CudaTensor, DeviceBuf};
 

@@ -23,8 +23,8 @@ use half::bf16;
 use starling_backend::{AttentionDims, LatentFactors, RopeSpec, RopeStyle};
 
 use super::attention_plan::MAX_GROUP;
+use super::gemm::GemmShape;
 use super::kv_ops::int_arg;
-use super::latent_reconstruct::GemmShape;
 use super::latent_scores::ScoreArgs;
 use super::{grid_for, CudaBackend, CudaBatch, CudaKvCache, KvSource};
 use crate::kernels::LATENT_THREADS;
