@@ -1,23 +1,22 @@
 //! [`CudaBackend`]: the `Backend` ops on one GPU, on one stream.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
 use half::bf16;
-use rayon::prelude::*;
 use starling_backend::sampling::{RowOutcome, RowSamplingParams};
 use starling_backend::{
     AttentionDims, Backend, BackendError, BatchMeta, DecodeGraphConfig, DecodeGraphs, HeadSpan,
-    HostTensor, KeyScoreKind, KvCacheSpec, KvRows, LatentFactors, RopeSpec, RopeStyle,
-    WindowScoreSpec,
+    HostTensor, KeyScoreKind, KvCacheSpec, KvRows, LatentFactors, RopeSpec, WindowScoreSpec,
 };
 use starling_kv::CacheDtype;
 
 use crate::kernels::Kernels;
-use crate::{cuda_available, CudaError, CudaTensor, DeviceBuf, KernelCache};
+use crate::recording_pool::RecordingPool;
+use crate::{cuda_available, CudaError, CudaTensor, KernelCache};
 
 /// Threads per block of the elementwise kernels (grid-stride loops).
 const ELEMENTWISE_THREADS: u32 = 256;
@@ -38,19 +37,22 @@ macro_rules! launch {
 }
 
 mod attention;
-pub(crate) mod attention_plan;
+mod attention_plan;
 mod batch;
+mod buffers;
 // After `launch!`, which they use.
+mod gemm;
 mod graphs;
 mod head_norm;
-pub(crate) mod key_scores;
+mod key_scores;
 mod kv_cache;
 mod kv_ops;
-pub(crate) mod latent;
+mod latent;
 mod latent_reconstruct;
-pub(crate) mod latent_scores;
+mod latent_scores;
 mod linear;
-mod recording_pool;
+mod rope;
+mod rows;
 mod sampling;
 
 pub use batch::CudaBatch;
@@ -59,7 +61,6 @@ pub use kv_cache::CudaKvCache;
 pub use latent_scores::{LatentScoreKernel, LATENT_SCORES_ENV};
 use linear::GEMV_PREFETCH_BYTES;
 pub use linear::{GEMV_KSPLIT_ENV, GEMV_PREFETCH_ENV};
-pub(crate) use recording_pool::RecordingPool;
 
 /// Where attention reads full keys and values: a cache through the batch's block tables, or a
 /// latent layer's reconstructed context through its scratch tables.
@@ -148,45 +149,6 @@ fn rows_config(rows: usize, threads: u32) -> LaunchConfig {
 /// a warp (`norm_vectorised` in ops.cu relies on at most 4 chunks per thread).
 fn row_chunk_threads(width: usize) -> u32 {
     width.div_ceil(8).next_multiple_of(32).clamp(32, 1024) as u32
-}
-
-/// The `(rows, width)` of a fused QKV tensor RoPE can rotate for `batch`: the QKV width, one row
-/// per batch token, and a frequency per pair of a head.
-fn rope_rows(
-    qkv: &CudaTensor,
-    dims: &AttentionDims,
-    rope: &RopeSpec,
-    batch: &CudaBatch,
-) -> Result<(usize, usize), BackendError> {
-    let (n, width) = qkv.matrix_dims().map_err(err)?;
-    if width != dims.qkv_size()
-        || n != batch.meta.num_tokens()
-        || rope.inv_freqs.len() * 2 != dims.head_dim
-    {
-        return Err(BackendError::Shape(format!(
-            "rope: [{n}, {width}] for {dims:?} and {} frequencies",
-            rope.inv_freqs.len()
-        )));
-    }
-    Ok((n, width))
-}
-
-/// Threads per block of `rope_qk_bf16` and `rope_write_kv_bf16`, whose grid is (token, chunk of
-/// per-token work items).
-const ROPE_THREADS: u32 = 256;
-
-/// The launch of a RoPE kernel over `tokens` rows of `items_per_token` work items (rotated pairs,
-/// plus copied K/V pairs for the fused write).
-fn rope_grid(tokens: usize, items_per_token: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (
-            tokens as u32,
-            items_per_token.div_ceil(ROPE_THREADS as usize) as u32,
-            1,
-        ),
-        block_dim: (ROPE_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    }
 }
 
 impl CudaBackend {
@@ -284,147 +246,6 @@ impl CudaBackend {
     pub fn synchronize(&self) -> Result<(), CudaError> {
         Ok(self.stream.synchronize()?)
     }
-
-    /// Copies a host tensor to the device in f32, the dtype [`Backend::logits`] returns (logits
-    /// for the sampling op in tests and tools; [`Backend::upload`] converts to bf16).
-    pub fn upload_f32(&self, host: &HostTensor) -> Result<CudaTensor, CudaError> {
-        let buf = if host.numel() == 0 {
-            self.stream.alloc_zeros::<f32>(1)?
-        } else {
-            self.stream.clone_htod(host.data())?
-        };
-        Ok(self.tensor(DeviceBuf::F32(buf), host.shape().to_vec()))
-    }
-
-    /// A device tensor of N(mean, std) bf16 values made on the GPU (synthetic weights: no host
-    /// copy, no transfer).
-    pub fn random_bf16(
-        &self,
-        shape: Vec<usize>,
-        seed: u64,
-        std: f32,
-        mean: f32,
-    ) -> Result<CudaTensor, CudaError> {
-        let n: usize = shape.iter().product();
-        let mut buf = self.alloc_bf16(n)?;
-        launch!(
-            self,
-            &self.kernels.fill_normal,
-            grid_for(n),
-            &mut buf,
-            &n,
-            &seed,
-            &std,
-            &mean
-        )?;
-        Ok(self.tensor(DeviceBuf::Bf16(buf), shape))
-    }
-
-    /// Overwrites a device buffer with N(0, `std`) values (benchmarks fill caches this way).
-    pub fn fill_normal_slice(
-        &self,
-        buf: &mut CudaSlice<bf16>,
-        seed: u64,
-        std: f32,
-    ) -> Result<(), CudaError> {
-        let n = buf.len();
-        let mean = 0.0f32;
-        launch!(
-            self,
-            &self.kernels.fill_normal,
-            grid_for(n),
-            buf,
-            &n,
-            &seed,
-            &std,
-            &mean
-        )
-    }
-
-    /// An uninitialised buffer of `n` bf16 (at least one), for a tensor built by
-    /// [`CudaBackend::tensor`]: from the recording pool while a decode graph is recorded.
-    fn alloc_bf16(&self, n: usize) -> Result<CudaSlice<bf16>, CudaError> {
-        self.alloc_for_tensor(n)
-    }
-
-    /// As [`CudaBackend::alloc_bf16`], f32.
-    fn alloc_f32(&self, n: usize) -> Result<CudaSlice<f32>, CudaError> {
-        self.alloc_for_tensor(n)
-    }
-
-    fn alloc_for_tensor<T: cudarc::driver::DeviceRepr>(
-        &self,
-        n: usize,
-    ) -> Result<CudaSlice<T>, CudaError> {
-        if let Some(pool) = self.active_pool() {
-            // SAFETY: every caller fully overwrites the buffer before it is read, and wraps it in
-            // a tensor through `tensor`, which hands it back to the pool on drop.
-            if let Some(buf) = unsafe { pool.take::<T>(n) }? {
-                return Ok(buf);
-            }
-        }
-        // SAFETY: every caller fully overwrites the buffer before it is read.
-        Ok(unsafe { self.stream.alloc::<T>(n.max(1)) }?)
-    }
-
-    /// The recording pool, while a decode graph is recorded.
-    fn active_pool(&self) -> Option<Arc<RecordingPool>> {
-        self.recording_pool
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// Makes (`Some`) or clears (`None`) the pool the backend's tensors allocate from.
-    pub(crate) fn set_recording_pool(&self, pool: Option<Arc<RecordingPool>>) {
-        *self
-            .recording_pool
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = pool;
-    }
-
-    /// A tensor of `buf`: one the recording pool lent goes back to it on drop; any other is
-    /// freed with the tensor. Every tensor the backend makes is made here.
-    pub(crate) fn tensor(&self, buf: DeviceBuf, shape: Vec<usize>) -> CudaTensor {
-        match self.active_pool() {
-            Some(pool) if pool.lent(&buf) => CudaTensor::pooled(buf, shape, pool),
-            _ => CudaTensor::new(buf, shape),
-        }
-    }
-
-    /// Refuses host uploads while a decode graph is being recorded (see `recording`).
-    fn check_not_recording(&self, what: &str) -> Result<(), CudaError> {
-        if self.recording.load(Ordering::Relaxed) {
-            return Err(CudaError::Shape(format!(
-                "{what} would upload host data while a CUDA graph is being recorded"
-            )));
-        }
-        Ok(())
-    }
-
-    fn upload_u32(&self, v: &[u32]) -> Result<CudaSlice<u32>, CudaError> {
-        self.check_not_recording("an index upload")?;
-        if v.is_empty() {
-            return Ok(self.stream.clone_htod(&[0u32][..])?);
-        }
-        Ok(self.stream.clone_htod(v)?)
-    }
-
-    fn rope_freqs(&self, inv_freqs: &[f32]) -> Result<Arc<CudaSlice<f32>>, CudaError> {
-        let mut guard = self
-            .rope_table
-            .lock()
-            .map_err(|_| CudaError::Shape("rope table lock poisoned".into()))?;
-        if let Some((host, dev)) = guard.as_ref() {
-            if host.as_slice() == inv_freqs {
-                return Ok(dev.clone());
-            }
-        }
-        self.check_not_recording("the RoPE table")?;
-        let dev = Arc::new(self.stream.clone_htod(inv_freqs)?);
-        *guard = Some((inv_freqs.to_vec(), dev.clone()));
-        Ok(dev)
-    }
 }
 
 impl Backend for CudaBackend {
@@ -448,13 +269,7 @@ impl Backend for CudaBackend {
     }
 
     fn upload(&self, host: &HostTensor) -> Result<CudaTensor, BackendError> {
-        let data: Vec<bf16> = host.data().par_iter().map(|&v| bf16::from_f32(v)).collect();
-        let buf = if data.is_empty() {
-            self.alloc_bf16(1).map_err(err)?
-        } else {
-            self.stream.clone_htod(&data).map_err(err)?
-        };
-        Ok(self.tensor(DeviceBuf::Bf16(buf), host.shape().to_vec()))
+        self.upload_impl(host)
     }
 
     fn random_tensor(
@@ -468,19 +283,7 @@ impl Backend for CudaBackend {
     }
 
     fn to_host(&self, t: &CudaTensor) -> Result<HostTensor, BackendError> {
-        let n = t.numel();
-        let data = match t.buf() {
-            DeviceBuf::Bf16(b) => {
-                let v: Vec<bf16> = self.stream.clone_dtoh(b).map_err(err)?;
-                v[..n].iter().map(|x| x.to_f32()).collect()
-            }
-            DeviceBuf::F32(b) => {
-                let mut v: Vec<f32> = self.stream.clone_dtoh(b).map_err(err)?;
-                v.truncate(n);
-                v
-            }
-        };
-        HostTensor::new(t.shape().to_vec(), data)
+        self.to_host_impl(t)
     }
 
     fn sample_rows(
@@ -513,16 +316,7 @@ impl Backend for CudaBackend {
     }
 
     fn embedding(&self, table: &CudaTensor, ids: &[u32]) -> Result<CudaTensor, BackendError> {
-        let (vocab, d) = table.matrix_dims().map_err(err)?;
-        if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
-            return Err(BackendError::Shape(format!(
-                "token id {bad} outside a vocabulary of {vocab}"
-            )));
-        }
-        self.gather_rows(table, ids).map(|mut t| {
-            t.set_shape(vec![ids.len(), d]);
-            t
-        })
+        self.embedding_impl(table, ids)
     }
 
     fn embedding_for_batch(
@@ -531,31 +325,7 @@ impl Backend for CudaBackend {
         ids: &[u32],
         batch: &CudaBatch,
     ) -> Result<CudaTensor, BackendError> {
-        if batch.replay.is_none() {
-            return self.embedding(table, ids);
-        }
-        // A replay batch holds the step's ids (checked against the vocabulary by the runner).
-        let (vocab, d) = table.matrix_dims().map_err(err)?;
-        let rows = batch.meta.num_tokens();
-        if ids.len() != rows || vocab == 0 {
-            return Err(BackendError::Shape(format!(
-                "embedding: {} ids for a replay batch of {rows} rows",
-                ids.len()
-            )));
-        }
-        let mut out = self.alloc_bf16(rows * d).map_err(err)?;
-        let d_i = d as i32;
-        launch!(
-            self,
-            &self.kernels.gather_rows,
-            rows_config(rows, row_chunk_threads(d)),
-            table.bf16().map_err(err)?,
-            &batch.token_ids(),
-            &mut out,
-            &d_i
-        )
-        .map_err(err)?;
-        Ok(self.tensor(DeviceBuf::Bf16(out), vec![rows, d]))
+        self.embedding_for_batch_impl(table, ids, batch)
     }
 
     fn decode_graphs(
@@ -571,35 +341,7 @@ impl Backend for CudaBackend {
         w: &CudaTensor,
         bias: Option<&CudaTensor>,
     ) -> Result<CudaTensor, BackendError> {
-        // Small batches: one kernel with the bias fused.
-        if let Some(y) = self.try_gemv(x, w, bias, false).map_err(err)? {
-            return Ok(y);
-        }
-        let mut y = self.gemm_bf16(x, w, false).map_err(err)?;
-        if let Some(b) = bias {
-            let (rows, cols) = (y.shape()[0], y.shape()[1]);
-            if b.numel() != cols {
-                return Err(BackendError::Shape(format!(
-                    "linear: bias of {} for {cols} outputs",
-                    b.numel()
-                )));
-            }
-            let n = rows * cols;
-            let cols_i = cols as i32;
-            let bb = b.bf16().map_err(err)?;
-            let yb = y.bf16_mut().map_err(err)?;
-            launch!(
-                self,
-                &self.kernels.add_bias,
-                grid_for(n),
-                yb,
-                bb,
-                &rows,
-                &cols_i
-            )
-            .map_err(err)?;
-        }
-        Ok(y)
+        self.linear_impl(x, w, bias)
     }
 
     fn logits(&self, x: &CudaTensor, w: &CudaTensor) -> Result<CudaTensor, BackendError> {
@@ -612,30 +354,7 @@ impl Backend for CudaBackend {
         w: &CudaTensor,
         eps: f32,
     ) -> Result<CudaTensor, BackendError> {
-        let (rows, d) = x.matrix_dims().map_err(err)?;
-        if w.numel() != d {
-            return Err(BackendError::Shape(format!(
-                "rms_norm: weight of {} for rows of {d}",
-                w.numel()
-            )));
-        }
-        let mut out = self.alloc_bf16(rows * d).map_err(err)?;
-        if rows == 0 {
-            return Ok(self.tensor(DeviceBuf::Bf16(out), x.shape().to_vec()));
-        }
-        let d_i = d as i32;
-        launch!(
-            self,
-            &self.kernels.rms_norm,
-            rows_config(rows, row_chunk_threads(d)),
-            x.bf16().map_err(err)?,
-            w.bf16().map_err(err)?,
-            &mut out,
-            &d_i,
-            &eps
-        )
-        .map_err(err)?;
-        Ok(self.tensor(DeviceBuf::Bf16(out), x.shape().to_vec()))
+        self.rms_norm_impl(x, w, eps)
     }
 
     fn add_rms_norm(
@@ -645,36 +364,7 @@ impl Backend for CudaBackend {
         w: &CudaTensor,
         eps: f32,
     ) -> Result<CudaTensor, BackendError> {
-        let (rows, d) = residual.matrix_dims().map_err(err)?;
-        if delta.shape() != residual.shape() || w.numel() != d {
-            return Err(BackendError::Shape(format!(
-                "add_rms_norm: {:?} + {:?}, weight {}",
-                residual.shape(),
-                delta.shape(),
-                w.numel()
-            )));
-        }
-        let mut out = self.alloc_bf16(rows * d).map_err(err)?;
-        let d_i = d as i32;
-        let shape = residual.shape().to_vec();
-        if rows == 0 {
-            return Ok(self.tensor(DeviceBuf::Bf16(out), shape));
-        }
-        let (db, wb) = (delta.bf16().map_err(err)?, w.bf16().map_err(err)?);
-        let rb = residual.bf16_mut().map_err(err)?;
-        launch!(
-            self,
-            &self.kernels.add_rms_norm,
-            rows_config(rows, row_chunk_threads(d)),
-            rb,
-            db,
-            wb,
-            &mut out,
-            &d_i,
-            &eps
-        )
-        .map_err(err)?;
-        Ok(self.tensor(DeviceBuf::Bf16(out), shape))
+        self.add_rms_norm_impl(residual, delta, w, eps)
     }
 
     fn rms_norm_heads(
@@ -688,38 +378,11 @@ impl Backend for CudaBackend {
     }
 
     fn add_inplace(&self, x: &mut CudaTensor, delta: &CudaTensor) -> Result<(), BackendError> {
-        if x.shape() != delta.shape() {
-            return Err(BackendError::Shape(format!(
-                "add: {:?} vs {:?}",
-                x.shape(),
-                delta.shape()
-            )));
-        }
-        let n = x.numel();
-        let db = delta.bf16().map_err(err)?;
-        let xb = x.bf16_mut().map_err(err)?;
-        launch!(self, &self.kernels.add_inplace, grid_for(n), xb, db, &n).map_err(err)
+        self.add_inplace_impl(x, delta)
     }
 
     fn silu_mul(&self, gate_up: &CudaTensor) -> Result<CudaTensor, BackendError> {
-        let (rows, two_f) = gate_up.matrix_dims().map_err(err)?;
-        if two_f % 2 != 0 {
-            return Err(BackendError::Shape(format!("silu_mul: odd width {two_f}")));
-        }
-        let f = two_f / 2;
-        let mut out = self.alloc_bf16(rows * f).map_err(err)?;
-        let f_i = f as i32;
-        launch!(
-            self,
-            &self.kernels.silu_mul,
-            grid_for(rows * f),
-            gate_up.bf16().map_err(err)?,
-            &mut out,
-            &rows,
-            &f_i
-        )
-        .map_err(err)?;
-        Ok(self.tensor(DeviceBuf::Bf16(out), vec![rows, f]))
+        self.silu_mul_impl(gate_up)
     }
 
     fn linear_swiglu(
@@ -727,43 +390,11 @@ impl Backend for CudaBackend {
         x: &CudaTensor,
         gate_up: &CudaTensor,
     ) -> Result<CudaTensor, BackendError> {
-        match self.try_gemv_swiglu(x, gate_up).map_err(err)? {
-            Some(act) => Ok(act),
-            None => self.silu_mul(&self.linear(x, gate_up, None)?),
-        }
+        self.linear_swiglu_impl(x, gate_up)
     }
 
     fn gather_rows(&self, x: &CudaTensor, rows: &[u32]) -> Result<CudaTensor, BackendError> {
-        let (n, d) = x.matrix_dims().map_err(err)?;
-        if let Some(bad) = rows.iter().find(|&&r| r as usize >= n) {
-            return Err(BackendError::Shape(format!("row {bad} outside {n} rows")));
-        }
-        if rows.len() == n && rows.iter().enumerate().all(|(i, &r)| r as usize == i) {
-            // Every row in order (decode steps' logits rows): a device copy, no index upload,
-            // so a recorded decode step can contain it.
-            // Through `alloc_bf16`, so that a recorded step holds no memory node here.
-            let mut copy = self.alloc_bf16(n * d).map_err(err)?;
-            self.stream
-                .memcpy_dtod(&x.bf16().map_err(err)?.slice(..n * d), &mut copy)
-                .map_err(err)?;
-            return Ok(self.tensor(DeviceBuf::Bf16(copy), vec![n, d]));
-        }
-        let ids = self.upload_u32(rows).map_err(err)?;
-        let mut out = self.alloc_bf16(rows.len() * d).map_err(err)?;
-        if !rows.is_empty() {
-            let d_i = d as i32;
-            launch!(
-                self,
-                &self.kernels.gather_rows,
-                rows_config(rows.len(), row_chunk_threads(d)),
-                x.bf16().map_err(err)?,
-                &ids,
-                &mut out,
-                &d_i
-            )
-            .map_err(err)?;
-        }
-        Ok(self.tensor(DeviceBuf::Bf16(out), vec![rows.len(), d]))
+        self.gather_rows_impl(x, rows)
     }
 
     fn rope_qk(
@@ -773,32 +404,7 @@ impl Backend for CudaBackend {
         rope: &RopeSpec,
         batch: &CudaBatch,
     ) -> Result<(), BackendError> {
-        let (n, width) = rope_rows(qkv, dims, rope, batch)?;
-        let freqs = self.rope_freqs(&rope.inv_freqs).map_err(err)?;
-        let (width_i, rot_heads, hd, interleaved) = (
-            width as i32,
-            (dims.num_heads + dims.num_kv_heads) as i32,
-            dims.head_dim as i32,
-            i32::from(rope.style == RopeStyle::Interleaved),
-        );
-        if n == 0 {
-            return Ok(());
-        }
-        let config = rope_grid(n, (dims.num_heads + dims.num_kv_heads) * dims.head_dim / 2);
-        let q = qkv.bf16_mut().map_err(err)?;
-        launch!(
-            self,
-            &self.kernels.rope_qk,
-            config,
-            q,
-            &batch.positions(),
-            freqs.as_ref(),
-            &width_i,
-            &rot_heads,
-            &hd,
-            &interleaved
-        )
-        .map_err(err)
+        self.rope_qk_impl(qkv, dims, rope, batch)
     }
 
     fn rope_qk_write_kv(
@@ -809,47 +415,7 @@ impl Backend for CudaBackend {
         rope: &RopeSpec,
         batch: &CudaBatch,
     ) -> Result<(), BackendError> {
-        let (n, width) = rope_rows(qkv, dims, rope, batch)?;
-        if cache.full_dims("rope_qk_write_kv").map_err(err)? != (dims.num_kv_heads, dims.head_dim) {
-            return Err(BackendError::Shape(format!(
-                "rope + write_kv: {dims:?} into {:?}",
-                cache.spec
-            )));
-        }
-        if n == 0 {
-            return Ok(());
-        }
-        let freqs = self.rope_freqs(&rope.inv_freqs).map_err(err)?;
-        let config = rope_grid(
-            n,
-            (dims.num_heads + dims.num_kv_heads) * dims.head_dim / 2 + dims.kv_size() / 2,
-        );
-        let (width_i, heads_i, kv_heads_i, hd_i, interleaved) = (
-            width as i32,
-            dims.num_heads as i32,
-            dims.num_kv_heads as i32,
-            dims.head_dim as i32,
-            i32::from(rope.style == RopeStyle::Interleaved),
-        );
-        let CudaKvCache { keys, values, .. } = cache;
-        let q = qkv.bf16_mut().map_err(err)?;
-        launch!(
-            self,
-            &self.kernels.rope_write_kv,
-            config,
-            q,
-            &batch.positions(),
-            freqs.as_ref(),
-            &batch.slots(),
-            keys,
-            values,
-            &width_i,
-            &heads_i,
-            &kv_heads_i,
-            &hd_i,
-            &interleaved
-        )
-        .map_err(err)
+        self.rope_qk_write_kv_impl(qkv, cache, dims, rope, batch)
     }
 
     fn write_kv(
@@ -859,34 +425,7 @@ impl Backend for CudaBackend {
         dims: &AttentionDims,
         batch: &CudaBatch,
     ) -> Result<(), BackendError> {
-        let (n, width) = qkv.matrix_dims().map_err(err)?;
-        if width != dims.qkv_size()
-            || n != batch.meta.num_tokens()
-            || cache.full_dims("write_kv").map_err(err)? != (dims.num_kv_heads, dims.head_dim)
-        {
-            return Err(BackendError::Shape(format!(
-                "write_kv: [{n}, {width}] into {:?} for {dims:?}",
-                cache.spec
-            )));
-        }
-        let (width_i, q_i, kv_i) = (width as i32, dims.q_size() as i32, dims.kv_size() as i32);
-        if n == 0 {
-            return Ok(());
-        }
-        let CudaKvCache { keys, values, .. } = cache;
-        launch!(
-            self,
-            &self.kernels.write_kv,
-            rows_config(n, row_chunk_threads(dims.kv_size())),
-            qkv.bf16().map_err(err)?,
-            &batch.slots(),
-            keys,
-            values,
-            &width_i,
-            &q_i,
-            &kv_i
-        )
-        .map_err(err)
+        self.write_kv_impl(cache, qkv, dims, batch)
     }
 
     fn paged_attention(
@@ -896,25 +435,7 @@ impl Backend for CudaBackend {
         dims: &AttentionDims,
         batch: &CudaBatch,
     ) -> Result<CudaTensor, BackendError> {
-        qkv.bf16().map_err(err)?;
-        let (_, width) = qkv.matrix_dims().map_err(err)?;
-        if width != dims.qkv_size()
-            || cache.full_dims("paged_attention").map_err(err)?
-                != (dims.num_kv_heads, dims.head_dim)
-        {
-            return Err(BackendError::Shape(format!(
-                "attention: rows of {width} for {dims:?} over a cache of {:?}",
-                cache.spec
-            )));
-        }
-        let source = KvSource {
-            keys: &cache.keys,
-            values: &cache.values,
-            block_tables: batch.block_tables(),
-            max_blocks: batch.max_blocks,
-        };
-        self.paged_attention_impl(qkv, &source, dims, batch, false)
-            .map_err(err)
+        self.full_paged_attention(qkv, cache, dims, batch)
     }
 
     fn rope_q_write_latents(

@@ -11,7 +11,10 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaContext, CudaFunction};
 
-use crate::backend::attention_plan::{PREFILL_THREADS, PREFILL_TILE_KEYS, PREFILL_TILE_ROWS};
+use crate::geometry::{
+    latent_scores_rot_shared_bytes, latent_scores_shared_bytes, PREFILL_THREADS, PREFILL_TILE_KEYS,
+    PREFILL_TILE_ROWS,
+};
 use crate::{CudaError, KernelCache};
 
 /// A kernel source with the headers it needs prepended, since NVRTC compiles one source string
@@ -52,10 +55,6 @@ pub(crate) const LATENT_ROT_VARIANTS: [(usize, usize, usize); 4] =
 const LATENT_M_TILES: [usize; 3] = [1, 2, 4];
 /// Threads per block of the latent kernels (`LS_THREADS`, `LV_THREADS`).
 pub(crate) const LATENT_THREADS: u32 = 128;
-/// Keys per key-latent tile of the latent score kernel (`LS_BN`).
-pub(crate) const LATENT_SCORE_KEYS: usize = 64;
-/// Key-latent tiles in its shared-memory ring (`LS_STAGES`).
-pub(crate) const LATENT_SCORE_STAGES: usize = 2;
 
 /// Most input rows the matrix-vector kernels (`gemv.cu`) take; larger batches go to cuBLAS.
 /// Measured on the H200 (synthetic llama2-7b decode, 2026-11-29): one and two rows beat cuBLAS
@@ -434,8 +433,7 @@ impl Kernels {
         for d in LATENT_HEAD_DIMS {
             let function = take(&names::latent_scores(d))?;
             // The most a layer asks for: every head at rank head_dim.
-            let bytes =
-                crate::backend::latent_scores::latent_scores_shared_bytes(d, d + 8) as usize;
+            let bytes = latent_scores_shared_bytes(d, d + 8) as usize;
             if opt_in_shared_memory(
                 &function,
                 bytes,
@@ -452,8 +450,7 @@ impl Kernels {
         for variant in LATENT_ROT_VARIANTS {
             let (d, ks, mt) = variant;
             let function = take(&names::latent_scores_rot(d, ks, mt))?;
-            let bytes =
-                crate::backend::latent_scores::latent_scores_rot_shared_bytes(d, ks, mt) as usize;
+            let bytes = latent_scores_rot_shared_bytes(d, ks, mt) as usize;
             if opt_in_shared_memory(
                 &function,
                 bytes,
@@ -718,7 +715,7 @@ mod tests {
         assert_eq!(define(src, "WARPS") * 32, PREFILL_THREADS as usize);
         assert_eq!(
             define(src, "MIN_BLOCKS"),
-            crate::backend::attention_plan::PREFILL_RESIDENT_PER_SM
+            crate::geometry::PREFILL_RESIDENT_PER_SM
         );
         for d in PREFILL_HEAD_DIMS {
             assert_eq!(
@@ -742,18 +739,20 @@ mod tests {
         let src = LATENT_SRC;
         assert_eq!(define(src, "LS_THREADS"), LATENT_THREADS as usize);
         assert_eq!(define(src, "LV_THREADS"), LATENT_THREADS as usize);
-        assert_eq!(define(src, "LS_BN"), LATENT_SCORE_KEYS);
-        assert_eq!(define(src, "LS_STAGES"), LATENT_SCORE_STAGES);
+        assert_eq!(define(src, "LS_BN"), crate::geometry::LATENT_SCORE_KEYS);
+        assert_eq!(
+            define(src, "LS_STAGES"),
+            crate::geometry::LATENT_SCORE_STAGES
+        );
         // Head width 128 at full rank: B_h and two tiles of 64 keys (136-element rows) plus the
         // bias and the maxima fit one block's opt-in shared memory with room for a second.
-        let bytes = crate::backend::latent_scores::latent_scores_shared_bytes(128, 136) as usize;
+        let bytes = latent_scores_shared_bytes(128, 136) as usize;
         assert_eq!(bytes, (128 * 136 + 2 * 64 * 136) * 2 + 512 + 128);
         assert!(2 * (bytes + 1024) <= 228 * 1024);
         // Every rotary-absorbed variant leaves room for two resident blocks per SM (the driver
         // reserves 1 KiB per block of the 228 KiB).
         for (d, ks, mt) in LATENT_ROT_VARIANTS {
-            let bytes =
-                crate::backend::latent_scores::latent_scores_rot_shared_bytes(d, ks, mt) as usize;
+            let bytes = latent_scores_rot_shared_bytes(d, ks, mt) as usize;
             assert!(
                 2 * (bytes + 1024) <= 228 * 1024,
                 "rot d{d} k{ks} m{mt}: {bytes}"
@@ -771,7 +770,10 @@ mod tests {
 
     #[test]
     fn key_score_kernel_geometry_matches_the_host() {
-        use crate::backend::key_scores::{MAX_HEAD_DIM, THREADS, WINDOW_TILE_TOKENS, WINDOW_WARPS};
+        use crate::geometry::{
+            KEY_SCORE_MAX_HEAD_DIM as MAX_HEAD_DIM, KEY_SCORE_THREADS as THREADS,
+            WINDOW_TILE_TOKENS, WINDOW_WARPS,
+        };
         let src = KEY_SCORES_SRC;
         assert_eq!(define(src, "WARPS") * 32, THREADS as usize);
         assert_eq!(define(src, "WARPS"), WINDOW_WARPS);

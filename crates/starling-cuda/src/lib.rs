@@ -10,9 +10,12 @@
 mod backend;
 pub mod bench;
 mod compile;
+mod device_buf;
 mod error;
+mod geometry;
 mod kernels;
 mod launch;
+mod recording_pool;
 mod tensor;
 
 pub use backend::{
@@ -20,10 +23,11 @@ pub use backend::{
     GEMV_KSPLIT_ENV, GEMV_PREFETCH_ENV, LATENT_SCORES_ENV,
 };
 pub use compile::KernelCache;
+pub use device_buf::DeviceBuf;
 pub use error::CudaError;
 pub use kernels::{kernel_modules, KernelModule};
 pub use launch::PDL_ENV;
-pub use tensor::{CudaTensor, DeviceBuf};
+pub use tensor::CudaTensor;
 
 /// Whether the CUDA driver library can be loaded on this machine (it says nothing about GPUs).
 pub fn cuda_available() -> bool {

@@ -6,16 +6,8 @@ use std::sync::Arc;
 use cudarc::driver::CudaSlice;
 use half::bf16;
 
-use crate::backend::RecordingPool;
-
-/// A device buffer of one of the element types the backend uses.
-#[derive(Debug)]
-pub enum DeviceBuf {
-    /// Weights and activations.
-    Bf16(CudaSlice<bf16>),
-    /// Logits (kept in f32 for sampling).
-    F32(CudaSlice<f32>),
-}
+use crate::device_buf::DeviceBuf;
+use crate::recording_pool::RecordingPool;
 
 /// A row-major tensor in device memory.
 #[derive(Debug)]

@@ -11,6 +11,7 @@
 
 mod config;
 mod error;
+mod fields;
 mod input;
 pub mod scorer;
 mod select;

@@ -35,29 +35,11 @@
 //! stays empty and the pool behaves exactly as a plain free list.
 
 use std::collections::HashMap;
-use std::fmt;
 
 use crate::block_hash::BlockHash;
 use crate::block_list::{BlockList, Link, NO_LINK};
 use crate::error::KvError;
-
-/// Index of one block in the pool (and, times the block size, of its first
-/// token slot in the cache tensors).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BlockId(pub u32);
-
-impl BlockId {
-    /// The id as an index into per-block arrays.
-    pub fn index(self) -> usize {
-        self.0 as usize
-    }
-}
-
-impl fmt::Display for BlockId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "#{}", self.0)
-    }
-}
+use crate::ids::BlockId;
 
 /// How the pool's blocks divide between the three states; the fields always
 /// add up to the pool size.

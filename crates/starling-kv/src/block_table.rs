@@ -21,21 +21,10 @@
 //! tokens' K/V depend on what was evicted, so nothing more of it is
 //! registered.
 
-use std::fmt;
 use std::ops::Range;
 
-use crate::block_pool::BlockId;
 use crate::error::KvError;
-
-/// Identifier of one sequence (request) in the cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SeqId(pub u64);
-
-impl fmt::Display for SeqId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "seq{}", self.0)
-    }
-}
+use crate::ids::{BlockId, SeqId};
 
 /// The blocks of one sequence, in order, and its two lengths.
 ///

@@ -1,7 +1,7 @@
 //! The one error type of `starling-kv`.
 
-use crate::block_pool::BlockId;
-use crate::block_table::SeqId;
+use crate::bytes::{format_bytes, format_bytes_in_unit_of};
+use crate::ids::{BlockId, SeqId};
 
 /// Everything that can go wrong while keeping KV-cache books.
 ///
@@ -78,9 +78,9 @@ pub enum KvError {
         "KV cache needs {needed} for one {max_model_len_tokens}-token sequence{held}, \
          {available} available ({needed_bytes} vs {available_bytes} bytes); \
          lower max_model_len or raise the KV-cache memory budget",
-        needed = crate::sizing::format_bytes(*.needed_bytes),
-        available = crate::sizing::format_bytes_in_unit_of(*.available_bytes, *.needed_bytes),
-        held = crate::sizing::peak_note(*.peak_tokens, *.max_model_len_tokens)
+        needed = format_bytes(*.needed_bytes),
+        available = format_bytes_in_unit_of(*.available_bytes, *.needed_bytes),
+        held = peak_note(*.peak_tokens, *.max_model_len_tokens)
     )]
     InsufficientMemory {
         /// Bytes one `max_model_len_tokens` sequence needs at its peak (whole blocks).
@@ -101,4 +101,14 @@ pub enum KvError {
     /// `check_invariants` found inconsistent books (a bug, reported for tests).
     #[error("KV-cache invariant violated: {0}")]
     InvariantViolated(String),
+}
+
+/// The "(holding N tokens at its peak)" part of the preflight refusal, empty when the sequence
+/// holds every token.
+fn peak_note(peak_tokens: usize, max_model_len_tokens: usize) -> String {
+    if peak_tokens >= max_model_len_tokens {
+        String::new()
+    } else {
+        format!(" holding {peak_tokens} tokens at its peak under eviction")
+    }
 }

@@ -25,17 +25,21 @@ mod block_hash;
 mod block_list;
 mod block_pool;
 mod block_table;
+mod bytes;
 mod error;
+mod ids;
 mod layout;
 mod manager;
 mod sizing;
 
 pub use block_hash::{BlockHash, BlockHasher, CacheIdentity, CacheIdentityParts};
-pub use block_pool::{BlockCounts, BlockId, BlockPool};
-pub use block_table::{BlockTable, SeqId};
+pub use block_pool::{BlockCounts, BlockPool};
+pub use block_table::BlockTable;
+pub use bytes::format_bytes;
 pub use error::KvError;
+pub use ids::{BlockId, SeqId};
 pub use layout::{
     stored_rank, CacheDtype, CacheLayout, LayerLayout, LATENT_RANK_MULTIPLE, POSITION_BYTES,
 };
 pub use manager::{KvCacheConfig, KvCacheManager, PrefixCacheStats, PrefixHit, PrefixQuery};
-pub use sizing::{format_bytes, preflight, preflight_with_peak, CacheSizing, Preflight};
+pub use sizing::{preflight, preflight_with_peak, CacheSizing, Preflight};

@@ -4,10 +4,6 @@
 use crate::error::KvError;
 use crate::layout::CacheLayout;
 
-const KIB: u64 = 1 << 10;
-const MIB: u64 = 1 << 20;
-const GIB: u64 = 1 << 30;
-
 /// How a budget is cut into blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheSizing {
@@ -132,37 +128,10 @@ pub fn preflight_with_peak(
     })
 }
 
-/// The "(holding N tokens at its peak)" part of the preflight refusal, empty when the sequence
-/// holds every token.
-pub(crate) fn peak_note(peak_tokens: usize, max_model_len_tokens: usize) -> String {
-    if peak_tokens >= max_model_len_tokens {
-        String::new()
-    } else {
-        format!(" holding {peak_tokens} tokens at its peak under eviction")
-    }
-}
-
-/// Human-readable size with two decimals: "1.50 GiB", "768.00 MiB",
-/// "4.00 KiB", "12 B".
-pub fn format_bytes(bytes: u64) -> String {
-    format_bytes_in_unit_of(bytes, bytes)
-}
-
-/// Formats `bytes` in the unit `format_bytes` would pick for `reference`, so
-/// two numbers side by side read in one unit ("1.50 GiB ... 0.75 GiB").
-pub(crate) fn format_bytes_in_unit_of(bytes: u64, reference: u64) -> String {
-    let (divisor, unit) = match reference {
-        r if r >= GIB => (GIB, "GiB"),
-        r if r >= MIB => (MIB, "MiB"),
-        r if r >= KIB => (KIB, "KiB"),
-        _ => return format!("{bytes} B"),
-    };
-    format!("{:.2} {unit}", bytes as f64 / divisor as f64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bytes::{GIB, MIB};
     use crate::layout::{CacheDtype, LayerLayout};
 
     fn full(num_layers: usize) -> CacheLayout {
@@ -316,14 +285,5 @@ mod tests {
         let layout = two_bytes_per_token();
         let s = CacheSizing::from_budget(u64::MAX, &layout, 1 << 20).unwrap();
         assert_eq!(s.num_blocks, 1 << 12);
-    }
-
-    #[test]
-    fn format_bytes_picks_units() {
-        assert_eq!(format_bytes(3 * GIB / 2), "1.50 GiB");
-        assert_eq!(format_bytes(768 * MIB), "768.00 MiB");
-        assert_eq!(format_bytes(4 * KIB), "4.00 KiB");
-        assert_eq!(format_bytes(12), "12 B");
-        assert_eq!(format_bytes_in_unit_of(3 * GIB / 4, GIB), "0.75 GiB");
     }
 }

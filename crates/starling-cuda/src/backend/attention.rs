@@ -3,12 +3,11 @@
 //! kernel and the split combine.
 
 use cudarc::driver::{DevicePtr, LaunchConfig};
-use starling_backend::AttentionDims;
+use starling_backend::{AttentionDims, BackendError};
 
-use super::attention_plan::{
-    plan_splits, DecodeKernel, GridBlocks, SplitPlan, MAX_GROUP, PREFILL_THREADS,
-};
-use super::{CudaBackend, CudaBatch, KvSource};
+use super::attention_plan::{plan_splits, DecodeKernel, GridBlocks, SplitPlan, MAX_GROUP};
+use super::{err, CudaBackend, CudaBatch, CudaKvCache, KvSource};
+use crate::geometry::PREFILL_THREADS;
 use crate::kernels::DECODE_MMA_THREADS;
 use crate::{CudaError, CudaTensor, DeviceBuf};
 
@@ -259,5 +258,37 @@ impl CudaBackend {
             )?;
         }
         Ok(self.tensor(DeviceBuf::Bf16(out), vec![n, dims.q_size()]))
+    }
+}
+
+impl CudaBackend {
+    /// `Backend::paged_attention` over a full cache: checks it against the heads, then attends
+    /// through the batch's block tables.
+    pub(super) fn full_paged_attention(
+        &self,
+        qkv: &CudaTensor,
+        cache: &CudaKvCache,
+        dims: &AttentionDims,
+        batch: &CudaBatch,
+    ) -> Result<CudaTensor, BackendError> {
+        qkv.bf16().map_err(err)?;
+        let (_, width) = qkv.matrix_dims().map_err(err)?;
+        if width != dims.qkv_size()
+            || cache.full_dims("paged_attention").map_err(err)?
+                != (dims.num_kv_heads, dims.head_dim)
+        {
+            return Err(BackendError::Shape(format!(
+                "attention: rows of {width} for {dims:?} over a cache of {:?}",
+                cache.spec
+            )));
+        }
+        let source = KvSource {
+            keys: &cache.keys,
+            values: &cache.values,
+            block_tables: batch.block_tables(),
+            max_blocks: batch.max_blocks,
+        };
+        self.paged_attention_impl(qkv, &source, dims, batch, false)
+            .map_err(err)
     }
 }

@@ -11,14 +11,8 @@
 
 use starling_backend::BatchMeta;
 
-/// Query rows per block of the tiled kernel (`BM` in `prefill_attention.cu`): a tile holds
-/// `PREFILL_TILE_ROWS / group` tokens × `group` query heads.
-pub(crate) const PREFILL_TILE_ROWS: usize = 128;
-/// Keys per shared-memory tile of the tiled kernel (`BN`): prefill splits are multiples of it,
-/// so no tile straddles two splits.
-pub(crate) const PREFILL_TILE_KEYS: usize = 64;
-/// Threads per block of the tiled kernel (`THREADS`: 4 warps × 32 rows).
-pub(crate) const PREFILL_THREADS: u32 = 128;
+use crate::geometry::{PREFILL_RESIDENT_PER_SM, PREFILL_TILE_KEYS, PREFILL_TILE_ROWS};
+
 /// Largest group (query heads per KV head) either kernel takes.
 pub(crate) const MAX_GROUP: usize = 8;
 
@@ -43,10 +37,6 @@ const MAX_SPLITS: usize = 64;
 /// Least fill of the waves (numerator, denominator) a wave plan ([`plan_wave_splits`]) accepts
 /// before it tries more splits.
 const WAVE_FILL: (usize, usize) = (9, 10);
-/// Tiled prefill blocks resident per SM (`MIN_BLOCKS` in `prefill_attention.cu`: its register
-/// bound and 96 KiB of shared memory at head_dim 128 allow two).
-pub(crate) const PREFILL_RESIDENT_PER_SM: usize = 2;
-
 /// Most decode rows of an MHA layer the tensor-core decode kernel serves. A few rows make few
 /// per-token blocks, each walking its keys two rows (one memory round trip) at a time: at batch 1
 /// that kernel plus its combine took 14 µs per layer at 512 tokens and 30 µs at 2k (Nsight

@@ -10,19 +10,13 @@ use starling_backend::{HostTensor, KeyScoreKind, WindowScoreSpec};
 
 use super::kv_ops::int_arg;
 use super::{grid_for, CudaBackend, CudaKvCache};
+use crate::geometry::{
+    KEY_SCORE_MAX_HEAD_DIM, KEY_SCORE_THREADS, WINDOW_TILE_TOKENS, WINDOW_WARPS,
+};
 use crate::CudaError;
 
 /// Tokens each CUDA block scores (and sums, for KeyDiff's mean).
 const TOKENS_PER_BLOCK: usize = 128;
-/// Threads per CUDA block: `WARPS * 32` in key_scores.cu.
-pub(crate) const THREADS: u32 = 256;
-/// Warps per block of the window-score kernels (`WARPS` in key_scores.cu).
-pub(crate) const WINDOW_WARPS: usize = 8;
-/// Tokens per block of the window-score kernels, one per lane (`WS_TILE` in key_scores.cu).
-pub(crate) const WINDOW_TILE_TOKENS: usize = 32;
-/// Widest head the kernels hold in registers and shared memory (`MAX_HEAD_DIM` in key_scores.cu).
-pub(crate) const MAX_HEAD_DIM: usize = 256;
-
 impl CudaBackend {
     pub(super) fn key_scores_impl(
         &self,
@@ -41,10 +35,10 @@ impl CudaBackend {
             "key_scores",
         )?;
         let (nkv, hd) = cache.full_dims("key_scores")?;
-        if hd == 0 || hd > MAX_HEAD_DIM || nkv > 65_535 {
+        if hd == 0 || hd > KEY_SCORE_MAX_HEAD_DIM || nkv > 65_535 {
             return Err(CudaError::Shape(format!(
                 "key_scores: head_dim {hd} with {nkv} KV heads unsupported on CUDA \
-                 (head_dim 1..={MAX_HEAD_DIM}, up to 65535 heads)"
+                 (head_dim 1..={KEY_SCORE_MAX_HEAD_DIM}, up to 65535 heads)"
             )));
         }
         if len_tokens == 0 || nkv == 0 {
@@ -65,7 +59,7 @@ impl CudaBackend {
         );
         let grid = LaunchConfig {
             grid_dim: (chunks_i as u32, nkv as u32, 1),
-            block_dim: (THREADS, 1, 1),
+            block_dim: (KEY_SCORE_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         let key_diff = kind == KeyScoreKind::KeyDiff;
@@ -92,7 +86,7 @@ impl CudaBackend {
             )?;
             let per_head = LaunchConfig {
                 grid_dim: (nkv as u32, 1, 1),
-                block_dim: (THREADS, 1, 1),
+                block_dim: (KEY_SCORE_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
             launch!(
@@ -161,10 +155,10 @@ impl CudaBackend {
             score,
         )?;
         let (nkv, hd) = cache.full_dims("window_scores")?;
-        if hd == 0 || hd > MAX_HEAD_DIM || nkv == 0 || nkv > 65_535 {
+        if hd == 0 || hd > KEY_SCORE_MAX_HEAD_DIM || nkv == 0 || nkv > 65_535 {
             return Err(CudaError::Shape(format!(
                 "window_scores: head_dim {hd} with {nkv} KV heads unsupported on CUDA \
-                 (head_dim 1..={MAX_HEAD_DIM}, 1 to 65535 heads)"
+                 (head_dim 1..={KEY_SCORE_MAX_HEAD_DIM}, 1 to 65535 heads)"
             )));
         }
         let rows = window * score.group;
@@ -196,7 +190,7 @@ impl CudaBackend {
         let mut scores = unsafe { self.stream.alloc::<f32>(nkv * len_tokens) }?;
         let tile_grid = LaunchConfig {
             grid_dim: (tiles_i as u32, nkv as u32, 1),
-            block_dim: (THREADS, 1, 1),
+            block_dim: (KEY_SCORE_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         launch!(
@@ -218,7 +212,7 @@ impl CudaBackend {
         )?;
         let combine_grid = LaunchConfig {
             grid_dim: ((nkv * rows).div_ceil(WINDOW_WARPS) as u32, 1, 1),
-            block_dim: (THREADS, 1, 1),
+            block_dim: (KEY_SCORE_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         launch!(

@@ -9,10 +9,10 @@ use half::bf16;
 use starling_backend::cpu::{
     check_block_copies, check_block_table, check_compaction, check_distinct_blocks, scatter_len,
 };
-use starling_backend::{HostTensor, KvRows};
+use starling_backend::{AttentionDims, BackendError, HostTensor, KvRows};
 
 use super::kv_cache::POSITION_WORDS;
-use super::{grid_for, CudaBackend, CudaKvCache};
+use super::{err, grid_for, row_chunk_threads, rows_config, CudaBackend, CudaBatch, CudaKvCache};
 use crate::{CudaError, CudaTensor, DeviceBuf};
 
 /// Threads per CUDA block of the block-copy kernel (one CUDA block per copied block and tensor).
@@ -330,5 +330,45 @@ impl CudaBackend {
             self.scatter_rows_of(plane, &table, block_size_tokens, scratch, count, width)?;
         }
         Ok(())
+    }
+}
+
+impl CudaBackend {
+    /// `Backend::write_kv`: each token's K and V into its slot.
+    pub(super) fn write_kv_impl(
+        &self,
+        cache: &mut CudaKvCache,
+        qkv: &CudaTensor,
+        dims: &AttentionDims,
+        batch: &CudaBatch,
+    ) -> Result<(), BackendError> {
+        let (n, width) = qkv.matrix_dims().map_err(err)?;
+        if width != dims.qkv_size()
+            || n != batch.meta.num_tokens()
+            || cache.full_dims("write_kv").map_err(err)? != (dims.num_kv_heads, dims.head_dim)
+        {
+            return Err(BackendError::Shape(format!(
+                "write_kv: [{n}, {width}] into {:?} for {dims:?}",
+                cache.spec
+            )));
+        }
+        let (width_i, q_i, kv_i) = (width as i32, dims.q_size() as i32, dims.kv_size() as i32);
+        if n == 0 {
+            return Ok(());
+        }
+        let CudaKvCache { keys, values, .. } = cache;
+        launch!(
+            self,
+            &self.kernels.write_kv,
+            rows_config(n, row_chunk_threads(dims.kv_size())),
+            qkv.bf16().map_err(err)?,
+            &batch.slots(),
+            keys,
+            values,
+            &width_i,
+            &q_i,
+            &kv_i
+        )
+        .map_err(err)
     }
 }

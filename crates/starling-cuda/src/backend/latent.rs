@@ -23,9 +23,10 @@ use half::bf16;
 use starling_backend::{AttentionDims, LatentFactors, RopeSpec, RopeStyle};
 
 use super::attention_plan::MAX_GROUP;
+use super::gemm::GemmShape;
 use super::kv_ops::int_arg;
-use super::latent_reconstruct::GemmShape;
 use super::latent_scores::ScoreArgs;
+use super::rope::rope_grid;
 use super::{grid_for, CudaBackend, CudaBatch, CudaKvCache, KvSource};
 use crate::kernels::LATENT_THREADS;
 use crate::{CudaError, CudaTensor, DeviceBuf};
@@ -127,7 +128,7 @@ impl CudaBackend {
         cache.position_bound = cache.position_bound.max(self.rope_positions_needed(batch));
         let freqs = self.rope_freqs(&rope.inv_freqs)?;
         let items = dims.num_heads * dims.head_dim / 2 + (kw + vw) / 8 + 1;
-        let config = super::rope_grid(n, items);
+        let config = rope_grid(n, items);
         let args = [
             int_arg(width, "row width")?,
             int_arg(dims.num_heads, "heads")?,

@@ -20,11 +20,9 @@ use half::bf16;
 
 use super::kv_ops::int_arg;
 use super::{CudaBackend, CudaBatch, CudaKvCache};
-use crate::kernels::{LATENT_SCORE_KEYS, LATENT_SCORE_STAGES, LATENT_THREADS};
+use crate::geometry::{latent_scores_rot_shared_bytes, latent_scores_shared_bytes};
+use crate::kernels::LATENT_THREADS;
 use crate::{CudaError, CudaTensor};
-
-/// Key-latent tiles in the rotary-absorbed kernel's shared-memory ring (`LR_STAGES`).
-const ROT_STAGES: usize = 2;
 
 /// Which kernel computes a latent layer's decode scores.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,29 +68,6 @@ impl ScoreKernelFlag {
             LatentScoreKernel::Reconstruct
         }
     }
-}
-
-/// Dynamic shared memory of `latent_scores_rot_d{D}_k{KS}_m{MT}`: `M`, the rings of key
-/// latents, positions and table rows (64·MT keys, 4·MT m-tiles per tile), cs(p0), α0/β0 and the
-/// warps' maxima.
-pub(crate) const fn latent_scores_rot_shared_bytes(
-    head_dim: usize,
-    k_steps: usize,
-    m_tiles: usize,
-) -> u32 {
-    let rs = 16 * k_steps + 8;
-    let keys = 64 * m_tiles;
-    let half = head_dim / 2;
-    let latents = (head_dim * rs + ROT_STAGES * keys * rs) * 2;
-    let table_rows = (ROT_STAGES * 4 * m_tiles * half + half) * 8;
-    (latents + table_rows + ROT_STAGES * keys * 4 + head_dim * 4 + 4 * 4) as u32
-}
-
-/// Dynamic shared memory of `latent_scores_d{D}` at latent row stride `rs`: `B_h`, the ring of
-/// key-latent tiles, the bias and the warps' maxima.
-pub(crate) const fn latent_scores_shared_bytes(head_dim: usize, rs: usize) -> u32 {
-    ((head_dim * rs + LATENT_SCORE_STAGES * LATENT_SCORE_KEYS * rs) * 2 + head_dim * 4 + 4 * 8 * 4)
-        as u32
 }
 
 /// What the score launch reads and writes besides the cache and the batch.

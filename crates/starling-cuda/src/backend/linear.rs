@@ -7,8 +7,9 @@ use cudarc::cublas::sys::{
 use cudarc::cublas::{Gemm, GemmConfig};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 use half::bf16;
+use starling_backend::{Backend, BackendError};
 
-use super::CudaBackend;
+use super::{err, grid_for, CudaBackend};
 use crate::kernels::{GemvKind, GEMV_THREADS};
 use crate::{CudaError, CudaTensor, DeviceBuf};
 
@@ -264,6 +265,58 @@ impl CudaBackend {
             }?;
         }
         Ok(self.tensor(DeviceBuf::F32(out), vec![n, m]))
+    }
+}
+
+impl CudaBackend {
+    /// [`Backend::linear`]: GEMV for small batches (bias fused), else cuBLAS and a bias launch.
+    pub(super) fn linear_impl(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: Option<&CudaTensor>,
+    ) -> Result<CudaTensor, BackendError> {
+        // Small batches: one kernel with the bias fused.
+        if let Some(y) = self.try_gemv(x, w, bias, false).map_err(err)? {
+            return Ok(y);
+        }
+        let mut y = self.gemm_bf16(x, w, false).map_err(err)?;
+        if let Some(b) = bias {
+            let (rows, cols) = (y.shape()[0], y.shape()[1]);
+            if b.numel() != cols {
+                return Err(BackendError::Shape(format!(
+                    "linear: bias of {} for {cols} outputs",
+                    b.numel()
+                )));
+            }
+            let n = rows * cols;
+            let cols_i = cols as i32;
+            let bb = b.bf16().map_err(err)?;
+            let yb = y.bf16_mut().map_err(err)?;
+            launch!(
+                self,
+                &self.kernels.add_bias,
+                grid_for(n),
+                yb,
+                bb,
+                &rows,
+                &cols_i
+            )
+            .map_err(err)?;
+        }
+        Ok(y)
+    }
+
+    /// [`Backend::linear_swiglu`]: the fused GEMV + SwiGLU where it applies.
+    pub(super) fn linear_swiglu_impl(
+        &self,
+        x: &CudaTensor,
+        gate_up: &CudaTensor,
+    ) -> Result<CudaTensor, BackendError> {
+        match self.try_gemv_swiglu(x, gate_up).map_err(err)? {
+            Some(act) => Ok(act),
+            None => self.silu_mul(&self.linear(x, gate_up, None)?),
+        }
     }
 }
 

@@ -3,9 +3,9 @@
 //! so the prefix cache keeps the originals (see the invariant in
 //! [`super::prefix`]).
 
-use crate::block_pool::BlockId;
-use crate::block_table::SeqId;
 use crate::error::KvError;
+use crate::ids::BlockId;
+use crate::ids::SeqId;
 
 use super::prefix::check_rewrite_start;
 use super::KvCacheManager;

@@ -6,9 +6,10 @@ use std::collections::HashMap;
 use std::ops::Range;
 
 use crate::block_hash::BlockHash;
-use crate::block_pool::{BlockCounts, BlockId, BlockPool};
-use crate::block_table::{BlockTable, SeqId};
+use crate::block_pool::{BlockCounts, BlockPool};
+use crate::block_table::BlockTable;
 use crate::error::KvError;
+use crate::ids::{BlockId, SeqId};
 
 mod fork;
 mod prefix;

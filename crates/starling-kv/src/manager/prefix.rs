@@ -38,9 +38,10 @@
 use std::ops::Range;
 
 use crate::block_hash::BlockHash;
-use crate::block_pool::{BlockId, BlockPool};
-use crate::block_table::{BlockTable, SeqId};
+use crate::block_pool::BlockPool;
+use crate::block_table::BlockTable;
 use crate::error::KvError;
+use crate::ids::{BlockId, SeqId};
 
 use super::KvCacheManager;
 

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use starling_engine::engine::TokenLogprob;
 use starling_models::chat::ChatMessage;
 
-use super::common::{SamplingFields, StreamOptions, Usage};
+use super::common::{GenerationResponse, SamplingFields, StreamOptions};
 use super::completion::finite_logprob;
 use crate::api_error::ApiError;
 
@@ -180,20 +180,5 @@ pub struct ChatChoice {
     pub stop_reason: Option<serde_json::Value>,
 }
 
-/// A chat response or chunk.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ChatResponse {
-    /// Request id.
-    pub id: String,
-    /// `chat.completion` or `chat.completion.chunk`.
-    pub object: String,
-    /// Unix seconds.
-    pub created: u64,
-    /// Served model name.
-    pub model: String,
-    /// One choice (none in a usage-only chunk).
-    pub choices: Vec<ChatChoice>,
-    /// Token counts.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Usage>,
-}
+/// A chat response (`chat.completion`) or chunk (`chat.completion.chunk`).
+pub type ChatResponse = GenerationResponse<ChatChoice>;

@@ -65,6 +65,25 @@ pub enum StopInput {
     Many(Vec<String>),
 }
 
+/// A generation response or one streamed chunk, either endpoint's: the envelope is OpenAI's for
+/// both, only the choices differ.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GenerationResponse<C> {
+    /// Request id.
+    pub id: String,
+    /// `chat.completion`, `chat.completion.chunk` or `text_completion`.
+    pub object: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// Served model name.
+    pub model: String,
+    /// One choice (none in a usage-only chunk).
+    pub choices: Vec<C>,
+    /// Token counts (always in a full response; in the stream only in the usage chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
 /// `stream_options`.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 pub struct StreamOptions {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use starling_engine::engine::TokenLogprob;
 
-use super::common::{PromptInput, SamplingFields, StreamOptions, Usage};
+use super::common::{GenerationResponse, PromptInput, SamplingFields, StreamOptions};
 
 /// vLLM's default `max_tokens` for completions when the request gives none (OpenAI's too).
 pub const DEFAULT_COMPLETION_MAX_TOKENS: u64 = 16;
@@ -86,20 +86,5 @@ pub struct CompletionChoice {
     pub stop_reason: Option<serde_json::Value>,
 }
 
-/// A completion response, or one streamed chunk (same shape).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CompletionResponse {
-    /// Request id.
-    pub id: String,
-    /// `text_completion`.
-    pub object: String,
-    /// Unix seconds.
-    pub created: u64,
-    /// Served model name.
-    pub model: String,
-    /// One choice (none in a usage-only chunk).
-    pub choices: Vec<CompletionChoice>,
-    /// Token counts (always in a full response; in the stream only in the usage chunk).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Usage>,
-}
+/// A completion response, or one streamed chunk (same shape, `text_completion` both).
+pub type CompletionResponse = GenerationResponse<CompletionChoice>;

@@ -10,15 +10,14 @@ use starling_engine::RequestOutput;
 use starling_models::chat::ChatTemplateError;
 
 use super::generation::{
-    check_lengths, finish_fields, for_each_output, new_request_id, prepare, submit, token_text,
-    unix_now_s,
+    check_lengths, finish_fields, for_each_output, prepare, submit, token_text,
 };
+use super::response::ResponseMeta;
 use super::sse::{sse_response, ChunkFormatter};
 use crate::api_error::ApiError;
 use crate::json_body::JsonBody;
 use crate::protocol::chat::{
-    ChatChoice, ChatDelta, ChatLogprobs, ChatRequest, ChatRequestMessage, ChatResponse,
-    ChatTokenLogprob,
+    ChatChoice, ChatDelta, ChatLogprobs, ChatRequest, ChatRequestMessage, ChatTokenLogprob,
 };
 use crate::protocol::Usage;
 use crate::state::AppState;
@@ -104,18 +103,14 @@ pub async fn create(
     let options = request.sampling.to_options()?;
     let wants_logprobs = params.logprobs.is_some();
     let events = submit(&state, prompt_ids, params, options).await?;
-    let formatter = ChatFormatter {
-        state: state.clone(),
-        id: new_request_id("chatcmpl"),
-        created: unix_now_s(),
+    let meta = ResponseMeta::new(
+        &state,
+        "chatcmpl",
         wants_logprobs,
-        include_usage: request
-            .stream_options
-            .as_ref()
-            .is_some_and(|o| o.include_usage),
-    };
+        request.stream_options.as_ref(),
+    );
     if request.stream.unwrap_or(false) {
-        return Ok(sse_response(events, formatter));
+        return Ok(sse_response(events, ChatFormatter(meta)));
     }
     let mut text = String::new();
     let mut logprobs = ChatLogprobs::default();
@@ -128,51 +123,25 @@ pub async fn create(
     })
     .await?;
     let (finish_reason, stop_reason) = finish_fields(&last);
-    let response = ChatResponse {
-        id: formatter.id,
-        object: "chat.completion".into(),
-        created: formatter.created,
-        model: state.model.served_name.clone(),
-        choices: vec![ChatChoice {
-            index: 0,
-            message: Some(ChatDelta {
-                role: Some("assistant".into()),
-                content: Some(text),
-            }),
-            delta: None,
-            logprobs: wants_logprobs.then_some(logprobs),
-            finish_reason,
-            stop_reason,
-        }],
-        usage: Some(Usage::new(last.num_prompt_tokens, last.num_output_tokens)),
+    let choice = ChatChoice {
+        index: 0,
+        message: Some(ChatDelta {
+            role: Some("assistant".into()),
+            content: Some(text),
+        }),
+        delta: None,
+        logprobs: wants_logprobs.then_some(logprobs),
+        finish_reason,
+        stop_reason,
     };
-    Ok(Json(response).into_response())
+    Ok(Json(meta.final_response("chat.completion", choice, &last)).into_response())
 }
+
+/// The `object` of a streamed chat chunk.
+const CHUNK: &str = "chat.completion.chunk";
 
 /// Streamed chat chunks.
-struct ChatFormatter {
-    state: AppState,
-    id: String,
-    created: u64,
-    wants_logprobs: bool,
-    include_usage: bool,
-}
-
-impl ChatFormatter {
-    fn chunk(&self, choices: Vec<ChatChoice>, usage: Option<Usage>) -> Option<String> {
-        let chunk = ChatResponse {
-            id: self.id.clone(),
-            object: "chat.completion.chunk".into(),
-            created: self.created,
-            model: self.state.model.served_name.clone(),
-            choices,
-            usage,
-        };
-        serde_json::to_string(&chunk)
-            .map_err(|e| tracing::error!("serialising a chat chunk: {e}"))
-            .ok()
-    }
-}
+struct ChatFormatter(ResponseMeta);
 
 impl ChunkFormatter for ChatFormatter {
     fn start(&mut self) -> Vec<String> {
@@ -187,13 +156,13 @@ impl ChunkFormatter for ChatFormatter {
             finish_reason: None,
             stop_reason: None,
         };
-        self.chunk(vec![role], None).into_iter().collect()
+        self.0.chunk(CHUNK, vec![role]).into_iter().collect()
     }
 
     fn output(&mut self, output: &RequestOutput) -> Vec<String> {
-        let logprobs = match (&output.logprob, self.wants_logprobs) {
+        let logprobs = match (&output.logprob, self.0.wants_logprobs) {
             (Some(lp), true) => Some(ChatLogprobs {
-                content: vec![ChatTokenLogprob::new(lp, &token_text(&self.state))],
+                content: vec![ChatTokenLogprob::new(lp, &token_text(&self.0.state))],
             }),
             _ => None,
         };
@@ -209,14 +178,10 @@ impl ChunkFormatter for ChatFormatter {
             finish_reason,
             stop_reason,
         };
-        self.chunk(vec![choice], None).into_iter().collect()
+        self.0.chunk(CHUNK, vec![choice]).into_iter().collect()
     }
 
     fn usage(&mut self, usage: Usage) -> Option<String> {
-        if self.include_usage {
-            self.chunk(Vec::new(), Some(usage))
-        } else {
-            None
-        }
+        self.0.usage_chunk::<ChatChoice>(CHUNK, usage)
     }
 }

@@ -6,16 +6,15 @@ use axum::Json;
 use starling_engine::RequestOutput;
 
 use super::generation::{
-    check_lengths, check_token_ids, finish_fields, for_each_output, new_request_id, prepare,
-    submit, token_text, unix_now_s,
+    check_lengths, check_token_ids, finish_fields, for_each_output, prepare, submit, token_text,
 };
+use super::response::ResponseMeta;
 use super::sse::{sse_response, ChunkFormatter};
 use crate::api_error::ApiError;
 use crate::json_body::JsonBody;
 use crate::protocol::common::SinglePrompt;
 use crate::protocol::completion::{
-    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
-    DEFAULT_COMPLETION_MAX_TOKENS,
+    CompletionChoice, CompletionLogprobs, CompletionRequest, DEFAULT_COMPLETION_MAX_TOKENS,
 };
 use crate::protocol::Usage;
 use crate::state::AppState;
@@ -68,18 +67,17 @@ pub async fn create(
     let options = request.sampling.to_options()?;
     let wants_logprobs = params.logprobs.is_some();
     let events = submit(&state, prompt_ids, params, options).await?;
-    let formatter = CompletionFormatter {
-        state: state.clone(),
-        id: new_request_id("cmpl"),
-        created: unix_now_s(),
+    let meta = ResponseMeta::new(
+        &state,
+        "cmpl",
         wants_logprobs,
-        include_usage: request
-            .stream_options
-            .as_ref()
-            .is_some_and(|o| o.include_usage),
-        text_chars: 0,
-    };
+        request.stream_options.as_ref(),
+    );
     if request.stream.unwrap_or(false) {
+        let formatter = CompletionFormatter {
+            meta,
+            text_chars: 0,
+        };
         return Ok(sse_response(events, formatter));
     }
     let mut text = String::new();
@@ -93,48 +91,24 @@ pub async fn create(
     })
     .await?;
     let (finish_reason, stop_reason) = finish_fields(&last);
-    let response = CompletionResponse {
-        id: formatter.id,
-        object: "text_completion".into(),
-        created: formatter.created,
-        model: state.model.served_name.clone(),
-        choices: vec![CompletionChoice {
-            index: 0,
-            text,
-            logprobs: wants_logprobs.then_some(logprobs),
-            finish_reason,
-            stop_reason,
-        }],
-        usage: Some(Usage::new(last.num_prompt_tokens, last.num_output_tokens)),
+    let choice = CompletionChoice {
+        index: 0,
+        text,
+        logprobs: wants_logprobs.then_some(logprobs),
+        finish_reason,
+        stop_reason,
     };
-    Ok(Json(response).into_response())
+    Ok(Json(meta.final_response(OBJECT, choice, &last)).into_response())
 }
+
+/// The `object` of a completion response and of each of its streamed chunks.
+const OBJECT: &str = "text_completion";
 
 /// Streamed completion chunks.
 struct CompletionFormatter {
-    state: AppState,
-    id: String,
-    created: u64,
-    wants_logprobs: bool,
-    include_usage: bool,
+    meta: ResponseMeta,
     /// Characters streamed so far (logprob text offsets).
     text_chars: usize,
-}
-
-impl CompletionFormatter {
-    fn chunk(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> Option<String> {
-        let chunk = CompletionResponse {
-            id: self.id.clone(),
-            object: "text_completion".into(),
-            created: self.created,
-            model: self.state.model.served_name.clone(),
-            choices,
-            usage,
-        };
-        serde_json::to_string(&chunk)
-            .map_err(|e| tracing::error!("serialising a completion chunk: {e}"))
-            .ok()
-    }
 }
 
 impl ChunkFormatter for CompletionFormatter {
@@ -145,10 +119,10 @@ impl ChunkFormatter for CompletionFormatter {
     fn output(&mut self, output: &RequestOutput) -> Vec<String> {
         // An abort without a token and without text still needs its finish chunk; a prompt-only
         // step never reaches here (the engine reports only sampled tokens and finishes).
-        let logprobs = match (&output.logprob, self.wants_logprobs) {
+        let logprobs = match (&output.logprob, self.meta.wants_logprobs) {
             (Some(lp), true) => {
                 let mut entry = CompletionLogprobs::default();
-                entry.push(lp, self.text_chars, &token_text(&self.state));
+                entry.push(lp, self.text_chars, &token_text(&self.meta.state));
                 Some(entry)
             }
             _ => None,
@@ -162,14 +136,10 @@ impl ChunkFormatter for CompletionFormatter {
             finish_reason,
             stop_reason,
         };
-        self.chunk(vec![choice], None).into_iter().collect()
+        self.meta.chunk(OBJECT, vec![choice]).into_iter().collect()
     }
 
     fn usage(&mut self, usage: Usage) -> Option<String> {
-        if self.include_usage {
-            self.chunk(Vec::new(), Some(usage))
-        } else {
-            None
-        }
+        self.meta.usage_chunk::<CompletionChoice>(OBJECT, usage)
     }
 }

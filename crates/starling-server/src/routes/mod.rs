@@ -4,6 +4,7 @@ mod chat;
 mod completions;
 mod generation;
 mod info;
+mod response;
 mod sse;
 
 use std::sync::Arc;

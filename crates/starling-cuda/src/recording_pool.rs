@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 
-use crate::{CudaError, DeviceBuf};
+use crate::device_buf::DeviceBuf;
+use crate::CudaError;
 
 /// Buffers lent to the tensors of one recording, reused by size.
 #[derive(Debug)]

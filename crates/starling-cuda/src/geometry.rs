@@ -1,0 +1,60 @@
+//! Launch geometry that the kernel table (`crate::kernels`, which checks it against the `.cu`
+//! defines and sizes dynamic shared memory at load) and the launches in `crate::backend` both
+//! need. A leaf module, so that neither has to import the other.
+
+// Tiled prefill attention (`prefill_attention.cu`).
+
+/// Query rows per block of the tiled kernel (`BM` in `prefill_attention.cu`): a tile holds
+/// `PREFILL_TILE_ROWS / group` tokens × `group` query heads.
+pub(crate) const PREFILL_TILE_ROWS: usize = 128;
+/// Keys per shared-memory tile of the tiled kernel (`BN`): prefill splits are multiples of it,
+/// so no tile straddles two splits.
+pub(crate) const PREFILL_TILE_KEYS: usize = 64;
+/// Threads per block of the tiled kernel (`THREADS`: 4 warps × 32 rows).
+pub(crate) const PREFILL_THREADS: u32 = 128;
+/// Tiled prefill blocks resident per SM (`MIN_BLOCKS` in `prefill_attention.cu`: its register
+/// bound and 96 KiB of shared memory at head_dim 128 allow two).
+pub(crate) const PREFILL_RESIDENT_PER_SM: usize = 2;
+
+// Key scores (`key_scores.cu`).
+
+/// Threads per CUDA block: `WARPS * 32` in key_scores.cu.
+pub(crate) const KEY_SCORE_THREADS: u32 = 256;
+/// Warps per block of the window-score kernels (`WARPS` in key_scores.cu).
+pub(crate) const WINDOW_WARPS: usize = 8;
+/// Tokens per block of the window-score kernels, one per lane (`WS_TILE` in key_scores.cu).
+pub(crate) const WINDOW_TILE_TOKENS: usize = 32;
+/// Widest head the kernels hold in registers and shared memory (`MAX_HEAD_DIM` in key_scores.cu).
+pub(crate) const KEY_SCORE_MAX_HEAD_DIM: usize = 256;
+
+// Latent score kernels (`latent.cu`, `latent_rot.cu`).
+
+/// Keys per key-latent tile of the latent score kernel (`LS_BN`).
+pub(crate) const LATENT_SCORE_KEYS: usize = 64;
+/// Key-latent tiles in its shared-memory ring (`LS_STAGES`).
+pub(crate) const LATENT_SCORE_STAGES: usize = 2;
+/// Key-latent tiles in the rotary-absorbed kernel's shared-memory ring (`LR_STAGES`).
+const ROT_STAGES: usize = 2;
+
+/// Dynamic shared memory of `latent_scores_rot_d{D}_k{KS}_m{MT}`: `M`, the rings of key
+/// latents, positions and table rows (64·MT keys, 4·MT m-tiles per tile), cs(p0), α0/β0 and the
+/// warps' maxima.
+pub(crate) const fn latent_scores_rot_shared_bytes(
+    head_dim: usize,
+    k_steps: usize,
+    m_tiles: usize,
+) -> u32 {
+    let rs = 16 * k_steps + 8;
+    let keys = 64 * m_tiles;
+    let half = head_dim / 2;
+    let latents = (head_dim * rs + ROT_STAGES * keys * rs) * 2;
+    let table_rows = (ROT_STAGES * 4 * m_tiles * half + half) * 8;
+    (latents + table_rows + ROT_STAGES * keys * 4 + head_dim * 4 + 4 * 4) as u32
+}
+
+/// Dynamic shared memory of `latent_scores_d{D}` at latent row stride `rs`: `B_h`, the ring of
+/// key-latent tiles, the bias and the warps' maxima.
+pub(crate) const fn latent_scores_shared_bytes(head_dim: usize, rs: usize) -> u32 {
+    ((head_dim * rs + LATENT_SCORE_STAGES * LATENT_SCORE_KEYS * rs) * 2 + head_dim * 4 + 4 * 8 * 4)
+        as u32
+}
