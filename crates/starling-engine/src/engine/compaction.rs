@@ -136,6 +136,31 @@ impl<B: Backend> Engine<B> {
         self.compaction_step_budget = token_layers;
     }
 
+    /// What the scheduler must know of a new compressing request's compactions: the
+    /// observation window it must compute even when cached, and the fixed positions it
+    /// compacts at while its prompt is chunked (multiples of the step's token budget: the
+    /// chunk its footprint counts), so its outputs do not depend on the batch or the prefix
+    /// cache (see `Scheduler::align_chunks`).
+    pub(crate) fn tell_scheduler_how_it_compacts(
+        &mut self,
+        seq_id: SeqId,
+    ) -> Result<(), EngineError> {
+        let Some(c) = self.seqs.get(&seq_id).and_then(|s| s.compression.as_ref()) else {
+            return Ok(());
+        };
+        let window_tail = c.needs_queries().then(|| c.observation_window_tokens());
+        let compacts_mid_prefill = c.compacts_during_prefill();
+        if let Some(tokens) = window_tail.filter(|_| self.hasher.is_some()) {
+            // The observation window's queries are captured as its rows are computed.
+            self.scheduler.keep_tail_uncached(seq_id, tokens)?;
+        }
+        if compacts_mid_prefill {
+            let stride = self.scheduler.config().max_num_batched_tokens;
+            self.scheduler.align_chunks(seq_id, stride)?;
+        }
+        Ok(())
+    }
+
     /// The compressions this step's plan makes due, and the query rows the forward pass must
     /// capture for them and for the prefill windows it computes.
     pub(crate) fn plan_compactions(&self, plan: &StepPlan, built: &BuiltBatch) -> CompactionPlan {

@@ -455,34 +455,9 @@ impl<B: Backend> Engine<B> {
                 return_full_logprobs: options.return_full_logprobs,
             },
         );
-        let window_tail = self.seqs.get(&seq_id).and_then(|seq| {
-            let c = seq.compression.as_ref()?;
-            c.needs_queries().then(|| c.observation_window_tokens())
-        });
-        let queued = match window_tail {
-            // The observation window's queries are captured as its rows are computed.
-            Some(tokens) if self.hasher.is_some() => self
-                .scheduler
-                .keep_tail_uncached(seq_id, tokens)
-                .map_err(EngineError::from),
-            _ => Ok(()),
-        }
-        .and_then(|()| {
-            // A request that compacts while its prompt is chunked compacts at fixed positions
-            // (multiples of the step's token budget: the chunk its footprint counts), so its
-            // outputs do not depend on the batch or the prefix cache (see `align_chunks`).
-            let compacts_mid_prefill = self
-                .seqs
-                .get(&seq_id)
-                .and_then(|seq| seq.compression.as_ref())
-                .is_some_and(SeqCompression::compacts_during_prefill);
-            if compacts_mid_prefill {
-                let stride = self.scheduler.config().max_num_batched_tokens;
-                self.scheduler.align_chunks(seq_id, stride)?;
-            }
-            Ok(())
-        })
-        .and_then(|()| self.extend_block_hashes(seq_id));
+        let queued = self
+            .tell_scheduler_how_it_compacts(seq_id)
+            .and_then(|()| self.extend_block_hashes(seq_id));
         if let Err(e) = queued {
             // Not reachable (the request was just queued), but never leave it half-added.
             self.seqs.remove(&seq_id);
