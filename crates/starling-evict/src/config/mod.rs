@@ -161,6 +161,11 @@ fn decode<T: DeserializeOwned>(value: &Value) -> Result<T, EvictError> {
         let first = path.split(['.', '[']).next().unwrap_or_default();
         let error = e.into_inner().to_string();
         match struct_fields::<T>().iter().find(|f| **f == first) {
+            // serde says "unknown variant `h2o`, expected one of …"; a user typed a method.
+            Some(field) if *field == "method" => invalid(
+                field,
+                error.replacen("unknown variant", "unknown method", 1),
+            ),
             Some(field) => invalid(field, error),
             None => EvictError::Json(error),
         }

@@ -298,7 +298,10 @@ fn unknown_methods_and_fields_name_the_valid_ones() {
         }
     };
     let msg = error(r#"{"method":"h2o"}"#);
-    assert!(msg.contains("`h2o`"), "{msg}");
+    assert!(
+        msg.contains("`h2o`") && msg.contains("unknown method"),
+        "{msg}"
+    );
     names(&msg, &CompressionMethod::ALL.map(CompressionMethod::name));
     let msg = error(r#"{"method":"keydiff","ratoi":0.5}"#);
     assert!(msg.contains("`ratoi`"), "{msg}");
