@@ -17,6 +17,7 @@ mod kernels;
 mod launch;
 mod recording_pool;
 mod tensor;
+mod tiled_kernels;
 
 pub use backend::{
     CudaBackend, CudaBatch, CudaDecodeGraphs, CudaKvCache, GraphCensus, LatentScoreKernel,
