@@ -454,3 +454,60 @@ fn a_request_compacting_mid_prefill_generates_the_same_tokens_alone_batched_and_
         "after a cache hit"
     );
 }
+
+#[test]
+fn prompts_compacting_mid_prefill_reuse_the_compacted_state_as_the_dense_cache_reuses_blocks() {
+    // 170-token prompts (150 shared + 20 own) in 64-token steps: every compressing request
+    // compacts at 64 and 128 during its prefill. A later request of a prefix starts from the
+    // first one's cached state at 128 (the slots it kept, then the blocks of tokens 128..148),
+    // so it reuses as many tokens as the dense cache does (before, only those before the
+    // first point: 60 of 148), and generates what it generates with caching off. Policies:
+    // KeyDiff keeping whole blocks; KeyDiff at 0.3 with 8 sinks (two blocks left in place, a
+    // kept block shared with the tokens after the point); StreamingLLM.
+    let policies = [
+        keydiff(2),
+        CompressionConfig {
+            ratio: 0.3,
+            ..keydiff(8)
+        },
+        CompressionConfig {
+            method: CompressionMethod::StreamingLlm,
+            ..keydiff(4)
+        },
+    ];
+    let dense_trace = prefix_repetition(2, 4, 150, 20, 8, |p, s| (p + 8 * s) as usize);
+    let dense = run(&mut engine(400, 64, true), &dense_trace);
+    // Each of the 6 later requests reuses 148 tokens in the dense cache.
+    assert_eq!(dense.prefix_cache_hit_tokens, 6 * 148);
+    let rate =
+        |o: &TraceOutcome| o.prefix_cache_hit_tokens as f64 / o.prefix_cache_query_tokens as f64;
+    for policy in policies {
+        let evicting_trace = Trace {
+            requests: dense_trace
+                .requests
+                .iter()
+                .map(|r| compressed(r.clone(), policy.clone()))
+                .collect(),
+        };
+        let evicting = run(&mut engine(400, 64, true), &evicting_trace);
+        let evicting_plain = run(&mut engine(400, 64, false), &evicting_trace);
+        let name = format!("{:?} at {}", policy.method, policy.ratio);
+        assert!(
+            evicting_plain.compressions >= 3 * 8,
+            "{name}: uncached, every prompt compacts at 64, 128 and its end"
+        );
+        // Cached, a request that starts from the state at 128 skips the two compactions before.
+        assert_eq!(
+            evicting.compressions + 6 * 2,
+            evicting_plain.compressions,
+            "{name}"
+        );
+        assert_same_tokens(&evicting, &evicting_plain);
+        assert!(
+            (rate(&dense) - rate(&evicting)).abs() <= 0.05,
+            "{name}: dense {} vs evicting {}",
+            rate(&dense),
+            rate(&evicting)
+        );
+    }
+}

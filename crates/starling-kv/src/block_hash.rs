@@ -41,6 +41,23 @@
 //! - block: `"starling-kv/block/v1"`, the 32-byte identity, parent (`0`, or
 //!   `1` + the parent's 16 bytes, big-endian), u64 token count, u32 per
 //!   token. The hash is the digest's first 16 bytes read big-endian.
+//! - compacted state: `"starling-kv/compacted/v1"`, the 32-byte identity,
+//!   the 16 bytes of the hash of the last full block of the tokens it stands
+//!   for (big-endian), u64 policy length + UTF-8. Used only as the parent of
+//!   the first rewritten block of a compacted sequence (see below).
+//!
+//! **Compacted sequences.** Token eviction rewrites a sequence's slots, so
+//! its blocks stop holding whole token blocks of its prompt. When the
+//! compaction is a pure function of the tokens before it (a deterministic
+//! policy at a fixed point, over the whole context), the kept state is as
+//! shareable as dense K/V: [`BlockHash::of_compacted_state`] names it after
+//! the tokens it stands for and the policy, and the blocks of the physical
+//! slots from the first rewritten one on are hashed in a chain from it, a
+//! kept slot `s` standing as the token [`kept_slot_token`]`(s)` and the slots
+//! after the kept ones as the tokens that follow
+//! ([`BlockHasher::extend_compacted_hashes`]). Two sequences then agree on a
+//! hash exactly when they hold the same compacted state and the same tokens
+//! after it.
 
 use std::fmt;
 use std::num::NonZeroUsize;
@@ -53,6 +70,18 @@ use crate::layout::{CacheDtype, CacheLayout, LayerLayout};
 const IDENTITY_TAG: &[u8] = b"starling-kv/cache-identity/v1";
 const SALT_TAG: &[u8] = b"starling-kv/cache-salt/v1";
 const BLOCK_TAG: &[u8] = b"starling-kv/block/v1";
+const COMPACTED_TAG: &[u8] = b"starling-kv/compacted/v1";
+
+/// Marks a slot of a compacted state in a hashed stream (token ids stay far below it; a stream
+/// that holds such slots starts from a compacted-state parent, so no real block is confused
+/// with it either way).
+const KEPT_SLOT_BIT: u32 = 1 << 31;
+
+/// How physical slot `slot` of a compacted state stands in a block's hashed tokens (see the
+/// module docs).
+pub fn kept_slot_token(slot: usize) -> u32 {
+    KEPT_SLOT_BIT | (slot as u32 & !KEPT_SLOT_BIT)
+}
 
 /// Content address of one full block: its tokens, every token before it and
 /// the [`CacheIdentity`] that produced its K/V. See the module docs for the
@@ -82,6 +111,28 @@ impl BlockHash {
         for t in token_ids {
             h.update(t.to_le_bytes());
         }
+        Self::from_digest(h)
+    }
+
+    /// The name of a compacted state: what token eviction under `policy` (a description of
+    /// everything that decides what it keeps: method, ratio, protections, where it compacts)
+    /// keeps of a sequence whose tokens up to the end of the full block hashed
+    /// `last_block_of_tokens` were computed under `identity` (see the module docs). It is the
+    /// parent of the state's first rewritten block.
+    pub fn of_compacted_state(
+        identity: &CacheIdentity,
+        last_block_of_tokens: BlockHash,
+        policy: &str,
+    ) -> Self {
+        let mut h = Sha256::new();
+        h.update(COMPACTED_TAG);
+        h.update(identity.0);
+        h.update(last_block_of_tokens.0.to_be_bytes());
+        update_str(&mut h, policy);
+        Self::from_digest(h)
+    }
+
+    fn from_digest(h: Sha256) -> Self {
         let digest = h.finalize();
         let mut first = [0u8; 16];
         first.copy_from_slice(&digest[..16]);
@@ -205,6 +256,50 @@ impl BlockHasher {
             let parent = hashes.last().copied();
             let block = &token_ids[i * bs..(i + 1) * bs];
             hashes.push(BlockHash::of_block(&self.identity, parent, block));
+        }
+    }
+}
+
+impl BlockHasher {
+    /// Extends the hashes of a compacted sequence's physical blocks: `hashes` holds those of
+    /// its leading blocks the compaction left in place (`hashes.len()` of them), `state` names
+    /// the compacted state ([`BlockHash::of_compacted_state`]), the compaction kept
+    /// `kept_tokens` slots, and `tokens_after` are the tokens that follow the point it stands
+    /// for. Appends the hashes of every full block of slots from `hashes.len() * block_size`
+    /// on: kept slots as [`kept_slot_token`], then `tokens_after`. The first appended block's
+    /// parent is `state`.
+    pub fn extend_compacted_hashes(
+        &self,
+        state: BlockHash,
+        kept_tokens: usize,
+        tokens_after: &[u32],
+        hashes: &mut Vec<BlockHash>,
+    ) {
+        let bs = self.block_size_tokens();
+        let first_slot = hashes.len() * bs;
+        // The blocks left in place end at or before the first rewritten slot, which is kept.
+        debug_assert!(
+            first_slot <= kept_tokens,
+            "{first_slot} slots in place > {kept_tokens} kept"
+        );
+        let total_slots = kept_tokens + tokens_after.len();
+        let slot_token = |s: usize| {
+            if s < kept_tokens {
+                kept_slot_token(s)
+            } else {
+                tokens_after[s - kept_tokens]
+            }
+        };
+        let mut parent = state;
+        let mut block = Vec::with_capacity(bs);
+        for start in (first_slot..total_slots).step_by(bs) {
+            if start + bs > total_slots {
+                break;
+            }
+            block.clear();
+            block.extend((start..start + bs).map(slot_token));
+            parent = BlockHash::of_block(&self.identity, Some(parent), &block);
+            hashes.push(parent);
         }
     }
 }
@@ -346,6 +441,45 @@ mod tests {
         let c = BlockHash::of_block(&id, Some(a), &[1, 2]);
         let d = BlockHash::of_block(&id, None, &[1, 2, 0]);
         assert!(a != b && a != c && a != d && b != c);
+    }
+
+    #[test]
+    fn a_compacted_state_is_named_by_its_tokens_and_policy_and_hashes_its_slots() {
+        let layout = dense();
+        let hasher = BlockHasher::new(identity("m", &layout, None), 4).unwrap();
+        let dense_chain = hasher.full_block_hashes(&(0..8).collect::<Vec<u32>>());
+        let state = BlockHash::of_compacted_state(hasher.identity(), dense_chain[1], "p");
+        assert_ne!(state, dense_chain[1]);
+        assert_ne!(
+            state,
+            BlockHash::of_compacted_state(hasher.identity(), dense_chain[1], "q")
+        );
+        assert_ne!(
+            state,
+            BlockHash::of_compacted_state(hasher.identity(), dense_chain[0], "p")
+        );
+        // Block 0 left in place, 6 slots kept (slots 4 and 5 rewritten), then the tokens
+        // after the point: block [4..8) mixes the two kept slots and the first two tokens.
+        let mut chain = vec![dense_chain[0]];
+        hasher.extend_compacted_hashes(state, 6, &[8, 9, 10], &mut chain);
+        assert_eq!(
+            chain.len(),
+            2,
+            "slot 11 is not there yet: one block appended"
+        );
+        let mixed = [kept_slot_token(4), kept_slot_token(5), 8, 9];
+        assert_eq!(
+            chain[1],
+            BlockHash::of_block(hasher.identity(), Some(state), &mixed)
+        );
+        chain.truncate(1);
+        hasher.extend_compacted_hashes(state, 6, &[8, 9, 10, 11, 12, 13], &mut chain);
+        assert_eq!(chain.len(), 3);
+        assert_eq!(
+            chain[2],
+            BlockHash::of_block(hasher.identity(), Some(chain[1]), &[10, 11, 12, 13])
+        );
+        assert_ne!(kept_slot_token(4), 4);
     }
 
     #[test]

@@ -19,7 +19,10 @@
 //! them are private and writable. Once a sequence is compacted
 //! (`is_compacted`), physical slot `i` no longer holds token `i` and later
 //! tokens' K/V depend on what was evicted, so nothing more of it is
-//! registered.
+//! registered — unless the compaction was a pure function of the tokens
+//! before it: registration then resumes under the compacted state's hashes
+//! (see `block_hash`). A table may also start from such a cached state; its
+//! logical length then runs ahead of its physical one from the start.
 
 use std::ops::Range;
 
@@ -97,8 +100,9 @@ impl BlockTable {
     }
 
     /// Whether the sequence has been compacted (or a compaction has been
-    /// announced): its blocks no longer hold whole token blocks of its
-    /// prompt, so none is registered any more.
+    /// announced) and registers nothing: its blocks no longer hold whole
+    /// token blocks of its prompt (until registration resumes under a
+    /// compacted state's chain).
     pub fn is_compacted(&self) -> bool {
         self.compacted
     }
@@ -170,6 +174,21 @@ impl BlockTable {
             self.block_ids.len(),
             self.physical_len_tokens.div_ceil(self.block_size_tokens)
         );
+    }
+
+    /// Advances the logical length alone: the table starts from a cached compacted state that
+    /// stands for more tokens than it holds slots.
+    pub(crate) fn skip_logical(&mut self, tokens: usize) {
+        self.logical_len_tokens += tokens;
+    }
+
+    /// Lets a compacted table register blocks again, under a chain that describes its slots
+    /// as they are now; only its first `hashed_blocks` blocks (left in place) count as
+    /// processed.
+    pub(crate) fn resume_registration(&mut self, hashed_blocks: usize) {
+        debug_assert!(self.pending_rewrite_from_tokens.is_none());
+        self.compacted = false;
+        self.num_hashed_blocks = self.num_hashed_blocks.min(hashed_blocks);
     }
 
     /// Marks the first `n` blocks as processed by the prefix cache.

@@ -39,6 +39,17 @@ pub enum KvError {
     #[error("sequence {0} already holds a block table")]
     SequenceExists(SeqId),
 
+    /// A sequence was to start from cached blocks that are not (all) cached.
+    #[error("sequence {seq} asked for {wanted_blocks} cached blocks, {cached_blocks} are cached")]
+    PrefixNotCached {
+        /// The sequence.
+        seq: SeqId,
+        /// Leading blocks it asked to reuse.
+        wanted_blocks: usize,
+        /// Of those, the leading run found cached.
+        cached_blocks: usize,
+    },
+
     /// An in-place rewrite (compaction, or appending into a block cut short)
     /// would touch a block other tables share; nothing was changed.
     #[error("sequence {seq} would rewrite block {block}, which other sequences share")]

@@ -32,7 +32,7 @@ mod layout;
 mod manager;
 mod sizing;
 
-pub use block_hash::{BlockHash, BlockHasher, CacheIdentity, CacheIdentityParts};
+pub use block_hash::{kept_slot_token, BlockHash, BlockHasher, CacheIdentity, CacheIdentityParts};
 pub use block_pool::{BlockCounts, BlockPool};
 pub use block_table::BlockTable;
 pub use bytes::format_bytes;
@@ -41,5 +41,7 @@ pub use ids::{BlockId, SeqId};
 pub use layout::{
     stored_rank, CacheDtype, CacheLayout, LayerLayout, LATENT_RANK_MULTIPLE, POSITION_BYTES,
 };
-pub use manager::{KvCacheConfig, KvCacheManager, PrefixCacheStats, PrefixHit, PrefixQuery};
+pub use manager::{
+    CompactedPrefixQuery, KvCacheConfig, KvCacheManager, PrefixCacheStats, PrefixHit, PrefixQuery,
+};
 pub use sizing::{preflight, preflight_with_peak, CacheSizing, Preflight};

@@ -101,6 +101,9 @@ pub(crate) struct DueCompression {
     /// shared copies: the target keeps the shared prefix whole and the cached private blocks
     /// leave the cache.
     fork: bool,
+    /// The position a compaction during the prefill stands at (its chunk does not sample):
+    /// the point whose compacted state the prefix cache may name (`compacted_prefix.rs`).
+    prefill_point: Option<usize>,
 }
 
 /// The step's compactions and the capture they need.
@@ -124,6 +127,9 @@ pub(crate) struct Compaction {
     /// `micros` by phase.
     phases: compression::LayerMicros,
     steps: u32,
+    /// See [`DueCompression`].
+    fork: bool,
+    prefill_point: Option<usize>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -280,6 +286,7 @@ impl<B: Backend> Engine<B> {
                 due: target,
                 window,
                 fork,
+                prefill_point: (!s.samples_next_token).then_some(end),
             });
         }
         let capture = (!rows.is_empty()).then(|| QueryCapture::new(rows));
@@ -460,6 +467,8 @@ impl<B: Backend> Engine<B> {
             micros: 0,
             phases: compression::LayerMicros::default(),
             steps: 0,
+            fork: d.fork,
+            prefill_point: d.prefill_point,
         });
         Ok(())
     }
@@ -567,6 +576,19 @@ impl<B: Backend> Engine<B> {
         let freed = self
             .scheduler
             .shrink_physical(c.seq_id, c.due.target_tokens)?;
+        if let Some(point) = c.prefill_point {
+            // A failure only loses the reuse of the state (its blocks stay private).
+            let registered = self.register_compacted_state(
+                c.seq_id,
+                point,
+                c.fork,
+                c.due.target_tokens,
+                c.due.first_rewritten_tokens,
+            );
+            if let Err(e) = registered {
+                tracing::warn!("{:?}: compacted state not registered: {e}", c.seq_id);
+            }
+        }
         self.counters.compressions += 1;
         self.counters.evicted_tokens += (c.physical_tokens - c.due.target_tokens) as u64;
         self.counters.evicted_blocks += freed as u64;
@@ -612,6 +634,8 @@ impl<B: Backend> Engine<B> {
         for id in seq_ids {
             if let Some(seq) = self.seqs.get_mut(id) {
                 seq.window_tail = None;
+                // Recomputed from scratch: its prefill compacts as a fresh one again.
+                seq.compacted_off_plan = false;
             }
         }
     }

@@ -209,6 +209,23 @@ impl SeqCompression {
         (surplus >= self.config.every_n_tokens || prompt_completed).then_some(due)
     }
 
+    /// The name of what this policy keeps at a prefill point with chunks cut at multiples of
+    /// `stride_tokens`, when that is a function of the tokens before the point (scores from
+    /// the keys or positions alone, no question split): every field of the policy and the
+    /// stride. `None` for SnapKV and TOVA (their window's queries), Random (a stream of
+    /// draws) and the question split (the prompt's end). See `compacted_prefix.rs`.
+    pub(crate) fn cacheable_state_name(&self, stride_tokens: usize) -> Option<String> {
+        let pure = matches!(
+            self.config.method,
+            CompressionMethod::KeyDiff | CompressionMethod::KNorm | CompressionMethod::StreamingLlm
+        );
+        if !pure || self.question_tokens.is_some() || self.needs_queries() {
+            return None;
+        }
+        let policy = serde_json::to_string(&self.config).ok()?;
+        Some(format!("{policy};stride={stride_tokens}"))
+    }
+
     /// Whether the policy may compact before the prompt is in (as chunks fill); under the
     /// context/question split it compacts once, when the prompt is in.
     pub(crate) fn compacts_during_prefill(&self) -> bool {

@@ -239,6 +239,7 @@ mod tests {
             text: None,
             compression: None,
             window_tail: None,
+            compacted_off_plan: false,
             forced_output_ids: None,
             return_full_logprobs: false,
         }

@@ -7,6 +7,7 @@
 
 mod batch_builder;
 mod cache_report;
+mod compacted_prefix;
 mod compaction;
 mod compression;
 mod config;
@@ -451,13 +452,15 @@ impl<B: Backend> Engine<B> {
                 text,
                 compression,
                 window_tail: None,
+                compacted_off_plan: false,
                 forced_output_ids: options.forced_output_ids,
                 return_full_logprobs: options.return_full_logprobs,
             },
         );
         let queued = self
             .tell_scheduler_how_it_compacts(seq_id)
-            .and_then(|()| self.extend_block_hashes(seq_id));
+            .and_then(|()| self.extend_block_hashes(seq_id))
+            .and_then(|()| self.plan_compacted_prefixes(seq_id));
         if let Err(e) = queued {
             // Not reachable (the request was just queued), but never leave it half-added.
             self.seqs.remove(&seq_id);

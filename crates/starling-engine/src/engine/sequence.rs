@@ -21,6 +21,9 @@ pub(crate) struct Sequence {
     /// Observation-window queries gathered from the prefill chunks that hold the newest
     /// tokens (SnapKV, TOVA), for the compaction that follows the prefill.
     pub(crate) window_tail: Option<WindowTail>,
+    /// A compaction of its prefill departed from what a fresh run does (it kept a shared
+    /// prefix whole): its slots register under no compacted state until it is recomputed.
+    pub(crate) compacted_off_plan: bool,
     /// Teacher-forced output tokens, when the request gave them.
     pub(crate) forced_output_ids: Option<Vec<u32>>,
     pub(crate) return_full_logprobs: bool,

@@ -37,6 +37,7 @@
 //! ([`Scheduler::register_computed_blocks`]).
 
 mod admission;
+mod compacted_prefix;
 mod config;
 mod error;
 mod plan;
@@ -50,6 +51,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use starling_kv::{BlockHash, BlockId, KvCacheManager, KvError, SeqId};
 
 pub use admission::{AdmissionPolicy, Footprint};
+pub use compacted_prefix::{CompactedPrefix, CompactedPrefixes};
 pub use config::SchedulerConfig;
 pub use error::SchedulerError;
 pub use plan::{ScheduledSeq, StepPlan, StepStats};
@@ -75,6 +77,12 @@ pub struct Scheduler {
     uncached_tail_tokens: HashMap<SeqId, usize>,
     /// Per sequence, the stride its multi-token chunks never cross (see [`Self::align_chunks`]).
     chunk_stride_tokens: HashMap<SeqId, usize>,
+    /// Per compressing sequence, the compacted states its prefill passes through (see
+    /// `compacted_prefix`).
+    compacted_prefixes: HashMap<SeqId, CompactedPrefixes>,
+    /// Per sequence that reached or started from a compacted state, the chain of its slots it
+    /// registers under instead of its dense chain (until preempted).
+    slot_chains: HashMap<SeqId, Vec<BlockHash>>,
     num_preemptions: u64,
 }
 
@@ -104,6 +112,8 @@ impl Scheduler {
             block_hashes: HashMap::new(),
             uncached_tail_tokens: HashMap::new(),
             chunk_stride_tokens: HashMap::new(),
+            compacted_prefixes: HashMap::new(),
+            slot_chains: HashMap::new(),
             num_preemptions: 0,
         })
     }
@@ -371,11 +381,20 @@ impl Scheduler {
         if seq.status != SeqStatus::Running || !self.kv.prefix_caching_enabled() {
             return Ok(0);
         }
+        debug_assert!(self
+            .kv
+            .table(seq_id)
+            .is_none_or(|t| t.logical_len_tokens() == seq.num_computed_tokens));
+        // Its slots' chain once it reached or started from a compacted state, else its dense
+        // chain.
         let hashes = self
-            .block_hashes
+            .slot_chains
             .get(&seq_id)
+            .or_else(|| self.block_hashes.get(&seq_id))
             .map_or(&[][..], Vec::as_slice);
-        let full_blocks = seq.num_computed_tokens / self.kv.block_size_tokens();
+        // Every slot the table holds is written once its forward pass ran.
+        let physical = self.kv.table(seq_id).map_or(0, |t| t.physical_len_tokens());
+        let full_blocks = physical / self.kv.block_size_tokens();
         let written = &hashes[..hashes.len().min(full_blocks)];
         Ok(self.kv.register_full_blocks(seq_id, written)?)
     }
@@ -533,6 +552,8 @@ impl Scheduler {
         self.block_hashes.remove(&seq_id);
         self.uncached_tail_tokens.remove(&seq_id);
         self.chunk_stride_tokens.remove(&seq_id);
+        self.compacted_prefixes.remove(&seq_id);
+        self.slot_chains.remove(&seq_id);
         self.running.retain(|id| *id != seq_id);
         self.waiting.retain(|id| *id != seq_id);
         if self.kv.contains(seq_id) {

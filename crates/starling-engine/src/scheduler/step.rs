@@ -22,7 +22,9 @@
 //! A waiting sequence starts at its prefix-cache hit: the cached leading blocks
 //! go into its table as they are, `num_computed_tokens` starts after them, and
 //! only the uncached rest counts against the budget. The hit never covers the
-//! last known token (its logits must be computed), so at least one token runs.
+//! last known token (its logits must be computed), so at least one token runs. A
+//! compressing sequence may instead start from a cached *compacted* state of its prefill, when
+//! that stands for more tokens (see `compacted_prefix`).
 
 use starling_kv::{KvError, PrefixQuery, SeqId};
 
@@ -151,14 +153,43 @@ impl Scheduler {
             .get(&seq_id)
             .map_or(&[][..], Vec::as_slice);
         let tail = self.uncached_tail_tokens.get(&seq_id).copied().unwrap_or(1);
-        let mut reusable = num_known_tokens.saturating_sub(tail.max(1)) / bs;
-        if let Some(&stride) = self.chunk_stride_tokens.get(&seq_id) {
-            // Cached tokens only before the first aligned point (see `align_chunks`): the
-            // chunk ending there must run, for the compaction it makes due.
-            reusable = reusable.min((stride - 1) / bs);
+        let reusable_tokens = num_known_tokens.saturating_sub(tail.max(1));
+        let mut reusable = reusable_tokens / bs;
+        // Dense cached tokens only before the first point where the prompt compacts: the chunk
+        // ending there must run, for the compaction it makes due. The engine names the points
+        // of the policies it can cache compacted state for (`compacted_prefix`); for the others
+        // every aligned point may be one (see `align_chunks`).
+        match self.compacted_prefixes.get(&seq_id) {
+            Some(prefixes) => {
+                if let Some(point) = prefixes.first_point_tokens() {
+                    reusable = reusable.min((point - 1) / bs);
+                }
+            }
+            None => {
+                if let Some(&stride) = self.chunk_stride_tokens.get(&seq_id) {
+                    reusable = reusable.min((stride - 1) / bs);
+                }
+            }
         }
         let hashes = &hashes[..hashes.len().min(reusable)];
         let cached_tokens = self.kv.find_cached_prefix(hashes).num_tokens;
+        if let Some(hit) = self
+            .best_compacted_hit(seq_id, reusable_tokens)
+            .filter(|h| h.logical_tokens > cached_tokens)
+        {
+            let num_tokens = (num_known_tokens - hit.logical_tokens)
+                .min(budget_tokens)
+                .min(self.chunk_room_tokens(seq_id, hit.logical_tokens));
+            if num_tokens == 0
+                || !self.allocate_from_compacted(seq_id, &hit, num_known_tokens, num_tokens)
+            {
+                return None;
+            }
+            if let Some(seq) = self.seqs.get_mut(&seq_id) {
+                seq.num_computed_tokens = hit.logical_tokens;
+            }
+            return Some(num_tokens);
+        }
         let num_tokens = (num_known_tokens - cached_tokens)
             .min(budget_tokens)
             .min(self.chunk_room_tokens(seq_id, cached_tokens));
@@ -212,6 +243,8 @@ impl Scheduler {
         // A running sequence always holds a table, so this cannot fail.
         let freed = self.kv.free(victim);
         debug_assert!(freed.is_ok(), "preempting {victim}: {freed:?}");
+        // Recomputed from scratch: its slots are its dense tokens again.
+        self.slot_chains.remove(&victim);
         self.running.retain(|id| *id != victim);
         self.held.remove(&victim);
         self.waiting.push_front(victim);

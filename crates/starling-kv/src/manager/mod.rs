@@ -11,9 +11,11 @@ use crate::block_table::BlockTable;
 use crate::error::KvError;
 use crate::ids::{BlockId, SeqId};
 
+mod compacted;
 mod fork;
 mod prefix;
 
+pub use compacted::CompactedPrefixQuery;
 pub use prefix::{PrefixCacheStats, PrefixHit, PrefixQuery};
 
 /// How a [`KvCacheManager`] is set up.

@@ -310,7 +310,7 @@ impl KvCacheManager {
     }
 
     /// Leading blocks registered under the leading `block_hashes`.
-    fn cached_run(&self, block_hashes: &[BlockHash]) -> Vec<BlockId> {
+    pub(super) fn cached_run(&self, block_hashes: &[BlockHash]) -> Vec<BlockId> {
         if !self.prefix_caching {
             return Vec::new();
         }
