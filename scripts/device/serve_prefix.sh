@@ -36,6 +36,10 @@ for point in $POINTS; do
     case $arm in
       off) flags=(--no-enable-prefix-caching) ;;
       on) flags=(--enable-prefix-caching) ;;
+      # STAR-KV-shaped latents (random factors, 50% of the K/V bytes) in every layer.
+      on-latent) flags=(--enable-prefix-caching --synthetic-latent-share 0.5) ;;
+      on-latent-evict) flags=(--enable-prefix-caching --synthetic-latent-share 0.5
+                              --kv-compression '{"method":"keydiff","ratio":0.5}') ;;
       on-evict) flags=(--enable-prefix-caching --kv-compression '{"method":"keydiff","ratio":0.5}') ;;
       off-evict) flags=(--no-enable-prefix-caching --kv-compression '{"method":"keydiff","ratio":0.5}') ;;
       # A step budget above the prompts: their compressions come once the prompt is in, so a
