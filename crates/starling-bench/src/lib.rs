@@ -1,4 +1,4 @@
-//! The `starling bench serve` client: datasets, request drivers, vLLM-style serving metrics,
+//! The `starling bench serve` client and `starling bench campaign` ([`campaign`]): datasets, request drivers, vLLM-style serving metrics,
 //! server-side figures from `/metrics`, reports and plots; and the engine-free parts of
 //! `starling bench niah` ([`niah`]) and `starling bench quality` ([`quality`]).
 //!
@@ -7,6 +7,7 @@
 //! consecutive chunks, E2EL is the whole request; throughputs divide by the run's wall time.
 #![deny(missing_docs)]
 
+pub mod campaign;
 pub mod client;
 pub mod dataset;
 pub mod driver;

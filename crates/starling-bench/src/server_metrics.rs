@@ -83,6 +83,9 @@ pub struct Sampled {
     pub saturated_running_sum: f64,
     /// Samples with requests waiting.
     pub saturated_samples: u64,
+    /// Largest `vllm:kv_cache_usage_perc` (0–1): the KV peak of a server without Starling's
+    /// block gauges.
+    pub peak_kv_usage_perc: f64,
 }
 
 impl Sampled {
@@ -93,6 +96,9 @@ impl Sampled {
             .peak_kv_blocks
             .max(get(values, "starling:kv_blocks_used"));
         self.peak_running = self.peak_running.max(running);
+        self.peak_kv_usage_perc = self
+            .peak_kv_usage_perc
+            .max(get(values, "vllm:kv_cache_usage_perc"));
         if get(values, "vllm:num_requests_waiting") > 0.0 {
             self.saturated_running_sum += running;
             self.saturated_samples += 1;
@@ -137,7 +143,8 @@ pub fn figures(before: &MetricValues, after: &MetricValues, sampled: Sampled) ->
         peak_kv_usage_pct: if kv_blocks_total > 0.0 {
             100.0 * peak_kv_blocks / kv_blocks_total
         } else {
-            0.0
+            // vLLM exports only the usage gauge.
+            100.0 * sampled.peak_kv_usage_perc
         },
         preemptions: delta("vllm:num_preemptions_total"),
         saturated_running_mean: if sampled.saturated_samples > 0 {
@@ -250,5 +257,19 @@ mod tests {
         assert_eq!(f.saturated_running_mean, 7.0);
         assert_eq!(f.peak_running, 8.0);
         assert_eq!(f.peak_kv_blocks, 40.0);
+    }
+
+    #[test]
+    fn a_server_without_block_gauges_reports_its_sampled_usage_gauge() {
+        let mut s = Sampled::default();
+        for usage in [0.25, 0.75, 0.5] {
+            let values: MetricValues = [("vllm:kv_cache_usage_perc".to_owned(), usage)]
+                .into_iter()
+                .collect();
+            s.add(&values);
+        }
+        let f = figures(&MetricValues::new(), &MetricValues::new(), s);
+        assert_eq!(f.peak_kv_usage_pct, 75.0);
+        assert_eq!(f.kv_blocks_total, 0.0);
     }
 }

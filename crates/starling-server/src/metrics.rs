@@ -25,6 +25,13 @@ const E2E_BUCKETS_S: &[f64] = &[
     480.0, 960.0, 1920.0, 7680.0,
 ];
 
+/// vLLM's bucket bounds for `vllm:iteration_tokens_total`, tokens per engine step.
+const ITERATION_TOKENS_BUCKETS: &[f64] = &[
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+];
+/// Bucket bounds for `starling:decode_batch_size`: powers of two, as the CUDA-graph buckets.
+const DECODE_BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
+
 /// A cumulative Prometheus histogram.
 #[derive(Debug, Clone)]
 pub struct Histogram {
@@ -117,6 +124,10 @@ pub struct MetricsState {
     /// Wall time of each engine step (schedule, forward, sampling, compression), seconds: the
     /// server's own step cost, to set against the TPOT clients see.
     pub step_s: Histogram,
+    /// Tokens each step computed (prefill and decode), vLLM's `iteration_tokens_total`.
+    pub iteration_tokens: Histogram,
+    /// Sequences each decode step decoded (steps without a decode row are not observed).
+    pub decode_batch_size: Histogram,
     /// The server-wide token-eviction policy, as JSON.
     pub kv_compression: Option<serde_json::Value>,
     /// What the KV cache is (layout, bytes per token, blocks, longest context).
@@ -143,6 +154,8 @@ impl Default for MetricsState {
             itl_s: Histogram::new(ITL_BUCKETS_S),
             e2e_s: Histogram::new(E2E_BUCKETS_S),
             step_s: Histogram::new(ITL_BUCKETS_S),
+            iteration_tokens: Histogram::new(ITERATION_TOKENS_BUCKETS),
+            decode_batch_size: Histogram::new(DECODE_BATCH_BUCKETS),
             kv_compression: None,
             kv_cache: None,
         }
@@ -174,6 +187,14 @@ impl Metrics {
                 if step.num_decode_tokens == 1 {
                     state.decode_steps_batch1_total += 1;
                 }
+                state
+                    .decode_batch_size
+                    .observe(step.num_decode_tokens as f64);
+            }
+            if step.num_scheduled_tokens > 0 {
+                state
+                    .iteration_tokens
+                    .observe(step.num_scheduled_tokens as f64);
             }
             state.kv_blocks_used_max = state.kv_blocks_used_max.max(step.num_blocks_in_use);
         }
@@ -453,6 +474,18 @@ fn render_state(state: &MetricsState, model_name: &str) -> String {
         "Arrival to last token.",
         &labels,
     );
+    state.iteration_tokens.render(
+        &mut out,
+        "vllm:iteration_tokens_total",
+        "Histogram of number of tokens per engine_step.",
+        &labels,
+    );
+    state.decode_batch_size.render(
+        &mut out,
+        "starling:decode_batch_size",
+        "Sequences decoded per decode step.",
+        &labels,
+    );
     out
 }
 
@@ -670,6 +703,7 @@ mod tests {
         };
         let step = |decode, blocks| StepStats {
             num_decode_tokens: decode,
+            num_scheduled_tokens: decode + 5,
             num_blocks_in_use: blocks,
             ..StepStats::default()
         };
@@ -687,6 +721,20 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("starling:kv_blocks_used 6\n"), "{text}");
+        // The decode-batch histogram sees the two decode steps (1 and 3), the iteration one
+        // every step that ran tokens (5, 6 and 8).
+        for line in [
+            "starling:decode_batch_size_bucket{model_name=\"m\\\"x\",le=\"1\"} 1\n",
+            "starling:decode_batch_size_bucket{model_name=\"m\\\"x\",le=\"2\"} 1\n",
+            "starling:decode_batch_size_bucket{model_name=\"m\\\"x\",le=\"4\"} 2\n",
+            "starling:decode_batch_size_count{model_name=\"m\\\"x\"} 2\n",
+            "starling:decode_batch_size_sum{model_name=\"m\\\"x\"} 4\n",
+            "vllm:iteration_tokens_total_bucket{model_name=\"m\\\"x\",le=\"1\"} 0\n",
+            "vllm:iteration_tokens_total_bucket{model_name=\"m\\\"x\",le=\"8\"} 3\n",
+            "vllm:iteration_tokens_total_sum{model_name=\"m\\\"x\"} 19\n",
+        ] {
+            assert!(text.contains(line), "{line:?} missing from\n{text}");
+        }
         assert!(text.contains("starling:kv_blocks_used_max 7\n"), "{text}");
         assert!(
             text.contains("vllm:kv_cache_usage_perc{model_name=\"m\\\"x\"} 0.6\n"),

@@ -30,6 +30,10 @@ enum BenchCommand {
     Decode(crate::commands::bench_gpu::DecodeArgs),
     /// Serving benchmark against a running `starling serve` (vLLM benchmark_serving metrics).
     Serve(super::bench_serve::BenchServeArgs),
+    /// The serving campaigns (concurrency, context length, long generation, scheduler) against
+    /// several engines' server command lines (Starling's arms, vLLM) on the same KV memory:
+    /// boots each, runs the points, writes JSON, markdown and PNGs into a dated folder.
+    Campaign(super::bench_campaign::CampaignArgs),
     /// Needle in a haystack over context lengths × depths × KV-compression methods (Paul Graham
     /// essays, greedy): accuracy tables, heatmaps, KV bytes held.
     Niah(super::bench_niah::NiahArgs),
@@ -77,6 +81,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     match args.command {
         BenchCommand::Throughput(a) => throughput(a),
         BenchCommand::Serve(a) => super::bench_serve::run(a),
+        BenchCommand::Campaign(a) => super::bench_campaign::run(a),
         BenchCommand::Kernels(a) => crate::commands::bench_gpu::kernels(a),
         BenchCommand::Decode(a) => crate::commands::bench_gpu::decode(a),
         BenchCommand::Niah(a) => super::bench_niah::run(a),

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod bench_campaign;
 pub mod bench_eval;
 pub mod bench_gpu;
 pub mod bench_niah;
