@@ -644,7 +644,7 @@ impl World {
                 s.pending_fork = false;
                 s.tainted |= state.is_none();
                 s.resumable = state;
-                if keep_permille % 2 == 0 {
+                if keep_permille.is_multiple_of(2) {
                     // The engine resumes as the compaction finishes.
                     self.resume(seq);
                 }
