@@ -511,3 +511,35 @@ fn prompts_compacting_mid_prefill_reuse_the_compacted_state_as_the_dense_cache_r
         );
     }
 }
+
+#[test]
+fn compacted_states_under_memory_pressure_keep_the_books_and_finish_every_request() {
+    // The same 170-token prompts, all compressing, in pools small enough to preempt and to
+    // evict cached states: requests start from states, are preempted and recomputed (their
+    // dense chain again), fork shared state blocks, and every one still runs to its length;
+    // the tester checks the books at every step.
+    let trace = prefix_repetition(2, 6, 150, 20, 24, |p, s| (p + s) as usize);
+    let trace = Trace {
+        requests: trace
+            .requests
+            .into_iter()
+            .map(|r| compressed(r, keydiff(2)))
+            .collect(),
+    };
+    let (mut preempted, mut hit) = (false, false);
+    for blocks in [50, 60, 70, 90] {
+        let out = run(&mut engine(blocks, 64, true), &trace);
+        assert!(
+            out.requests.iter().all(|r| r.finish_reason == "length"),
+            "{blocks} blocks: {:?}",
+            out.requests
+                .iter()
+                .map(|r| &r.finish_reason)
+                .collect::<Vec<_>>()
+        );
+        preempted |= out.preemptions > 0;
+        hit |= out.prefix_cache_hit_tokens > 6 * 60;
+    }
+    assert!(preempted, "no pool was small enough to preempt");
+    assert!(hit, "no request started from a compacted state");
+}
