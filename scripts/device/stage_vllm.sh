@@ -3,7 +3,7 @@
 # scripts/device/vllm_campaign.sh and prints the device calls to make, back to back.
 #   .device/vllm/            the vLLM 0.26.0 wheel set (80 wheels, 343 MB; ../shared/tools/vllm/download.sh)
 #   .device/vparts/          the vllm wheel in pieces that fit one call beside the tree, + SHA256SUMS
-#   .device/vdeps/           the other 79 wheels (one call)
+#   .device/vdeps/{a,b}/     the other 79 wheels, in two halves (one call each)
 #   .device/qwen_tokenizer/  the Qwen2 tokenizer (scripts/device/make_tokenizer_qwen.sh)
 #   .device/sharegpt.json    800 chitchat conversations in ShareGPT form (the scheduler campaign)
 #   .device/starling         checked only: cargo build --release -p starling-cli, then strip it there
@@ -30,11 +30,18 @@ mkdir -p .device/vparts .device/vdeps
 split -b "$piece" -d -a 1 ".device/vllm/$WHEEL" .device/vparts/vllm.part
 echo "$WHEEL_SHA  $WHEEL" > .device/vparts/SHA256SUMS
 (cd .device/vparts && sha256sum vllm.part*) >> .device/vparts/SHA256SUMS
-for w in .device/vllm/*.whl; do
-  [ "$(basename "$w")" = "$WHEEL" ] || ln -f "$w" .device/vdeps/ 2>/dev/null || cp "$w" .device/vdeps/
+# The other wheels in two folders of about equal size (together they are over a call's room
+# beside the tree): largest first, each into the lighter folder.
+mkdir -p .device/vdeps/a .device/vdeps/b
+bytes_a=0; bytes_b=0
+while read -r size w; do
+  [ "${w##*/}" = "$WHEEL" ] && continue
+  if [ "$bytes_a" -le "$bytes_b" ]; then bin=a; bytes_a=$((bytes_a + size)); else bin=b; bytes_b=$((bytes_b + size)); fi
+  ln -f "$w" ".device/vdeps/$bin/" 2>/dev/null || cp "$w" ".device/vdeps/$bin/"
+done < <(find .device/vllm -maxdepth 1 -name '*.whl' -printf '%s %p\n' | sort -rn)
+for bytes in "$bytes_a" "$bytes_b"; do
+  [ $((bytes + tree_bytes)) -lt "$LIMIT_BYTES" ] || { echo "a dependency folder ($bytes bytes) does not fit one call"; exit 1; }
 done
-deps_bytes=$(cat .device/vdeps/*.whl | wc -c)
-[ $((deps_bytes + tree_bytes)) -lt "$LIMIT_BYTES" ] || { echo "the dependency wheels ($deps_bytes bytes) do not fit one call"; exit 1; }
 
 [ -s .device/qwen_tokenizer/tokenizer.json ] || bash scripts/device/make_tokenizer_qwen.sh
 
@@ -50,7 +57,7 @@ PY
 fi
 
 [ -x .device/starling ] || echo "NOTE: .device/starling is missing: cargo build --release -p starling-cli && cp target/release/starling .device/ && strip .device/starling"
-main_bytes=$(cat .device/starling .device/qwen_tokenizer/* .device/sharegpt.json .device/vparts/SHA256SUMS 2>/dev/null | wc -c)
+main_bytes=$({ cat .device/starling .device/qwen_tokenizer/* .device/sharegpt.json .device/vparts/SHA256SUMS 2>/dev/null || true; } | wc -c)
 [ $((main_bytes + tree_bytes)) -lt "$LIMIT_BYTES" ] || echo "WARNING: the last call carries $((main_bytes + tree_bytes)) bytes, over 64 MiB"
 
 n=$(find .device/vparts -name 'vllm.part*' | wc -l)
@@ -61,7 +68,9 @@ for p in .device/vparts/vllm.part*; do
   echo "  $i. carry [\"$p\"]  command: mkdir -p \$HOME/vw && cp $p \$HOME/vw/ && ls -l \$HOME/vw"
   i=$((i + 1))
 done
-echo "  $i. carry [\".device/vdeps\"]  command: mkdir -p \$HOME/vw && cp .device/vdeps/*.whl \$HOME/vw/ && ls \$HOME/vw | wc -l"
-i=$((i + 1))
+for half in a b; do
+  echo "  $i. carry [\".device/vdeps/$half\"]  command: mkdir -p \$HOME/vw && cp .device/vdeps/$half/*.whl \$HOME/vw/ && ls \$HOME/vw | wc -l"
+  i=$((i + 1))
+done
 echo "  $i. carry [\".device/starling\", \".device/qwen_tokenizer\", \".device/sharegpt.json\", \".device/vparts/SHA256SUMS\"]  command: bash scripts/device/vllm_campaign.sh   (timeout_s 600)"
-echo "($n pieces; expected device time: ~15 s per staging call, ~9.5 min for the last)"
+echo "($n pieces + 2 dependency calls; expected device time: ~15 s per staging call, 7-9.5 min for the last)"

@@ -24,9 +24,9 @@
 # prints these calls. Then, back to back (the machine is given back after 30 s idle):
 #   calls 1..N  carry [".device/vparts/vllm.partK"]   (one piece each, K = 0..N-1)
 #               command: mkdir -p $HOME/vw && cp .device/vparts/vllm.partK $HOME/vw/ && ls -l $HOME/vw
-#   call N+1    carry [".device/vdeps"]
-#               command: mkdir -p $HOME/vw && cp .device/vdeps/*.whl $HOME/vw/ && ls $HOME/vw | wc -l
-#   call N+2    carry [".device/starling", ".device/qwen_tokenizer", ".device/sharegpt.json", ".device/vparts/SHA256SUMS"]
+#   calls N+1, N+2  carry [".device/vdeps/a"], then [".device/vdeps/b"] (the 79 other wheels)
+#               command: mkdir -p $HOME/vw && cp .device/vdeps/a/*.whl $HOME/vw/ && ls $HOME/vw | wc -l  (b alike)
+#   call N+3    carry [".device/starling", ".device/qwen_tokenizer", ".device/sharegpt.json", ".device/vparts/SHA256SUMS"]
 #               command: bash scripts/device/vllm_campaign.sh
 # Results: $OUT/vllm_campaign.tgz (campaign.json, campaign.md, PNGs, every server's log) and
 # $OUT/campaign.md. Knobs: KV_MEM (0.75GiB), LIMIT (seconds for this call, 570), and the grids
