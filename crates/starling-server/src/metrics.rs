@@ -29,7 +29,7 @@ const E2E_BUCKETS_S: &[f64] = &[
 const ITERATION_TOKENS_BUCKETS: &[f64] = &[
     1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
 ];
-/// Bucket bounds for `starling:decode_batch_size`: powers of two, as the CUDA-graph buckets.
+/// Bucket bounds for `starling:decode_batch_sequences`: powers of two, as the CUDA-graph buckets.
 const DECODE_BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
 
 /// A cumulative Prometheus histogram.
@@ -286,6 +286,10 @@ fn render_state(state: &MetricsState, model_name: &str) -> String {
         prefix.hits_tokens.to_string(),
         &labels,
     );
+    let _ = writeln!(
+        out,
+        "# HELP vllm:request_success_total Finished requests, by finish reason.\n# TYPE vllm:request_success_total counter"
+    );
     for (reason, count) in [
         ("stop", state.finished_stop),
         ("length", state.finished_length),
@@ -482,7 +486,9 @@ fn render_state(state: &MetricsState, model_name: &str) -> String {
     );
     state.decode_batch_size.render(
         &mut out,
-        "starling:decode_batch_size",
+        // Not `starling:decode_batch_size`: its `_sum` would collide with the counter of that
+        // name (one sample name in two families, which Prometheus refuses and scrapers add up).
+        "starling:decode_batch_sequences",
         "Sequences decoded per decode step.",
         &labels,
     );
@@ -689,6 +695,57 @@ mod tests {
     }
 
     #[test]
+    fn every_sample_belongs_to_one_metric_family() {
+        let metrics = Metrics::default();
+        let stats = EngineStats {
+            num_running: 1,
+            num_waiting: 0,
+            kv_blocks_total: 4,
+            kv_blocks_free: 2,
+            num_preemptions: 0,
+            counters: Default::default(),
+            last_step: None,
+            prefix_cache: Default::default(),
+        };
+        metrics.record_step(
+            stats,
+            Some(StepStats {
+                num_decode_tokens: 2,
+                num_scheduled_tokens: 2,
+                ..StepStats::default()
+            }),
+        );
+        let text = metrics.render("m");
+        let mut families: std::collections::HashMap<&str, &str> = Default::default();
+        for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+            let mut parts = line["# TYPE ".len()..].split_whitespace();
+            let (name, kind) = (parts.next().unwrap(), parts.next().unwrap());
+            assert!(
+                families.insert(name, kind).is_none(),
+                "{name} declared twice"
+            );
+        }
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            let sample = line.split(['{', ' ']).next().unwrap();
+            let owners: Vec<&str> = families
+                .iter()
+                .filter(|(name, kind)| {
+                    **name == sample
+                        || (**kind == "histogram"
+                            && ["_bucket", "_sum", "_count"]
+                                .iter()
+                                .any(|suffix| sample.strip_suffix(suffix) == Some(**name)))
+                })
+                .map(|(name, _)| *name)
+                .collect();
+            assert_eq!(owners.len(), 1, "{sample}: families {owners:?}");
+        }
+    }
+
+    #[test]
     fn decode_batch_figures_count_only_decode_steps() {
         let metrics = Metrics::default();
         let stats = EngineStats {
@@ -724,11 +781,11 @@ mod tests {
         // The decode-batch histogram sees the two decode steps (1 and 3), the iteration one
         // every step that ran tokens (5, 6 and 8).
         for line in [
-            "starling:decode_batch_size_bucket{model_name=\"m\\\"x\",le=\"1\"} 1\n",
-            "starling:decode_batch_size_bucket{model_name=\"m\\\"x\",le=\"2\"} 1\n",
-            "starling:decode_batch_size_bucket{model_name=\"m\\\"x\",le=\"4\"} 2\n",
-            "starling:decode_batch_size_count{model_name=\"m\\\"x\"} 2\n",
-            "starling:decode_batch_size_sum{model_name=\"m\\\"x\"} 4\n",
+            "starling:decode_batch_sequences_bucket{model_name=\"m\\\"x\",le=\"1\"} 1\n",
+            "starling:decode_batch_sequences_bucket{model_name=\"m\\\"x\",le=\"2\"} 1\n",
+            "starling:decode_batch_sequences_bucket{model_name=\"m\\\"x\",le=\"4\"} 2\n",
+            "starling:decode_batch_sequences_count{model_name=\"m\\\"x\"} 2\n",
+            "starling:decode_batch_sequences_sum{model_name=\"m\\\"x\"} 4\n",
             "vllm:iteration_tokens_total_bucket{model_name=\"m\\\"x\",le=\"1\"} 0\n",
             "vllm:iteration_tokens_total_bucket{model_name=\"m\\\"x\",le=\"8\"} 3\n",
             "vllm:iteration_tokens_total_sum{model_name=\"m\\\"x\"} 19\n",

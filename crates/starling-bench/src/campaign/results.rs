@@ -68,7 +68,7 @@ pub struct PointRow {
     pub metrics: Option<BenchmarkMetrics>,
     /// Server-side figures from `/metrics` (zeros where the server exports no such series).
     pub server: Option<ServerFigures>,
-    /// `starling:decode_batch_size` over the run (Starling only).
+    /// `starling:decode_batch_sequences` over the run (Starling only).
     pub decode_batch: Option<HistogramSummary>,
     /// `vllm:iteration_tokens_total` over the run: tokens per engine step (both engines).
     pub iteration_tokens: Option<HistogramSummary>,

@@ -387,7 +387,7 @@ impl Runner<'_> {
             detail: first_error.map(|e| truncate(&e)),
             metrics: Some(outcome.metrics),
             server: Some(outcome.server),
-            decode_batch: histogram("starling:decode_batch_size"),
+            decode_batch: histogram("starling:decode_batch_sequences"),
             iteration_tokens,
             generated_tokens_per_step,
         }
