@@ -406,8 +406,13 @@ impl World {
     /// The hashes of `seq`'s full physical blocks as its slots are now: its
     /// dense tokens, or its state's chain.
     fn chain(&self, seq: SeqId) -> Vec<BlockHash> {
+        self.chain_at(seq, self.kv.table(seq).unwrap().physical_len_tokens())
+    }
+
+    /// The hashes of `seq`'s first `physical` slots' full blocks under its
+    /// state (dense tokens when none).
+    fn chain_at(&self, seq: SeqId, physical: usize) -> Vec<BlockHash> {
         let s = &self.seqs[&seq];
-        let physical = self.kv.table(seq).unwrap().physical_len_tokens();
         match &s.state {
             None => self.hasher.full_block_hashes(&s.tokens[..physical]),
             Some(st) => {
@@ -610,7 +615,7 @@ impl World {
                 let state = named.then(|| {
                     // What it keeps is a function of the tokens, the cut and the state before.
                     let logical = table.logical_len_tokens();
-                    let before = self.chain_before(seq, &table);
+                    let before = self.chain_at(seq, table.physical_len_tokens());
                     let fp = fingerprints(&s.tokens[..logical])
                         .last()
                         .copied()
@@ -661,24 +666,6 @@ impl World {
                 );
             }
             Err(e) => panic!("unexpected {e}"),
-        }
-    }
-
-    /// The chain of `seq`'s slots before a compaction (its table `table`).
-    fn chain_before(&self, seq: SeqId, table: &starling_kv::BlockTable) -> Vec<BlockHash> {
-        let s = &self.seqs[&seq];
-        let physical = table.physical_len_tokens();
-        match &s.state {
-            None => self
-                .hasher
-                .full_block_hashes(&s.tokens[..physical.min(s.tokens.len())]),
-            Some(st) => {
-                let mut chain = st.in_place.clone();
-                let after = &s.tokens[st.point..st.point + physical - st.kept];
-                self.hasher
-                    .extend_compacted_hashes(st.name, st.kept, after, &mut chain);
-                chain
-            }
         }
     }
 

@@ -153,30 +153,7 @@ impl KvCacheManager {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::block_hash::{BlockHasher, CacheIdentity, CacheIdentityParts};
-    use crate::layout::CacheLayout;
-    use crate::manager::KvCacheConfig;
-
-    const BS: usize = 4;
-
-    fn hasher() -> BlockHasher {
-        let layout = CacheLayout { layers: vec![] };
-        let id = CacheIdentity::new(&CacheIdentityParts {
-            model_identity: "compacted-test",
-            layout: &layout,
-            checkpoint_identity: None,
-        });
-        BlockHasher::new(id, BS).unwrap()
-    }
-
-    fn cached(num_blocks: usize) -> KvCacheManager {
-        KvCacheManager::with_config(KvCacheConfig {
-            num_blocks,
-            block_size_tokens: BS,
-            enable_prefix_caching: true,
-        })
-        .unwrap()
-    }
+    use crate::manager::prefix::tests::{cached, hasher};
 
     /// A's 12 dense tokens compacted to 5 slots, then 4 more tokens: the chain of its slots.
     fn compacted_chain(tokens: &[u32], after: &[u32]) -> Vec<BlockHash> {

@@ -373,7 +373,7 @@ pub(super) fn unregister_private(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::block_hash::{BlockHasher, CacheIdentity, CacheIdentityParts};
     use crate::layout::CacheLayout;
@@ -381,7 +381,7 @@ mod tests {
 
     const BS: usize = 4;
 
-    fn hasher() -> BlockHasher {
+    pub(in crate::manager) fn hasher() -> BlockHasher {
         let layout = CacheLayout { layers: vec![] };
         let id = CacheIdentity::new(&CacheIdentityParts {
             model_identity: "prefix-test",
@@ -391,7 +391,7 @@ mod tests {
         BlockHasher::new(id, BS).unwrap()
     }
 
-    fn cached(num_blocks: usize) -> KvCacheManager {
+    pub(in crate::manager) fn cached(num_blocks: usize) -> KvCacheManager {
         KvCacheManager::with_config(KvCacheConfig {
             num_blocks,
             block_size_tokens: BS,
