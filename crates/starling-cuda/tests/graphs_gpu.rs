@@ -7,7 +7,7 @@
 //! step also show that the replayed KV writes matched the eager ones (later steps read them).
 
 use starling_backend::{
-    Backend, BatchMeta, DecodeGraphConfig, DecodeGraphs, DecodeStep, SeqBatchMeta,
+    BackendCore, BatchMeta, DecodeGraphConfig, DecodeGraphs, DecodeStep, SeqBatchMeta,
 };
 use starling_cuda::{CudaBackend, CudaDecodeGraphs, CudaKvCache};
 use starling_kv::{KvCacheManager, SeqId};

@@ -3,7 +3,8 @@
 
 use starling_backend::cpu::CpuBackend;
 use starling_backend::{
-    AttentionDims, Backend, BatchMeta, HostTensor, KvCacheSpec, RopeSpec, RopeStyle,
+    AttentionDims, Backend, BackendCore, BatchMeta, HostTensor, KvCacheSpec, ModelOps, RopeSpec,
+    RopeStyle,
 };
 use starling_cuda::CudaBackend;
 use starling_kv::CacheDtype;

@@ -7,7 +7,7 @@ mod common;
 
 use common::{greedy, prompt, tiny_model};
 use starling_backend::cpu::CpuBackend;
-use starling_backend::{Backend, BatchMeta};
+use starling_backend::{BackendCore, BatchMeta};
 use starling_engine::sampling::SamplingParams;
 use starling_engine::Engine;
 use starling_kv::{KvCacheManager, SeqId};

@@ -8,7 +8,9 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use starling_backend::sampling::{RowSamplingParams, TokenFilter};
-use starling_backend::{AttentionDims, Backend, DecodeGraphConfig, DecodeStep};
+use starling_backend::{
+    AttentionDims, BackendCore, DecodeGraphConfig, DecodeStep, DeviceSampling, GraphCapture,
+};
 use starling_cuda::bench::{
     attention_meta, bench_attention, bench_kv_write, bench_latent_attention, bench_latent_write,
     copy_bandwidth_tb_s, fill_cache, LatentRanks,
