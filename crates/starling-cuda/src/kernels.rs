@@ -10,10 +10,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaFunction};
 
-use crate::geometry::{
-    latent_scores_rot_shared_bytes, latent_scores_shared_bytes, PREFILL_TILE_KEYS,
-    PREFILL_TILE_ROWS,
-};
+use crate::geometry::{latent_scores_rot_shared_bytes, latent_scores_shared_bytes};
 use crate::{CudaError, KernelCache};
 
 use crate::tiled_kernels::opt_in_shared_memory;
@@ -101,38 +98,8 @@ const ATTENTION_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// of shared memory at 128, so two blocks fit an SM; wider heads take the per-token kernel).
 const PREFILL_HEAD_DIMS: [usize; 2] = [64, 128];
 
-/// (K, V) tile pairs in the tiled prefill kernel's shared-memory ring (`STAGES_D64`,
-/// `STAGES_D128`): all but one load while one is computed. Head width 64 affords a third stage
-/// within the shared memory of two resident blocks.
-pub(crate) const fn prefill_stages(head_dim: usize) -> usize {
-    if head_dim <= 64 {
-        3
-    } else {
-        2
-    }
-}
-
-/// Dynamic shared memory of one tiled prefill block: the Q tile and the ring of K and V tiles
-/// (bf16).
-pub(crate) const fn prefill_shared_bytes(head_dim: usize) -> usize {
-    (PREFILL_TILE_ROWS + prefill_stages(head_dim) * 2 * PREFILL_TILE_KEYS) * head_dim * 2
-}
-
 /// Head widths the tensor-core decode kernel (`decode_attention.cu`) is instantiated for.
 const DECODE_MMA_HEAD_DIMS: [usize; 2] = [64, 128];
-/// Threads per block of the tensor-core decode kernel (`DM_THREADS`).
-pub(crate) const DECODE_MMA_THREADS: u32 = 128;
-/// Keys per K/V tile of the tensor-core decode kernel (`DM_BN`).
-const DECODE_MMA_TILE_KEYS: usize = 64;
-/// K/V tiles in the decode kernel's shared-memory ring (`DM_STAGES`): all but one are in flight
-/// while one is computed.
-const DECODE_MMA_STAGES: usize = 3;
-
-/// Dynamic shared memory of one tensor-core decode block: the ring of K and V tiles (bf16).
-pub(crate) const fn decode_mma_shared_bytes(head_dim: usize) -> usize {
-    DECODE_MMA_STAGES * 2 * DECODE_MMA_TILE_KEYS * head_dim * 2
-}
-
 /// Function names, each used once in [`kernel_modules`] and once in [`Kernels::load`].
 mod names {
 
@@ -587,7 +554,11 @@ impl Kernels {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::geometry::PREFILL_THREADS;
+    use crate::geometry::{
+        decode_mma_shared_bytes, prefill_shared_bytes, prefill_stages, DECODE_MMA_STAGES,
+        DECODE_MMA_THREADS, DECODE_MMA_TILE_KEYS, PREFILL_THREADS, PREFILL_TILE_KEYS,
+        PREFILL_TILE_ROWS,
+    };
 
     /// The value of `#define NAME value` in a kernel source.
     fn define(source: &str, name: &str) -> usize {
