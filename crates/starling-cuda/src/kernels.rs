@@ -32,11 +32,12 @@ macro_rules! kernel_source {
 }
 const OPS_SRC: &str = kernel_source!("../kernels/ops.cu", bf16_vec);
 const HEAD_NORM_SRC: &str = kernel_source!("../kernels/head_norm.cu", bf16_vec);
-const ATTENTION_SRC: &str = kernel_source!("../kernels/attention.cu", bf16_vec);
+const ATTENTION_SRC: &str = kernel_source!("../kernels/attention.cu", bf16_vec, decode_common);
 const KV_CACHE_SRC: &str = kernel_source!("../kernels/kv_cache.cu");
 const KEY_SCORES_SRC: &str = kernel_source!("../kernels/key_scores.cu", bf16_vec);
 const PREFILL_ATTENTION_SRC: &str = kernel_source!("../kernels/prefill_attention.cu", mma_common);
-const DECODE_ATTENTION_SRC: &str = kernel_source!("../kernels/decode_attention.cu", mma_common);
+const DECODE_ATTENTION_SRC: &str =
+    kernel_source!("../kernels/decode_attention.cu", mma_common, decode_common);
 const SAMPLING_SRC: &str = kernel_source!("../kernels/sampling.cu");
 const GEMV_SRC: &str = kernel_source!("../kernels/gemv.cu", bf16_vec);
 const LATENT_SRC: &str = kernel_source!("../kernels/latent.cu", mma_common, latent_common);
