@@ -2,7 +2,7 @@
 //! and which cache slots each sequence attends to.
 //!
 //! Built once per engine step by the runner from the KV manager's block tables, then handed to every
-//! layer (a device backend uploads it once per step through [`crate::Backend::prepare_batch`]).
+//! layer (a device backend uploads it once per step through [`crate::BackendCore::prepare_batch`]).
 
 use crate::BackendError;
 

@@ -6,19 +6,37 @@
 //! once per batch-size bucket, and replays it on later steps. A step it cannot replay (prefill,
 //! mixed, too large) comes back as `None` and the caller runs it eagerly.
 
-use crate::{Backend, BackendError, BatchMeta};
+use crate::{Backend, BackendCore, BackendError, BatchMeta};
 
 /// A model's forward pass up to the device logits of `meta.logits_rows`, as the backend replays
 /// it: `(backend, token_ids, meta, batch, caches) -> logits`. It must only issue backend ops
-/// (no host copies), and read the token ids through [`Backend::embedding_for_batch`].
+/// (no host copies), and read the token ids through [`crate::ModelOps::embedding_for_batch`].
 pub type DeviceForward<'f, B> = dyn FnMut(
         &B,
         &[u32],
         &BatchMeta,
-        &<B as Backend>::Batch,
-        &mut [<B as Backend>::KvCache],
-    ) -> Result<<B as Backend>::Tensor, BackendError>
+        &<B as BackendCore>::Batch,
+        &mut [<B as BackendCore>::KvCache],
+    ) -> Result<<B as BackendCore>::Tensor, BackendError>
     + 'f;
+
+/// Recorded decode steps ([`DecodeGraphs`]), for a backend that can replay a whole decode
+/// forward pass; the default runs every step eagerly, so a backend without graphs implements
+/// this trait with an empty body.
+pub trait GraphCapture: BackendCore {
+    /// Recorded decode steps for one model over caches of `config`'s geometry, where the backend
+    /// can replay them (see [`DecodeGraphs`]); `None` (the default) runs every step eagerly.
+    fn decode_graphs(
+        &self,
+        config: &DecodeGraphConfig,
+    ) -> Result<Option<Box<dyn DecodeGraphs<Self>>>, BackendError>
+    where
+        Self: Sized + Backend,
+    {
+        let _ = config;
+        Ok(None)
+    }
+}
 
 /// Limits that size the replay buffers once, when the graphs are created.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,12 +68,12 @@ pub struct DecodeStep<'a> {
 }
 
 /// Recorded decode steps of one model over one set of caches. Created by
-/// [`Backend::decode_graphs`]; owned by the caller, which must always pass the same model's
+/// [`GraphCapture::decode_graphs`]; owned by the caller, which must always pass the same model's
 /// forward pass (a recording holds that model's weights).
 pub trait DecodeGraphs<B: Backend>: Send {
     /// Runs `step` by replaying a recording of `forward` (recording it first when its bucket has
     /// none) and returns the logits `[meta.logits_rows.len(), vocab]` in f32, in backend memory
-    /// (for [`Backend::sample_rows`]), or `None` when the
+    /// (for [`crate::DeviceSampling::sample_rows`]), or `None` when the
     /// step cannot be replayed and must run eagerly (not every sequence decodes one token, the
     /// batch is larger than the largest bucket, or recording failed earlier for its bucket).
     fn run(

@@ -1,7 +1,9 @@
-//! Compute backends behind one op-level trait ([`Backend`]); models are written once against it.
+//! Compute backends behind a few op-level traits, united in [`Backend`]; models are written once
+//! against them.
 //!
 //! The CPU backend ([`cpu::CpuBackend`]) is the f32 reference every accelerated kernel is tested
-//! against; [`sampling`] is the reference of the token-sampling op.
+//! against; [`sampling`] is the reference of the token-sampling op. [`prelude`] brings every
+//! op trait into scope, for code that calls ops on a concrete backend type.
 #![deny(missing_docs)]
 
 mod backend;
@@ -13,10 +15,16 @@ mod host_tensor;
 pub mod sampling;
 
 pub use backend::{
-    AttentionDims, Backend, HeadSpan, KeyScoreKind, KvCacheSpec, KvRows, LatentFactors, RopeSpec,
-    RopeStyle, WindowScoreSpec,
+    AttentionDims, Backend, BackendCore, DeviceSampling, HeadSpan, KeyScoreKind, KvCacheOps,
+    KvCacheSpec, KvRows, LatentFactors, ModelOps, RopeSpec, RopeStyle, WindowScoreSpec,
 };
 pub use batch::{BatchMeta, SeqBatchMeta};
 pub use error::BackendError;
-pub use graphs::{DecodeGraphConfig, DecodeGraphs, DecodeStep, DeviceForward};
+pub use graphs::{DecodeGraphConfig, DecodeGraphs, DecodeStep, DeviceForward, GraphCapture};
 pub use host_tensor::HostTensor;
+
+/// The op traits, for calling ops on a concrete backend (`CpuBackend`, `CudaBackend`): generic
+/// code bounded by [`Backend`] sees every op without imports.
+pub mod prelude {
+    pub use crate::{Backend, BackendCore, DeviceSampling, GraphCapture, KvCacheOps, ModelOps};
+}

@@ -5,7 +5,7 @@ use std::path::Path;
 
 mod common;
 
-use common::{assert_clean_failure, starling, stderr};
+use common::{assert_clean_failure, starling, stderr, synthetic_on_cpu};
 
 #[test]
 fn generate_continues_the_capital_of_france_with_paris() {
@@ -109,22 +109,19 @@ fn over_long_prompts_and_bad_parameters_fail_cleanly() {
 
 #[test]
 fn synthetic_load_format_builds_a_preset_and_refuses_unknown_presets() {
-    let out = starling(&[
+    let out = synthetic_on_cpu(
         "generate",
-        "--device",
-        "cpu",
-        "--load-format",
-        "synthetic",
-        "--model",
         "smollm2-135m",
-        "--prompt",
-        "hello",
-        "--max-tokens",
-        "3",
-        "--temperature",
-        "0",
-        "--ignore-eos",
-    ]);
+        &[
+            "--prompt",
+            "hello",
+            "--max-tokens",
+            "3",
+            "--temperature",
+            "0",
+            "--ignore-eos",
+        ],
+    );
     assert!(out.status.success(), "stderr: {}", stderr(&out));
     assert!(
         stderr(&out).contains("3 generated"),

@@ -7,7 +7,7 @@ use std::process::Output;
 
 mod common;
 
-use common::{assert_clean_failure, starling, starling_with_env, stderr, stdout};
+use common::{assert_clean_failure, starling, starling_with_env, stderr, stdout, synthetic_on_cpu};
 
 /// One row of the demo's summary table.
 #[derive(Debug)]
@@ -135,17 +135,7 @@ fn demo_runs_three_arms_on_one_budget_and_calibrates_star_kv_once() {
 
 #[test]
 fn demo_on_a_synthetic_preset_runs_random_latents_and_refuses_kv_compression() {
-    let out = starling(&[
-        "demo",
-        "--device",
-        "cpu",
-        "--load-format",
-        "synthetic",
-        "--model",
-        "smollm2-135m",
-        "--max-tokens",
-        "2",
-    ]);
+    let out = synthetic_on_cpu("demo", "smollm2-135m", &["--max-tokens", "2"]);
     let text = stdout(&out);
     assert!(out.status.success(), "stderr: {}", stderr(&out));
     // Share 0.5 of SmolLM2's 3 × 64: key rank 32 per head, value rank 96, in all 30 layers.

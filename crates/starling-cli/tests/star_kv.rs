@@ -8,7 +8,7 @@ use std::process::Output;
 
 mod common;
 
-use common::{assert_clean_failure, starling, stderr, stdout};
+use common::{assert_clean_failure, starling, stderr, stdout, synthetic_on_cpu};
 
 /// The Paul Graham essay set's digest (`starling-hub`'s `EssaySource::paul_graham`).
 const ESSAYS_SHA256: &str = "425faac798858e4240d7f4be9b3440b658e805b1289e0bdae72b83a4a1bcdfde";
@@ -310,20 +310,17 @@ fn calibrate_with_distillation_records_the_steps_and_meets_the_budget() {
 
 #[test]
 fn info_on_a_synthetic_preset_prints_every_profile_from_the_budget() {
-    let out = starling(&[
+    let out = synthetic_on_cpu(
         "info",
-        "--device",
-        "cpu",
-        "--load-format",
-        "synthetic",
-        "--model",
         "llama2-7b",
-        "--kv-cache-memory",
-        "8GiB",
-        "--max-model-len",
-        "4096",
-        "--star-kv-budget",
-    ]);
+        &[
+            "--kv-cache-memory",
+            "8GiB",
+            "--max-model-len",
+            "4096",
+            "--star-kv-budget",
+        ],
+    );
     let text = stdout(&out);
     assert!(out.status.success(), "stderr: {}", stderr(&out));
     // Llama 2 7B: 32 layers × 2 × 4096 elements; conservative keeps 92% of them (f32: 942.08

@@ -8,25 +8,22 @@ use std::process::{Child, Command, Stdio};
 
 mod common;
 
-use common::{assert_clean_failure, starling, stderr, stdout};
+use common::{assert_clean_failure, starling, stderr, stdout, synthetic_on_cpu};
 
 #[test]
 fn info_sizes_llama2_7b_at_half_its_kv_elements_to_twice_the_blocks() {
-    let out = starling(&[
+    let out = synthetic_on_cpu(
         "info",
-        "--device",
-        "cpu",
-        "--load-format",
-        "synthetic",
-        "--model",
         "llama2-7b",
-        "--synthetic-latent-share",
-        "0.5",
-        "--kv-cache-memory",
-        "8GiB",
-        "--max-model-len",
-        "4096",
-    ]);
+        &[
+            "--synthetic-latent-share",
+            "0.5",
+            "--kv-cache-memory",
+            "8GiB",
+            "--max-model-len",
+            "4096",
+        ],
+    );
     let text = stdout(&out);
     assert!(out.status.success(), "stderr: {}", stderr(&out));
     // f32: full K/V 32 × 2 × 4096 × 4 = 1 MiB per token → 512 blocks of 16 in 8 GiB. The 50%

@@ -8,7 +8,8 @@
 // online softmax per head. Warps are merged in shared memory; with several splits
 // (flash-decoding, for long contexts at small batch) each split writes an unnormalised partial
 // and attention_combine_bf16 merges them.
-// The host prepends pdl.cuh and bf16_vec.cuh (bf16, unpack8).
+// The host prepends pdl.cuh, bf16_vec.cuh (bf16, unpack8) and decode_common.cuh (the parameter
+// list and split-plan read shared with decode_attention.cu).
 
 #define WARPS 4
 // NVRTC has no math.h: -inf by its bit pattern.
@@ -27,27 +28,9 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 
 template <int D, int MAX_GROUP>
-__device__ void paged_attention_impl(
-    bf16* __restrict__ out,               // [T, Hq*D] (splits == 1)
-    float* __restrict__ part_acc,         // [T, Hq, splits, D] (splits > 1)
-    float* __restrict__ part_ml,          // [T, Hq, splits, 2]
-    const bf16* __restrict__ qkv, int qkv_width,
-    const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
-    const unsigned* __restrict__ rows,         // the query token of each blockIdx.x
-    const unsigned* __restrict__ tok_seq,      // sequence of each query token
-    const unsigned* __restrict__ tok_visible,  // context positions each query token sees
-    const unsigned* __restrict__ block_tables, int max_blocks, int block_size,
-    int num_kv_heads, int group, float scale, int splits, int split_len,
-    const unsigned* __restrict__ plan) {  // null, or {splits, split_len} on the device
+__device__ void paged_attention_impl(DECODE_ATTENTION_PARAMS) {
     constexpr int LPR = D / 8;       // lanes per row
-    // A replayed decode step (CUDA graph) launches the bucket's largest split count and reads
-    // this step's plan here; the splits it does not use leave at once (whole blocks, before any
-    // barrier). Eager launches pass the plan by value and a null pointer.
-    if (plan != nullptr) {
-        splits = (int)plan[0];
-        split_len = (int)plan[1];
-        if ((int)blockIdx.z >= splits) return;
-    }
+    if (!decode_split_in_plan(plan, splits, split_len)) return;
     constexpr int RPW = 32 / LPR;    // rows per warp pass
     const int t = (int)rows[blockIdx.x], kvh = blockIdx.y, split = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

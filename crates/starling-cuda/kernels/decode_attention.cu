@@ -20,8 +20,9 @@
 // [split * split_len, +split_len) and writes an unnormalised partial in natural-log units that
 // attention_combine_bf16 (attention.cu) merges.
 //
-// The helpers (cp.async, ldmatrix, mma.sync, swizzle, tile copies) are in mma_common.cuh, which
-// the host prepends to this source.
+// The helpers (cp.async, ldmatrix, mma.sync, swizzle, tile copies) are in mma_common.cuh, the
+// parameter list and the split-plan read shared with attention.cu in decode_common.cuh; the host
+// prepends both to this source.
 
 #define DM_THREADS 128   // 4 warps
 #define DM_WARPS 4
@@ -30,25 +31,8 @@
 #define DM_MAX_GROUP 8   // query heads per KV head: rows 0..7 of the 16-row fragment
 
 template <int D>
-__device__ void decode_attention_mma_impl(
-    bf16* __restrict__ out,               // [T, Hq*D] (splits == 1)
-    float* __restrict__ part_acc,         // [T, Hq, splits, D] (splits > 1)
-    float* __restrict__ part_ml,          // [T, Hq, splits, 2]
-    const bf16* __restrict__ qkv, int qkv_width,
-    const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
-    const unsigned* __restrict__ rows,         // the query token of each blockIdx.x
-    const unsigned* __restrict__ tok_seq,      // sequence of each query token
-    const unsigned* __restrict__ tok_visible,  // context positions each query token sees
-    const unsigned* __restrict__ block_tables, int max_blocks, int block_size,
-    int num_kv_heads, int group, float scale, int splits, int split_len,
-    const unsigned* __restrict__ plan) {  // null, or {splits, split_len} on the device
-    // A replayed decode step (CUDA graph) launches the bucket's largest split count and reads
-    // this step's plan here; unused splits leave at once (whole blocks, before any barrier).
-    if (plan != nullptr) {
-        splits = (int)plan[0];
-        split_len = (int)plan[1];
-        if ((int)blockIdx.z >= splits) return;
-    }
+__device__ void decode_attention_mma_impl(DECODE_ATTENTION_PARAMS) {
+    if (!decode_split_in_plan(plan, splits, split_len)) return;
     constexpr int KS = D / 16;      // k-steps of S over the head dim
     constexpr int DT = D / 8;       // 8-wide column tiles of O
     constexpr int TILE = DM_BN * D; // bf16 elements of one K or V tile

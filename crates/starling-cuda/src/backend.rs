@@ -9,8 +9,9 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig
 use half::bf16;
 use starling_backend::sampling::{RowOutcome, RowSamplingParams};
 use starling_backend::{
-    AttentionDims, Backend, BackendError, BatchMeta, DecodeGraphConfig, DecodeGraphs, HeadSpan,
-    HostTensor, KeyScoreKind, KvCacheSpec, KvRows, LatentFactors, RopeSpec, WindowScoreSpec,
+    AttentionDims, BackendCore, BackendError, BatchMeta, DecodeGraphConfig, DecodeGraphs,
+    DeviceSampling, GraphCapture, HeadSpan, HostTensor, KeyScoreKind, KvCacheOps, KvCacheSpec,
+    KvRows, LatentFactors, ModelOps, RopeSpec, WindowScoreSpec,
 };
 use starling_kv::CacheDtype;
 
@@ -248,9 +249,11 @@ impl CudaBackend {
     }
 }
 
-impl Backend for CudaBackend {
+impl BackendCore for CudaBackend {
     type Tensor = CudaTensor;
+
     type KvCache = CudaKvCache;
+
     type Batch = CudaBatch;
 
     fn name(&self) -> String {
@@ -286,22 +289,6 @@ impl Backend for CudaBackend {
         self.to_host_impl(t)
     }
 
-    fn sample_rows(
-        &self,
-        logits: &CudaTensor,
-        rows: &[RowSamplingParams],
-    ) -> Result<Vec<RowOutcome>, BackendError> {
-        self.sample_rows_impl(logits, rows).map_err(err)
-    }
-
-    fn logits_rows_to_host(
-        &self,
-        logits: &CudaTensor,
-        rows: &[u32],
-    ) -> Result<HostTensor, BackendError> {
-        self.logits_rows_to_host_impl(logits, rows).map_err(err)
-    }
-
     fn alloc_kv_cache(&self, spec: &KvCacheSpec) -> Result<CudaKvCache, BackendError> {
         self.alloc_kv_cache_impl(spec).map_err(err)
     }
@@ -314,7 +301,9 @@ impl Backend for CudaBackend {
         meta.validate(num_cache_blocks)?;
         CudaBatch::upload(&self.stream, meta).map_err(err)
     }
+}
 
+impl ModelOps for CudaBackend {
     fn embedding(&self, table: &CudaTensor, ids: &[u32]) -> Result<CudaTensor, BackendError> {
         self.embedding_impl(table, ids)
     }
@@ -326,13 +315,6 @@ impl Backend for CudaBackend {
         batch: &CudaBatch,
     ) -> Result<CudaTensor, BackendError> {
         self.embedding_for_batch_impl(table, ids, batch)
-    }
-
-    fn decode_graphs(
-        &self,
-        config: &DecodeGraphConfig,
-    ) -> Result<Option<Box<dyn DecodeGraphs<Self>>>, BackendError> {
-        Ok(Some(Box::new(CudaDecodeGraphs::new(config).map_err(err)?)))
     }
 
     fn linear(
@@ -407,6 +389,16 @@ impl Backend for CudaBackend {
         self.rope_qk_impl(qkv, dims, rope, batch)
     }
 
+    fn write_kv(
+        &self,
+        cache: &mut CudaKvCache,
+        qkv: &CudaTensor,
+        dims: &AttentionDims,
+        batch: &CudaBatch,
+    ) -> Result<(), BackendError> {
+        self.write_kv_impl(cache, qkv, dims, batch)
+    }
+
     fn rope_qk_write_kv(
         &self,
         qkv: &mut CudaTensor,
@@ -416,16 +408,6 @@ impl Backend for CudaBackend {
         batch: &CudaBatch,
     ) -> Result<(), BackendError> {
         self.rope_qk_write_kv_impl(qkv, cache, dims, rope, batch)
-    }
-
-    fn write_kv(
-        &self,
-        cache: &mut CudaKvCache,
-        qkv: &CudaTensor,
-        dims: &AttentionDims,
-        batch: &CudaBatch,
-    ) -> Result<(), BackendError> {
-        self.write_kv_impl(cache, qkv, dims, batch)
     }
 
     fn paged_attention(
@@ -462,29 +444,37 @@ impl Backend for CudaBackend {
         self.latent_attention_impl(qkv, cache, factors, dims, rope, batch)
             .map_err(err)
     }
+}
 
-    fn reconstruct_kv(
+impl KvCacheOps for CudaBackend {
+    fn copy_kv_blocks(
         &self,
-        latent: &CudaKvCache,
-        factors: &LatentFactors<'_, CudaTensor>,
-        dims: &AttentionDims,
-        rope: &RopeSpec,
-        block_table: &[u32],
-        len_tokens: usize,
-        dense: &mut CudaKvCache,
-        dense_table: &[u32],
+        cache: &mut CudaKvCache,
+        pairs: &[(u32, u32)],
     ) -> Result<(), BackendError> {
-        self.reconstruct_kv_impl(
-            latent,
-            factors,
-            dims,
-            rope,
-            block_table,
-            len_tokens,
-            dense,
-            dense_table,
-        )
-        .map_err(err)
+        self.copy_kv_blocks_impl(cache, pairs).map_err(err)
+    }
+
+    fn gather_kv(
+        &self,
+        cache: &CudaKvCache,
+        block_table: &[u32],
+        block_size_tokens: usize,
+        len_tokens: usize,
+    ) -> Result<KvRows<CudaTensor>, BackendError> {
+        self.gather_kv_impl(cache, block_table, block_size_tokens, len_tokens)
+            .map_err(err)
+    }
+
+    fn scatter_kv(
+        &self,
+        cache: &mut CudaKvCache,
+        block_table: &[u32],
+        block_size_tokens: usize,
+        rows: &KvRows<CudaTensor>,
+    ) -> Result<(), BackendError> {
+        self.scatter_kv_impl(cache, block_table, block_size_tokens, rows)
+            .map_err(err)
     }
 
     fn compact_kv(
@@ -513,36 +503,6 @@ impl Backend for CudaBackend {
         len_tokens: usize,
     ) -> Result<HostTensor, BackendError> {
         self.read_keys_impl(cache, block_table, block_size_tokens, len_tokens)
-            .map_err(err)
-    }
-
-    fn copy_kv_blocks(
-        &self,
-        cache: &mut CudaKvCache,
-        pairs: &[(u32, u32)],
-    ) -> Result<(), BackendError> {
-        self.copy_kv_blocks_impl(cache, pairs).map_err(err)
-    }
-
-    fn gather_kv(
-        &self,
-        cache: &CudaKvCache,
-        block_table: &[u32],
-        block_size_tokens: usize,
-        len_tokens: usize,
-    ) -> Result<KvRows<CudaTensor>, BackendError> {
-        self.gather_kv_impl(cache, block_table, block_size_tokens, len_tokens)
-            .map_err(err)
-    }
-
-    fn scatter_kv(
-        &self,
-        cache: &mut CudaKvCache,
-        block_table: &[u32],
-        block_size_tokens: usize,
-        rows: &KvRows<CudaTensor>,
-    ) -> Result<(), BackendError> {
-        self.scatter_kv_impl(cache, block_table, block_size_tokens, rows)
             .map_err(err)
     }
 
@@ -576,5 +536,56 @@ impl Backend for CudaBackend {
             spec,
         )
         .map_err(err)
+    }
+
+    fn reconstruct_kv(
+        &self,
+        latent: &CudaKvCache,
+        factors: &LatentFactors<'_, CudaTensor>,
+        dims: &AttentionDims,
+        rope: &RopeSpec,
+        block_table: &[u32],
+        len_tokens: usize,
+        dense: &mut CudaKvCache,
+        dense_table: &[u32],
+    ) -> Result<(), BackendError> {
+        self.reconstruct_kv_impl(
+            latent,
+            factors,
+            dims,
+            rope,
+            block_table,
+            len_tokens,
+            dense,
+            dense_table,
+        )
+        .map_err(err)
+    }
+}
+
+impl DeviceSampling for CudaBackend {
+    fn sample_rows(
+        &self,
+        logits: &CudaTensor,
+        rows: &[RowSamplingParams],
+    ) -> Result<Vec<RowOutcome>, BackendError> {
+        self.sample_rows_impl(logits, rows).map_err(err)
+    }
+
+    fn logits_rows_to_host(
+        &self,
+        logits: &CudaTensor,
+        rows: &[u32],
+    ) -> Result<HostTensor, BackendError> {
+        self.logits_rows_to_host_impl(logits, rows).map_err(err)
+    }
+}
+
+impl GraphCapture for CudaBackend {
+    fn decode_graphs(
+        &self,
+        config: &DecodeGraphConfig,
+    ) -> Result<Option<Box<dyn DecodeGraphs<Self>>>, BackendError> {
+        Ok(Some(Box::new(CudaDecodeGraphs::new(config).map_err(err)?)))
     }
 }

@@ -16,6 +16,38 @@ pub(crate) const PREFILL_THREADS: u32 = 128;
 /// bound and 96 KiB of shared memory at head_dim 128 allow two).
 pub(crate) const PREFILL_RESIDENT_PER_SM: usize = 2;
 
+/// (K, V) tile pairs in the tiled prefill kernel's shared-memory ring (`STAGES_D64`,
+/// `STAGES_D128`): all but one load while one is computed. Head width 64 affords a third stage
+/// within the shared memory of two resident blocks.
+pub(crate) const fn prefill_stages(head_dim: usize) -> usize {
+    if head_dim <= 64 {
+        3
+    } else {
+        2
+    }
+}
+
+/// Dynamic shared memory of one tiled prefill block: the Q tile and the ring of K and V tiles
+/// (bf16).
+pub(crate) const fn prefill_shared_bytes(head_dim: usize) -> usize {
+    (PREFILL_TILE_ROWS + prefill_stages(head_dim) * 2 * PREFILL_TILE_KEYS) * head_dim * 2
+}
+
+// Tensor-core decode attention (`decode_attention.cu`).
+
+/// Threads per block of the tensor-core decode kernel (`DM_THREADS`).
+pub(crate) const DECODE_MMA_THREADS: u32 = 128;
+/// Keys per K/V tile of the tensor-core decode kernel (`DM_BN`).
+pub(crate) const DECODE_MMA_TILE_KEYS: usize = 64;
+/// K/V tiles in the decode kernel's shared-memory ring (`DM_STAGES`): all but one are in flight
+/// while one is computed.
+pub(crate) const DECODE_MMA_STAGES: usize = 3;
+
+/// Dynamic shared memory of one tensor-core decode block: the ring of K and V tiles (bf16).
+pub(crate) const fn decode_mma_shared_bytes(head_dim: usize) -> usize {
+    DECODE_MMA_STAGES * 2 * DECODE_MMA_TILE_KEYS * head_dim * 2
+}
+
 // Key scores (`key_scores.cu`).
 
 /// Threads per CUDA block: `WARPS * 32` in key_scores.cu.

@@ -10,10 +10,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaFunction};
 
-use crate::geometry::{
-    latent_scores_rot_shared_bytes, latent_scores_shared_bytes, PREFILL_TILE_KEYS,
-    PREFILL_TILE_ROWS,
-};
+use crate::geometry::{latent_scores_rot_shared_bytes, latent_scores_shared_bytes};
 use crate::{CudaError, KernelCache};
 
 use crate::tiled_kernels::opt_in_shared_memory;
@@ -35,11 +32,12 @@ macro_rules! kernel_source {
 }
 const OPS_SRC: &str = kernel_source!("../kernels/ops.cu", bf16_vec);
 const HEAD_NORM_SRC: &str = kernel_source!("../kernels/head_norm.cu", bf16_vec);
-const ATTENTION_SRC: &str = kernel_source!("../kernels/attention.cu", bf16_vec);
+const ATTENTION_SRC: &str = kernel_source!("../kernels/attention.cu", bf16_vec, decode_common);
 const KV_CACHE_SRC: &str = kernel_source!("../kernels/kv_cache.cu");
 const KEY_SCORES_SRC: &str = kernel_source!("../kernels/key_scores.cu", bf16_vec);
 const PREFILL_ATTENTION_SRC: &str = kernel_source!("../kernels/prefill_attention.cu", mma_common);
-const DECODE_ATTENTION_SRC: &str = kernel_source!("../kernels/decode_attention.cu", mma_common);
+const DECODE_ATTENTION_SRC: &str =
+    kernel_source!("../kernels/decode_attention.cu", mma_common, decode_common);
 const SAMPLING_SRC: &str = kernel_source!("../kernels/sampling.cu");
 const GEMV_SRC: &str = kernel_source!("../kernels/gemv.cu", bf16_vec);
 const LATENT_SRC: &str = kernel_source!("../kernels/latent.cu", mma_common, latent_common);
@@ -101,38 +99,8 @@ const ATTENTION_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// of shared memory at 128, so two blocks fit an SM; wider heads take the per-token kernel).
 const PREFILL_HEAD_DIMS: [usize; 2] = [64, 128];
 
-/// (K, V) tile pairs in the tiled prefill kernel's shared-memory ring (`STAGES_D64`,
-/// `STAGES_D128`): all but one load while one is computed. Head width 64 affords a third stage
-/// within the shared memory of two resident blocks.
-pub(crate) const fn prefill_stages(head_dim: usize) -> usize {
-    if head_dim <= 64 {
-        3
-    } else {
-        2
-    }
-}
-
-/// Dynamic shared memory of one tiled prefill block: the Q tile and the ring of K and V tiles
-/// (bf16).
-pub(crate) const fn prefill_shared_bytes(head_dim: usize) -> usize {
-    (PREFILL_TILE_ROWS + prefill_stages(head_dim) * 2 * PREFILL_TILE_KEYS) * head_dim * 2
-}
-
 /// Head widths the tensor-core decode kernel (`decode_attention.cu`) is instantiated for.
 const DECODE_MMA_HEAD_DIMS: [usize; 2] = [64, 128];
-/// Threads per block of the tensor-core decode kernel (`DM_THREADS`).
-pub(crate) const DECODE_MMA_THREADS: u32 = 128;
-/// Keys per K/V tile of the tensor-core decode kernel (`DM_BN`).
-const DECODE_MMA_TILE_KEYS: usize = 64;
-/// K/V tiles in the decode kernel's shared-memory ring (`DM_STAGES`): all but one are in flight
-/// while one is computed.
-const DECODE_MMA_STAGES: usize = 3;
-
-/// Dynamic shared memory of one tensor-core decode block: the ring of K and V tiles (bf16).
-pub(crate) const fn decode_mma_shared_bytes(head_dim: usize) -> usize {
-    DECODE_MMA_STAGES * 2 * DECODE_MMA_TILE_KEYS * head_dim * 2
-}
-
 /// Function names, each used once in [`kernel_modules`] and once in [`Kernels::load`].
 mod names {
 
@@ -587,7 +555,11 @@ impl Kernels {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::geometry::PREFILL_THREADS;
+    use crate::geometry::{
+        decode_mma_shared_bytes, prefill_shared_bytes, prefill_stages, DECODE_MMA_STAGES,
+        DECODE_MMA_THREADS, DECODE_MMA_TILE_KEYS, PREFILL_THREADS, PREFILL_TILE_KEYS,
+        PREFILL_TILE_ROWS,
+    };
 
     /// The value of `#define NAME value` in a kernel source.
     fn define(source: &str, name: &str) -> usize {

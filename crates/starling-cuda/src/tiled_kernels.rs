@@ -5,8 +5,9 @@
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::CudaFunction;
 
-use crate::geometry::PREFILL_THREADS;
-use crate::kernels::{decode_mma_shared_bytes, prefill_shared_bytes, DECODE_MMA_THREADS};
+use crate::geometry::{
+    decode_mma_shared_bytes, prefill_shared_bytes, DECODE_MMA_THREADS, PREFILL_THREADS,
+};
 
 /// The tensor-core decode kernel for one head width, with its launch needs on this device.
 pub(crate) struct DecodeMmaKernel {

@@ -7,12 +7,12 @@
 //! step also show that the replayed KV writes matched the eager ones (later steps read them).
 
 use starling_backend::{
-    Backend, BatchMeta, DecodeGraphConfig, DecodeGraphs, DecodeStep, SeqBatchMeta,
+    BackendCore, BatchMeta, DecodeGraphConfig, DecodeGraphs, DecodeStep, HostTensor, SeqBatchMeta,
 };
 use starling_cuda::{CudaBackend, CudaDecodeGraphs, CudaKvCache};
 use starling_kv::{KvCacheManager, SeqId};
-use starling_models::llama::{LatentRanks, LlamaModel};
-use starling_models::ModelConfig;
+use starling_models::llama::{ForwardOptions, LatentRanks, LlamaModel};
+use starling_models::{ModelConfig, ModelError};
 
 const BLOCK_TOKENS: usize = 16;
 
@@ -43,6 +43,19 @@ fn step_meta(kv: &KvCacheManager, seqs: &[(SeqId, usize, usize)]) -> BatchMeta {
         meta.logits_rows.push((query_start + new - 1) as u32);
     }
     meta
+}
+
+/// One eager forward pass of the step, its logits copied to the host.
+fn eager_logits(
+    model: &LlamaModel<CudaBackend>,
+    gpu: &CudaBackend,
+    ids: &[u32],
+    meta: &BatchMeta,
+    batch: &<CudaBackend as BackendCore>::Batch,
+    caches: &mut [CudaKvCache],
+) -> Result<HostTensor, ModelError> {
+    let logits = model.forward(gpu, ids, meta, batch, caches, ForwardOptions::default())?;
+    logits.to_host(gpu)
 }
 
 fn argmax(row: &[f32]) -> u32 {
@@ -88,11 +101,9 @@ fn replay_matches_eager_with(
         kv.allocate_slots(id, len).expect("prompt slots");
         let meta = step_meta(&kv, &[(id, 0, len)]);
         let prepared = gpu.prepare_batch(&meta, blocks).expect("batch");
-        let a = model
-            .forward(&gpu, &prompt, &meta, &prepared, &mut eager_caches)
+        let a = eager_logits(&model, &gpu, &prompt, &meta, &prepared, &mut eager_caches)
             .expect("prefill");
-        let b = model
-            .forward(&gpu, &prompt, &meta, &prepared, &mut graph_caches)
+        let b = eager_logits(&model, &gpu, &prompt, &meta, &prepared, &mut graph_caches)
             .expect("prefill");
         assert_eq!(a.data(), b.data(), "the two prefills differ");
         next.push(argmax(a.data()));
@@ -122,8 +133,7 @@ fn replay_matches_eager_with(
         }
         let meta = step_meta(&kv, &rows);
         let prepared = gpu.prepare_batch(&meta, blocks).expect("batch");
-        let eager = model
-            .forward(&gpu, &next, &meta, &prepared, &mut eager_caches)
+        let eager = eager_logits(&model, &gpu, &next, &meta, &prepared, &mut eager_caches)
             .expect("eager step");
         let replayed = graphs
             .run(

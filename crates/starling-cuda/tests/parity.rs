@@ -10,8 +10,8 @@ use rand::{seq::SliceRandom, Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use starling_backend::cpu::CpuBackend;
 use starling_backend::{
-    AttentionDims, Backend, BatchMeta, HostTensor, KeyScoreKind, KvCacheSpec, KvRows, RopeSpec,
-    RopeStyle, SeqBatchMeta,
+    AttentionDims, Backend, BackendCore, BatchMeta, HostTensor, KeyScoreKind, KvCacheOps,
+    KvCacheSpec, KvRows, ModelOps, RopeSpec, RopeStyle, SeqBatchMeta,
 };
 use starling_cuda::CudaBackend;
 use starling_kv::CacheDtype;
@@ -431,8 +431,8 @@ fn filled_caches(
     spec: &KvCacheSpec,
     rng: &mut ChaCha8Rng,
 ) -> (
-    <CpuBackend as Backend>::KvCache,
-    <CudaBackend as Backend>::KvCache,
+    <CpuBackend as BackendCore>::KvCache,
+    <CudaBackend as BackendCore>::KvCache,
 ) {
     let (heads, head_dim) = spec.full_heads().expect("a full layout");
     let dims = AttentionDims {
@@ -524,9 +524,9 @@ fn assert_same(name: &str, got: &HostTensor, want: &HostTensor) {
 fn assert_caches_equal(
     name: &str,
     gpu: &CudaBackend,
-    cache_g: &<CudaBackend as Backend>::KvCache,
+    cache_g: &<CudaBackend as BackendCore>::KvCache,
     cpu: &CpuBackend,
-    cache_c: &<CpuBackend as Backend>::KvCache,
+    cache_c: &<CpuBackend as BackendCore>::KvCache,
     spec: &KvCacheSpec,
 ) {
     let (kg, vg) = whole_cache(gpu, cache_g, spec);

@@ -7,9 +7,10 @@ mod common;
 
 use common::{greedy, prompt, tiny_model, BLOCK_TOKENS};
 use starling_backend::cpu::CpuBackend;
-use starling_backend::{Backend, BatchMeta};
+use starling_backend::{BackendCore, BatchMeta};
 use starling_engine::RequestOptions;
 use starling_kv::{KvCacheManager, SeqId};
+use starling_models::llama::ForwardOptions;
 
 #[test]
 fn long_prompt_through_the_engine_equals_one_direct_forward() {
@@ -38,7 +39,15 @@ fn long_prompt_through_the_engine_equals_one_direct_forward() {
     );
     let batch = backend.prepare_batch(&meta, blocks).unwrap();
     let direct = model
-        .forward(&backend, &ids, &meta, &batch, &mut caches)
+        .forward(
+            &backend,
+            &ids,
+            &meta,
+            &batch,
+            &mut caches,
+            ForwardOptions::default(),
+        )
+        .and_then(|logits| logits.to_host(&backend))
         .unwrap()
         .into_data();
 

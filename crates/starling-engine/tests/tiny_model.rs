@@ -7,11 +7,11 @@ mod common;
 
 use common::{greedy, prompt, tiny_model};
 use starling_backend::cpu::CpuBackend;
-use starling_backend::{Backend, BatchMeta};
+use starling_backend::{BackendCore, BatchMeta};
 use starling_engine::sampling::SamplingParams;
 use starling_engine::Engine;
 use starling_kv::{KvCacheManager, SeqId};
-use starling_models::llama::LlamaModel;
+use starling_models::llama::{ForwardOptions, LlamaModel};
 
 /// Runs `ids` through the model in chunks of the given sizes; returns the last chunk's logits
 /// for its final token.
@@ -40,7 +40,15 @@ fn prefill_in_chunks(model: &LlamaModel<CpuBackend>, ids: &[u32], chunks: &[usiz
         );
         let batch = backend.prepare_batch(&meta, 64).unwrap();
         last = model
-            .forward(&backend, &ids[done..done + n], &meta, &batch, &mut caches)
+            .forward(
+                &backend,
+                &ids[done..done + n],
+                &meta,
+                &batch,
+                &mut caches,
+                ForwardOptions::default(),
+            )
+            .and_then(|logits| logits.to_host(&backend))
             .unwrap()
             .into_data();
         done += n;

@@ -8,7 +8,7 @@
 use rand::{seq::SliceRandom, Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use starling_backend::cpu::{CpuBackend, CpuKvCache};
-use starling_backend::{AttentionDims, Backend, HostTensor, KeyScoreKind, KvCacheSpec};
+use starling_backend::{AttentionDims, HostTensor, KeyScoreKind, KvCacheOps, KvCacheSpec};
 use starling_evict::scorer::{KNorm, KeyDiff};
 use starling_evict::{split_heads, HeadKeys, ScoreInput, Scorer};
 use starling_kv::CacheDtype;

@@ -6,7 +6,10 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use starling_backend::cpu::CpuBackend;
-use starling_backend::{AttentionDims, Backend, BatchMeta, HostTensor, KvCacheSpec, SeqBatchMeta};
+use starling_backend::{
+    AttentionDims, BackendCore, BatchMeta, HostTensor, KvCacheOps, KvCacheSpec, ModelOps,
+    SeqBatchMeta,
+};
 use starling_evict::{
     scorer_for, select_keep, split_heads, CompressionConfig, HeadKeys, ScoreInput,
 };

@@ -36,131 +36,131 @@ fn budget() -> Budget {
     Budget::from_env(Duration::from_secs(DEFAULT_SECONDS))
 }
 
-fn verdict<E>(result: Result<(), E>) -> Verdict {
-    match result {
+/// Target `name`: its corpus, its past findings, mutations with `dictionary` up to `max_len`
+/// bytes.
+fn target(name: &str, dictionary: &[&[u8]], max_len: usize) -> Target {
+    Target::new(name, corpus(name))
+        .regressions(regressions(name))
+        .dictionary(dictionary)
+        .max_len(max_len)
+}
+
+/// Runs `target` with what `parse` accepts as accepted; at least one seed must parse.
+fn run_parser<E>(target: Target, parse: impl Fn(&[u8]) -> Result<(), E>) {
+    let report = target.run(budget(), |bytes| match parse(bytes) {
         Ok(()) => Verdict::Accepted,
         Err(_) => Verdict::Rejected,
-    }
+    });
+    assert!(report.accepted > 0, "no seed parses: {report}");
 }
 
 #[test]
 fn fuzz_gguf_header_metadata_and_tokenizer() {
-    let target = Target::new("gguf", corpus("gguf"))
-        .regressions(regressions("gguf"))
-        .dictionary(&[
-            b"GGUF",
-            b"general.architecture",
-            b"general.alignment",
-            b"llama.block_count",
-            b"llama.embedding_length",
-            b"llama.attention.head_count",
-            b"llama.attention.head_count_kv",
-            b"llama.rope.scaling.type",
-            b"llama.context_length",
-            b"tokenizer.ggml.tokens",
-            b"tokenizer.ggml.merges",
-            b"tokenizer.ggml.model",
-            b"tokenizer.chat_template",
-            b"token_embd.weight",
-            b"blk.0.attn_q.weight",
-            b"qwen2",
-            b"\x09\x00\x00\x00",
-            b"\x08\x00\x00\x00",
-            b"\x00\x00\x00\x00\x00\x00\x00\x80",
-        ])
-        .max_len(64 << 10);
-    let report = target.run(budget(), |bytes| {
-        verdict(starling_models::fuzz::gguf(bytes))
-    });
-    assert!(report.accepted > 0, "no seed parses: {report}");
+    let dictionary: &[&[u8]] = &[
+        b"GGUF",
+        b"general.architecture",
+        b"general.alignment",
+        b"llama.block_count",
+        b"llama.embedding_length",
+        b"llama.attention.head_count",
+        b"llama.attention.head_count_kv",
+        b"llama.rope.scaling.type",
+        b"llama.context_length",
+        b"tokenizer.ggml.tokens",
+        b"tokenizer.ggml.merges",
+        b"tokenizer.ggml.model",
+        b"tokenizer.chat_template",
+        b"token_embd.weight",
+        b"blk.0.attn_q.weight",
+        b"qwen2",
+        b"\x09\x00\x00\x00",
+        b"\x08\x00\x00\x00",
+        b"\x00\x00\x00\x00\x00\x00\x00\x80",
+    ];
+    run_parser(
+        target("gguf", dictionary, 64 << 10),
+        starling_models::fuzz::gguf,
+    );
 }
 
 #[test]
 fn fuzz_safetensors_header_and_tensors() {
-    let target = Target::new("safetensors", corpus("safetensors"))
-        .regressions(regressions("safetensors"))
-        .dictionary(&[
-            b"{\"",
-            b"\"dtype\":",
-            b"\"shape\":",
-            b"\"data_offsets\":",
-            b"\"BF16\"",
-            b"\"F16\"",
-            b"\"F32\"",
-            b"\"I64\"",
-            b"\"__metadata__\"",
-            b"18446744073709551615",
-            b"[0,0]",
-            b"\xff\xff\xff\xff\xff\xff\xff\x7f",
-        ])
-        .max_len(64 << 10);
-    let report = target.run(budget(), |bytes| {
-        verdict(starling_models::fuzz::safetensors(bytes))
-    });
-    assert!(report.accepted > 0, "no seed parses: {report}");
+    let dictionary: &[&[u8]] = &[
+        b"{\"",
+        b"\"dtype\":",
+        b"\"shape\":",
+        b"\"data_offsets\":",
+        b"\"BF16\"",
+        b"\"F16\"",
+        b"\"F32\"",
+        b"\"I64\"",
+        b"\"__metadata__\"",
+        b"18446744073709551615",
+        b"[0,0]",
+        b"\xff\xff\xff\xff\xff\xff\xff\x7f",
+    ];
+    run_parser(
+        target("safetensors", dictionary, 64 << 10),
+        starling_models::fuzz::safetensors,
+    );
 }
 
 #[test]
 fn fuzz_hf_config_json() {
-    let target = Target::new("hf_config", corpus("hf_config"))
-        .regressions(regressions("hf_config"))
-        .dictionary(&[
-            b"\"model_type\"",
-            b"\"llama\"",
-            b"\"qwen2\"",
-            b"\"rope_scaling\"",
-            b"\"rope_parameters\"",
-            b"\"rope_type\"",
-            b"\"llama3\"",
-            b"\"linear\"",
-            b"\"factor\"",
-            b"\"head_dim\"",
-            b"\"num_key_value_heads\"",
-            b"\"eos_token_id\"",
-            b"null",
-            b"-1",
-            b"1e309",
-            b"4294967296",
-            b"18446744073709551616",
-            b"[",
-            b"{",
-        ])
-        .json(&[
-            "model_type",
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "rms_norm_eps",
-            "rope_theta",
-            "rope_scaling",
-            "rope_parameters",
-            "rope_type",
-            "type",
-            "factor",
-            "low_freq_factor",
-            "high_freq_factor",
-            "original_max_position_embeddings",
-            "max_position_embeddings",
-            "tie_word_embeddings",
-            "attention_bias",
-            "bos_token_id",
-            "eos_token_id",
-            "llama3",
-            "linear",
-            "dynamic",
-            "yarn",
-        ])
-        .max_len(16 << 10);
-    let report = target.run(budget(), |bytes| {
-        verdict(starling_models::fuzz::hf_config(&String::from_utf8_lossy(
-            bytes,
-        )))
-    });
-    assert!(report.accepted > 0, "no seed parses: {report}");
+    let dictionary: &[&[u8]] = &[
+        b"\"model_type\"",
+        b"\"llama\"",
+        b"\"qwen2\"",
+        b"\"rope_scaling\"",
+        b"\"rope_parameters\"",
+        b"\"rope_type\"",
+        b"\"llama3\"",
+        b"\"linear\"",
+        b"\"factor\"",
+        b"\"head_dim\"",
+        b"\"num_key_value_heads\"",
+        b"\"eos_token_id\"",
+        b"null",
+        b"-1",
+        b"1e309",
+        b"4294967296",
+        b"18446744073709551616",
+        b"[",
+        b"{",
+    ];
+    let keys = [
+        "model_type",
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "rms_norm_eps",
+        "rope_theta",
+        "rope_scaling",
+        "rope_parameters",
+        "rope_type",
+        "type",
+        "factor",
+        "low_freq_factor",
+        "high_freq_factor",
+        "original_max_position_embeddings",
+        "max_position_embeddings",
+        "tie_word_embeddings",
+        "attention_bias",
+        "bos_token_id",
+        "eos_token_id",
+        "llama3",
+        "linear",
+        "dynamic",
+        "yarn",
+    ];
+    run_parser(
+        target("hf_config", dictionary, 16 << 10).json(&keys),
+        |bytes| starling_models::fuzz::hf_config(&String::from_utf8_lossy(bytes)),
+    );
 }
 
 /// Conversations each fuzzed template is rendered with.
@@ -180,33 +180,31 @@ fn conversations() -> Vec<Vec<ChatMessage>> {
 
 #[test]
 fn fuzz_chat_templates() {
-    let target = Target::new("chat_template", corpus("chat_template"))
-        .regressions(regressions("chat_template"))
-        .dictionary(&[
-            b"{%",
-            b"%}",
-            b"{{",
-            b"}}",
-            b"{% for message in messages %}",
-            b"{% endfor %}",
-            b"{% if add_generation_prompt %}",
-            b"{% endif %}",
-            b"message['content']",
-            b"message.role",
-            b"| tojson",
-            b"| trim",
-            b"raise_exception('no')",
-            b"strftime_now('%Y-%m-%d %H:%M:%S %z %Z %j %%')",
-            b"range(",
-            b"loop.index0",
-            b"{% macro m(x) %}{{ m(x) }}{% endmacro %}",
-            b"{% set ns = namespace(a=1) %}",
-            b".startswith(",
-            b".split(",
-            b" * 100000",
-            b"bos_token",
-        ])
-        .max_len(8 << 10);
+    let dictionary: &[&[u8]] = &[
+        b"{%",
+        b"%}",
+        b"{{",
+        b"}}",
+        b"{% for message in messages %}",
+        b"{% endfor %}",
+        b"{% if add_generation_prompt %}",
+        b"{% endif %}",
+        b"message['content']",
+        b"message.role",
+        b"| tojson",
+        b"| trim",
+        b"raise_exception('no')",
+        b"strftime_now('%Y-%m-%d %H:%M:%S %z %Z %j %%')",
+        b"range(",
+        b"loop.index0",
+        b"{% macro m(x) %}{{ m(x) }}{% endmacro %}",
+        b"{% set ns = namespace(a=1) %}",
+        b".startswith(",
+        b".split(",
+        b" * 100000",
+        b"bos_token",
+    ];
+    let target = target("chat_template", dictionary, 8 << 10);
     let conversations = conversations();
     let report = target.run(budget(), |bytes| {
         let source = String::from_utf8_lossy(bytes);

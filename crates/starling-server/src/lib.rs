@@ -7,7 +7,8 @@
 //! - [`connection`]: the accept loop (HTTP/1.1 through hyper) with its timeouts and connection
 //!   limit; [`access`]: API keys, allowed origins and hosts; [`json_body`]: body limits.
 //! - [`metrics`]: Prometheus counters, gauges and histograms with vLLM's names.
-//! - [`serve`]: runs the router until a shutdown signal, then drains and stops the engine.
+//! - [`serve`]: runs the router until a shutdown signal, then drains and stops the engine;
+//!   [`serve_options`]: what both it and the router are configured by.
 #![deny(missing_docs)]
 
 pub mod access;
@@ -19,6 +20,7 @@ pub mod metrics;
 pub mod protocol;
 pub mod routes;
 pub mod serve;
+pub mod serve_options;
 pub mod state;
 
 pub use access::{AccessPolicy, AllowedOrigins};
@@ -26,5 +28,6 @@ pub use api_error::ApiError;
 pub use connection::ConnectionLimits;
 pub use engine_thread::{EngineHandle, EngineInfo, ServerError};
 pub use routes::router;
-pub use serve::{serve, termination_signal, ServeOptions};
+pub use serve::{serve, termination_signal};
+pub use serve_options::ServeOptions;
 pub use state::{AppState, ModelInfo};

@@ -1,38 +1,15 @@
 //! Running the router until a shutdown signal, then draining; a second signal forces the end.
 
 use std::future::Future;
-use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::access::AccessPolicy;
-use crate::connection::{accept_loop, ConnectionLimits};
+use crate::connection::accept_loop;
 use crate::engine_thread::ServerError;
 use crate::routes::router;
+use crate::serve_options::ServeOptions;
 use crate::state::AppState;
-
-/// How the server accepts, limits and shuts down.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ServeOptions {
-    /// After the first signal, how long in-flight requests may run before they are aborted
-    /// (their streams then end with finish reason `abort`).
-    pub shutdown_grace: Duration,
-    /// Timeouts, the connection limit and the body limit.
-    pub limits: ConnectionLimits,
-    /// API keys, allowed origins and hosts.
-    pub access: AccessPolicy,
-}
-
-impl Default for ServeOptions {
-    fn default() -> Self {
-        ServeOptions {
-            shutdown_grace: Duration::from_secs(30),
-            limits: ConnectionLimits::default(),
-            access: AccessPolicy::default(),
-        }
-    }
-}
 
 /// Serves `state` on `listener` until the first future `signals` makes resolves; then stops
 /// accepting, lets in-flight requests finish (aborting them after the grace period), stops the

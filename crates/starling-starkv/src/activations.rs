@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 use starling_backend::{Backend, HostTensor};
-use starling_models::llama::{ActivationCapture, LlamaModel};
+use starling_models::llama::{ActivationCapture, ForwardOptions, LlamaModel};
 use starling_models::{ModelConfig, ModelError};
 
 use crate::{Matrix, SecondMoment, StarKvError, Whitener};
@@ -51,7 +51,7 @@ impl AttentionInputMoments {
         }
         let before: Vec<u64> = self.moments.iter().map(SecondMoment::rows_seen).collect();
         model
-            .sequence_activations(backend, ids, self)
+            .forward_sequence(backend, ids, Vec::new(), ForwardOptions::activations(self))
             .map_err(StarKvError::Calibration)?;
         // Every layer must have seen exactly this window's rows, or the layers' statistics
         // would describe different text.

@@ -10,7 +10,7 @@
 //! pool.
 
 use super::kv_cache::CpuKvCache;
-use super::kv_checks::{check_compaction, physical_slots};
+use super::kv_checks::{check_compaction, full_layer_slots, physical_slots};
 use crate::{BackendError, HostTensor};
 
 /// Compacts one sequence's cache rows in one layer (see the module docs). Validates everything
@@ -74,10 +74,8 @@ pub fn read_keys(
     block_size_tokens: usize,
     len_tokens: usize,
 ) -> Result<HostTensor, BackendError> {
-    let spec = cache.spec();
-    let (heads, head_dim) = spec.require_full("read_keys")?;
-    let slots = physical_slots(
-        spec,
+    let ((heads, head_dim), slots) = full_layer_slots(
+        cache.spec(),
         block_table,
         block_size_tokens,
         len_tokens,

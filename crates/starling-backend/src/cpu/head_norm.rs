@@ -1,4 +1,4 @@
-//! Per-head RMSNorm (Qwen3's q/k norm): the reference of [`crate::Backend::rms_norm_heads`], and
+//! Per-head RMSNorm (Qwen3's q/k norm): the reference of [`crate::ModelOps::rms_norm_heads`], and
 //! its argument check, which the CUDA backend calls too so both reject the same input.
 
 use rayon::prelude::*;

@@ -7,7 +7,7 @@
 //! order and are compared with a tolerance.
 
 use super::kv_cache::CpuKvCache;
-use super::kv_checks::{check_window_scores, physical_slots};
+use super::kv_checks::{check_window_scores, full_layer_slots, physical_slots};
 use crate::{BackendError, HostTensor, KeyScoreKind, WindowScoreSpec};
 
 /// Scores `[num_kv_heads, len_tokens]` of one sequence's keys, physical order (higher = keep).
@@ -18,10 +18,8 @@ pub fn key_scores(
     len_tokens: usize,
     kind: KeyScoreKind,
 ) -> Result<HostTensor, BackendError> {
-    let spec = cache.spec();
-    let (heads, head_dim) = spec.require_full("key_scores")?;
-    let slots = physical_slots(
-        spec,
+    let ((heads, head_dim), slots) = full_layer_slots(
+        cache.spec(),
         block_table,
         block_size_tokens,
         len_tokens,

@@ -56,6 +56,20 @@ pub fn physical_slots(
         .collect()
 }
 
+/// A full layer's `(num_kv_heads, head_dim)` and the slot of each physical index `0..len_tokens`
+/// ([`physical_slots`]): what an op reading a full layer's keys checks first.
+pub(crate) fn full_layer_slots(
+    spec: &KvCacheSpec,
+    block_table: &[u32],
+    block_size_tokens: usize,
+    len_tokens: usize,
+    op: &str,
+) -> Result<((usize, usize), Vec<u32>), BackendError> {
+    let heads = spec.require_full(op)?;
+    let slots = physical_slots(spec, block_table, block_size_tokens, len_tokens, op)?;
+    Ok((heads, slots))
+}
+
 /// Checks that the blocks holding physical indices `0..len_tokens` are distinct. Ops that write
 /// a sequence's slots in parallel need it: a block listed twice would be written twice at once.
 /// Call after [`check_block_table`] (it assumes the tokens fit the table).

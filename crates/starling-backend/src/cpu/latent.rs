@@ -163,7 +163,7 @@ impl<'a> HostFactors<'a> {
 }
 
 /// Causal attention of the Q part of each row over its sequence's reconstructed keys and
-/// values (the reference of [`crate::Backend::latent_attention`]).
+/// values (the reference of [`crate::ModelOps::latent_attention`]).
 pub fn latent_attention(
     qkv: &HostTensor,
     cache: &CpuKvCache,
@@ -226,7 +226,7 @@ pub fn latent_attention(
 }
 
 /// Writes one sequence's reconstructed keys and values into a full cache (the reference of
-/// [`crate::Backend::reconstruct_kv`]).
+/// [`crate::KvCacheOps::reconstruct_kv`]).
 #[allow(clippy::too_many_arguments)]
 pub fn reconstruct_kv(
     latent: &CpuKvCache,

@@ -1,8 +1,8 @@
 //! Choosing a token from one row of logits: the math every sampling path shares.
 //!
 //! The engine's host sampler (penalties, min_tokens masking, top-n log-probabilities) calls
-//! [`choose_token`] on its processed logits; [`Backend::sample_rows`](crate::Backend::sample_rows)
-//! runs the rest of the pipeline (temperature → min-p → top-k → top-p → draw, raw log-probability)
+//! [`choose_token`] on its processed logits;
+//! [`DeviceSampling::sample_rows`](crate::DeviceSampling::sample_rows) runs the rest of the pipeline (temperature → min-p → top-k → top-p → draw, raw log-probability)
 //! next to the logits, and [`sample_row`] is its reference, so a row sampled by a backend and the
 //! same row sampled on the host give the same token (bit for bit on the CPU; up to float near-ties
 //! on a device, whose sums run in another order).
@@ -89,8 +89,8 @@ pub struct SampledRow {
 /// One row's result: its token, or why its logits could not be sampled.
 pub type RowOutcome = Result<SampledRow, LogitsError>;
 
-/// The reference of [`Backend::sample_rows`](crate::Backend::sample_rows) for one row of raw
-/// `logits`: greedy argmax or the filtered draw, and the chosen token's raw log-probability.
+/// The reference of [`DeviceSampling::sample_rows`](crate::DeviceSampling::sample_rows) for one
+/// row of raw `logits`: greedy argmax or the filtered draw, and the chosen token's raw log-probability.
 pub fn sample_row(
     logits: &[f32],
     filter: &TokenFilter,

@@ -8,13 +8,15 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use starling_backend::sampling::{RowSamplingParams, TokenFilter};
-use starling_backend::{AttentionDims, Backend, DecodeGraphConfig, DecodeStep};
+use starling_backend::{
+    AttentionDims, BackendCore, DecodeGraphConfig, DecodeStep, DeviceSampling, GraphCapture,
+};
 use starling_cuda::bench::{
     attention_meta, bench_attention, bench_kv_write, bench_latent_attention, bench_latent_write,
     copy_bandwidth_tb_s, fill_cache, LatentRanks,
 };
 use starling_cuda::CudaBackend;
-use starling_models::llama::LlamaModel;
+use starling_models::llama::{ForwardOptions, LlamaModel};
 use starling_models::preset;
 
 /// `starling bench kernels` flags.
@@ -406,9 +408,12 @@ pub fn decode(args: DecodeArgs) -> Result<()> {
                 for i in 0..args.steps + 3 {
                     let t = Instant::now();
                     let prepared = gpu.prepare_batch(&meta, num_blocks)?;
+                    let options = ForwardOptions::default();
                     let logits = model
-                        .forward_device(&gpu, &ids, &meta, &prepared, &mut caches)
-                        .map_err(|e| anyhow::anyhow!("eager step: {e}"))?;
+                        .forward(&gpu, &ids, &meta, &prepared, &mut caches, options)
+                        .map_err(|e| anyhow::anyhow!("eager step: {e}"))?
+                        .into_device()
+                        .ok_or_else(|| anyhow::anyhow!("eager step: no logits rows"))?;
                     let tokens = gpu.sample_rows(&logits, &greedy)?;
                     std::hint::black_box(&tokens);
                     if i >= 3 {

@@ -20,6 +20,22 @@ pub fn starling_with_env(args: &[&str], envs: &[(&str, &std::ffi::OsStr)]) -> Ou
         .expect("run starling")
 }
 
+/// Runs `starling <command> --device cpu --load-format synthetic --model <preset> <rest>`: a
+/// preset's shapes with random weights, nothing to download.
+pub fn synthetic_on_cpu(command: &str, preset: &str, rest: &[&str]) -> Output {
+    let mut args = vec![
+        command,
+        "--device",
+        "cpu",
+        "--load-format",
+        "synthetic",
+        "--model",
+        preset,
+    ];
+    args.extend_from_slice(rest);
+    starling(&args)
+}
+
 /// The run's standard output, lossily decoded.
 pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()

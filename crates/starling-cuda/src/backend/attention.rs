@@ -7,8 +7,8 @@ use starling_backend::{AttentionDims, BackendError};
 
 use super::attention_plan::{plan_splits, DecodeKernel, GridBlocks, SplitPlan, MAX_GROUP};
 use super::{err, CudaBackend, CudaBatch, CudaKvCache, KvSource};
+use crate::geometry::DECODE_MMA_THREADS;
 use crate::geometry::PREFILL_THREADS;
-use crate::kernels::DECODE_MMA_THREADS;
 use crate::{CudaError, CudaTensor, DeviceBuf};
 
 impl CudaBackend {

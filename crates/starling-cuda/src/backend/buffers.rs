@@ -16,9 +16,9 @@ use crate::{CudaError, CudaTensor, DeviceBuf};
 
 impl CudaBackend {
     /// Copies a host tensor to the device in f32, the dtype
-    /// [`Backend::logits`](starling_backend::Backend::logits) returns (logits for the sampling op
-    /// in tests and tools; [`Backend::upload`](starling_backend::Backend::upload) converts to
-    /// bf16).
+    /// [`ModelOps::logits`](starling_backend::ModelOps::logits) returns (logits for the sampling op
+    /// in tests and tools; [`BackendCore::upload`](starling_backend::BackendCore::upload)
+    /// converts to bf16).
     pub fn upload_f32(&self, host: &HostTensor) -> Result<CudaTensor, CudaError> {
         let buf = if host.numel() == 0 {
             self.stream.alloc_zeros::<f32>(1)?

@@ -15,7 +15,7 @@ pub(crate) const HEAD_NORM_MAX_DIM: usize = 256;
 /// Warps per block (`HEAD_NORM_WARPS`), one head each.
 const HEAD_NORM_WARPS: usize = 4;
 
-/// [`starling_backend::Backend::rms_norm_heads`] on `backend`'s stream.
+/// [`starling_backend::ModelOps::rms_norm_heads`] on `backend`'s stream.
 pub(super) fn rms_norm_heads(
     backend: &CudaBackend,
     x: &mut CudaTensor,

@@ -22,6 +22,7 @@ use super::kv_ops::int_arg;
 use super::{CudaBackend, CudaBatch, CudaKvCache};
 use crate::geometry::{latent_scores_rot_shared_bytes, latent_scores_shared_bytes};
 use crate::kernels::LATENT_THREADS;
+use crate::launch::KernelArgs;
 use crate::{CudaError, CudaTensor};
 
 /// Which kernel computes a latent layer's decode scores.
@@ -68,6 +69,19 @@ impl ScoreKernelFlag {
             LatentScoreKernel::Reconstruct
         }
     }
+}
+
+/// The parameters one score kernel has and the other has not.
+enum OwnParams {
+    /// `latent_scores_rot_*`: the query heads (one per KV head).
+    Rotary { heads: i32 },
+    /// `latent_scores_d*`: the shared-memory row stride of a latent tile, the KV heads and the
+    /// query heads per KV head.
+    Reconstruct {
+        row_stride: i32,
+        kv_heads: i32,
+        group: i32,
+    },
 }
 
 /// What the score launch reads and writes besides the cache and the batch.
@@ -143,90 +157,78 @@ impl CudaBackend {
         );
         let order = batch.row_order(args.count);
         let offsets = batch.score_offsets(0, args.count);
-        if let Some((function, k_steps, m_tiles)) = self.rotary_scores_kernel(d, group, max_rank) {
-            let heads_i = int_arg(heads, "heads")?;
-            return launch!(
-                self,
+        let (tok_seq, tok_visible, block_tables) =
+            (batch.tok_seq(), batch.tok_visible(), batch.block_tables());
+        let (function, shared_mem_bytes, own) = match self.rotary_scores_kernel(d, group, max_rank)
+        {
+            Some((function, k_steps, m_tiles)) => (
                 function,
-                LaunchConfig {
-                    grid_dim,
-                    block_dim: (LATENT_THREADS, 1, 1),
-                    shared_mem_bytes: latent_scores_rot_shared_bytes(d, k_steps, m_tiles),
+                latent_scores_rot_shared_bytes(d, k_steps, m_tiles),
+                OwnParams::Rotary {
+                    heads: int_arg(heads, "heads")?,
                 },
-                args.scores.f32_mut()?,
-                args.part_m.f32_mut()?,
-                args.qkv.bf16()?,
-                &qkv_width,
-                &cache.keys,
-                &kw_i,
-                positions,
-                latent_heads,
-                args.key_up,
-                &key_bias,
-                args.rope_table,
-                &inter,
-                &order,
-                &batch.tok_seq(),
-                &batch.tok_visible(),
-                &offsets,
-                &batch.block_tables(),
-                &max_blocks,
-                &block_size,
-                &heads_i,
-                &args.scale,
-                &splits_i,
-                &split_len_i,
-                &args.plan_ptr,
-                &sub_i
-            );
+            ),
+            None => {
+                let function = self.kernels.latent_scores(d).ok_or_else(|| {
+                    CudaError::Shape(format!(
+                        "latent_attention: head_dim {d} unsupported on CUDA (64 or 128)"
+                    ))
+                })?;
+                let rs = max_rank.div_ceil(16) * 16 + 8;
+                let own = OwnParams::Reconstruct {
+                    row_stride: int_arg(rs, "latent row stride")?,
+                    kv_heads: int_arg(kv_heads, "KV heads")?,
+                    group: int_arg(group, "group")?,
+                };
+                (function, latent_scores_shared_bytes(d, rs), own)
+            }
+        };
+        // One parameter list for both kernels (latent.cu `latent_scores_d*`, latent_rot.cu
+        // `latent_scores_rot_*`), their own parameters where each declares them.
+        let mut a = KernelArgs::new(&self.stream);
+        a.push(args.scores.f32_mut()?);
+        a.push(args.part_m.f32_mut()?);
+        a.push(args.qkv.bf16()?);
+        a.push(&qkv_width);
+        a.push(&cache.keys);
+        a.push(&kw_i);
+        a.push(positions);
+        a.push(latent_heads);
+        a.push(args.key_up);
+        a.push(&key_bias);
+        a.push(args.rope_table);
+        a.push(&inter);
+        if let OwnParams::Reconstruct { row_stride, .. } = &own {
+            a.push(row_stride);
         }
-        let function = self.kernels.latent_scores(d).ok_or_else(|| {
-            CudaError::Shape(format!(
-                "latent_attention: head_dim {d} unsupported on CUDA (64 or 128)"
-            ))
-        })?;
-        let rs = max_rank.div_ceil(16) * 16 + 8;
-        let (rs_i, kv_i, group_i) = (
-            int_arg(rs, "latent row stride")?,
-            int_arg(kv_heads, "KV heads")?,
-            int_arg(group, "group")?,
-        );
-        launch!(
-            self,
-            function,
-            LaunchConfig {
-                grid_dim,
-                block_dim: (LATENT_THREADS, 1, 1),
-                shared_mem_bytes: latent_scores_shared_bytes(d, rs),
-            },
-            args.scores.f32_mut()?,
-            args.part_m.f32_mut()?,
-            args.qkv.bf16()?,
-            &qkv_width,
-            &cache.keys,
-            &kw_i,
-            positions,
-            latent_heads,
-            args.key_up,
-            &key_bias,
-            args.rope_table,
-            &inter,
-            &rs_i,
-            &order,
-            &batch.tok_seq(),
-            &batch.tok_visible(),
-            &offsets,
-            &batch.block_tables(),
-            &max_blocks,
-            &block_size,
-            &kv_i,
-            &group_i,
-            &args.scale,
-            &splits_i,
-            &split_len_i,
-            &args.plan_ptr,
-            &sub_i
-        )
+        for view in [&order, &tok_seq, &tok_visible, &offsets, &block_tables] {
+            a.push(view);
+        }
+        a.push(&max_blocks);
+        a.push(&block_size);
+        match &own {
+            OwnParams::Rotary { heads } => a.push(heads),
+            OwnParams::Reconstruct {
+                kv_heads, group, ..
+            } => {
+                a.push(kv_heads);
+                a.push(group);
+            }
+        }
+        a.push(&args.scale);
+        a.push(&splits_i);
+        a.push(&split_len_i);
+        a.push(&args.plan_ptr);
+        a.push(&sub_i);
+        let cfg = LaunchConfig {
+            grid_dim,
+            block_dim: (LATENT_THREADS, 1, 1),
+            shared_mem_bytes,
+        };
+        // SAFETY: the arguments above are the kernel's parameters in its order (the two kernels
+        // share all but `OwnParams`), with buffers sized for this grid; both kernels start with
+        // `pdl_entry()` (tests/nvrtc_compile.rs checks).
+        unsafe { a.launch(function, cfg, self.pdl) }.map_err(CudaError::from)
     }
 
     /// The rotary-absorbed kernel for one query head per KV head, with its k-steps (the largest

@@ -7,7 +7,7 @@ use cudarc::cublas::sys::{
 use cudarc::cublas::{Gemm, GemmConfig};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 use half::bf16;
-use starling_backend::{Backend, BackendError};
+use starling_backend::{BackendError, ModelOps};
 
 use super::{err, grid_for, CudaBackend};
 use crate::kernels::{GemvKind, GEMV_THREADS};
@@ -269,7 +269,7 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
-    /// [`Backend::linear`]: GEMV for small batches (bias fused), else cuBLAS and a bias launch.
+    /// [`ModelOps::linear`]: GEMV for small batches (bias fused), else cuBLAS and a bias launch.
     pub(super) fn linear_impl(
         &self,
         x: &CudaTensor,
@@ -307,7 +307,7 @@ impl CudaBackend {
         Ok(y)
     }
 
-    /// [`Backend::linear_swiglu`]: the fused GEMV + SwiGLU where it applies.
+    /// [`ModelOps::linear_swiglu`]: the fused GEMV + SwiGLU where it applies.
     pub(super) fn linear_swiglu_impl(
         &self,
         x: &CudaTensor,

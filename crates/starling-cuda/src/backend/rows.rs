@@ -2,13 +2,13 @@
 //! fused add + RMSNorm, the residual add, SwiGLU. One block per row where a row is the unit,
 //! grid-stride loops for the elementwise ones.
 
-use starling_backend::{Backend, BackendError};
+use starling_backend::{BackendError, ModelOps};
 
 use super::{err, grid_for, row_chunk_threads, rows_config, CudaBackend, CudaBatch};
 use crate::{CudaError, CudaTensor, DeviceBuf};
 
 impl CudaBackend {
-    /// [`Backend::embedding`]: the rows of `table` for `ids`.
+    /// [`ModelOps::embedding`]: the rows of `table` for `ids`.
     pub(super) fn embedding_impl(
         &self,
         table: &CudaTensor,
@@ -26,7 +26,7 @@ impl CudaBackend {
         })
     }
 
-    /// [`Backend::embedding_for_batch`]: from a replay batch's device ids, else as `embedding`.
+    /// [`ModelOps::embedding_for_batch`]: from a replay batch's device ids, else as `embedding`.
     pub(super) fn embedding_for_batch_impl(
         &self,
         table: &CudaTensor,
@@ -60,7 +60,7 @@ impl CudaBackend {
         Ok(self.tensor(DeviceBuf::Bf16(out), vec![rows, d]))
     }
 
-    /// [`Backend::rms_norm`].
+    /// [`ModelOps::rms_norm`].
     pub(super) fn rms_norm_impl(
         &self,
         x: &CudaTensor,
@@ -93,7 +93,7 @@ impl CudaBackend {
         Ok(self.tensor(DeviceBuf::Bf16(out), x.shape().to_vec()))
     }
 
-    /// [`Backend::add_rms_norm`]: `residual += delta`, then its RMSNorm.
+    /// [`ModelOps::add_rms_norm`]: `residual += delta`, then its RMSNorm.
     pub(super) fn add_rms_norm_impl(
         &self,
         residual: &mut CudaTensor,
@@ -133,7 +133,7 @@ impl CudaBackend {
         Ok(self.tensor(DeviceBuf::Bf16(out), shape))
     }
 
-    /// [`Backend::add_inplace`].
+    /// [`ModelOps::add_inplace`].
     pub(super) fn add_inplace_impl(
         &self,
         x: &mut CudaTensor,
@@ -152,7 +152,7 @@ impl CudaBackend {
         launch!(self, &self.kernels.add_inplace, grid_for(n), xb, db, &n).map_err(err)
     }
 
-    /// [`Backend::silu_mul`].
+    /// [`ModelOps::silu_mul`].
     pub(super) fn silu_mul_impl(&self, gate_up: &CudaTensor) -> Result<CudaTensor, BackendError> {
         let (rows, two_f) = gate_up.matrix_dims().map_err(err)?;
         if two_f % 2 != 0 {
@@ -174,7 +174,7 @@ impl CudaBackend {
         Ok(self.tensor(DeviceBuf::Bf16(out), vec![rows, f]))
     }
 
-    /// [`Backend::gather_rows`].
+    /// [`ModelOps::gather_rows`].
     pub(super) fn gather_rows_impl(
         &self,
         x: &CudaTensor,

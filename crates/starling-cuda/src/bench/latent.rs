@@ -2,7 +2,9 @@
 //! prefill chunks) and the latent projection + write, each timed beside the dense kernel of the
 //! same model shape in the same process, so every figure is a ratio taken on one card at one time.
 
-use starling_backend::{AttentionDims, Backend, KvCacheSpec, LatentFactors, RopeSpec, RopeStyle};
+use starling_backend::{
+    AttentionDims, BackendCore, KvCacheSpec, LatentFactors, ModelOps, RopeSpec, RopeStyle,
+};
 use starling_kv::{CacheDtype, LayerLayout, POSITION_BYTES};
 
 use super::{attention_meta, bench_attention, fill_cache, time_ms, AttentionRow};
@@ -62,10 +64,10 @@ fn rope(head_dim: usize) -> RopeSpec {
 
 /// Random up-projections and biases of one latent layer, scaled to keep keys and values O(1).
 struct Factors {
-    key_up: <CudaBackend as Backend>::Tensor,
-    key_bias: <CudaBackend as Backend>::Tensor,
-    value_up: <CudaBackend as Backend>::Tensor,
-    value_bias: <CudaBackend as Backend>::Tensor,
+    key_up: <CudaBackend as BackendCore>::Tensor,
+    key_bias: <CudaBackend as BackendCore>::Tensor,
+    value_up: <CudaBackend as BackendCore>::Tensor,
+    value_bias: <CudaBackend as BackendCore>::Tensor,
 }
 
 impl Factors {
@@ -93,7 +95,7 @@ impl Factors {
         })
     }
 
-    fn view(&self) -> LatentFactors<'_, <CudaBackend as Backend>::Tensor> {
+    fn view(&self) -> LatentFactors<'_, <CudaBackend as BackendCore>::Tensor> {
         LatentFactors {
             key_up: &self.key_up,
             key_bias: Some(&self.key_bias),

@@ -4,7 +4,7 @@
 
 use cudarc::driver::sys::CUevent_flags;
 use half::bf16;
-use starling_backend::{AttentionDims, Backend, BatchMeta, SeqBatchMeta};
+use starling_backend::{AttentionDims, BackendCore, BatchMeta, ModelOps, SeqBatchMeta};
 use starling_kv::CacheDtype;
 
 use crate::{CudaBackend, CudaError, CudaKvCache};

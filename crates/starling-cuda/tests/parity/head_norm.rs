@@ -3,7 +3,7 @@
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use starling_backend::cpu::CpuBackend;
-use starling_backend::{Backend, HeadSpan};
+use starling_backend::{BackendCore, HeadSpan, ModelOps};
 
 use super::{check, gpu, rand_host};
 

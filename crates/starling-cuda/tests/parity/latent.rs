@@ -5,7 +5,7 @@
 //! positions moved bit for bit).
 
 use super::*;
-use starling_backend::{KvRows, LatentFactors};
+use starling_backend::{BackendCore, KvCacheOps, KvRows, LatentFactors, ModelOps};
 use starling_cuda::LatentScoreKernel;
 use starling_kv::LayerLayout;
 
@@ -57,7 +57,7 @@ fn rope_for(head_dim: usize, style: RopeStyle) -> RopeSpec {
 /// Factors on the host (bf16-exact) and their device copies.
 struct Factors {
     host: [HostTensor; 4],
-    device: Vec<<CudaBackend as Backend>::Tensor>,
+    device: Vec<<CudaBackend as BackendCore>::Tensor>,
 }
 
 impl Factors {
@@ -99,7 +99,7 @@ impl Factors {
         }
     }
 
-    fn gpu(&self) -> LatentFactors<'_, <CudaBackend as Backend>::Tensor> {
+    fn gpu(&self) -> LatentFactors<'_, <CudaBackend as BackendCore>::Tensor> {
         LatentFactors {
             key_up: &self.device[0],
             key_bias: Some(&self.device[1]),
@@ -115,8 +115,8 @@ fn fill_latents(
     gpu: &CudaBackend,
     cpu: &CpuBackend,
     caches: (
-        &mut <CpuBackend as Backend>::KvCache,
-        &mut <CudaBackend as Backend>::KvCache,
+        &mut <CpuBackend as BackendCore>::KvCache,
+        &mut <CudaBackend as BackendCore>::KvCache,
     ),
     dims: &AttentionDims,
     rope: &RopeSpec,
@@ -174,8 +174,8 @@ fn attend_and_check(
     gpu: &CudaBackend,
     cpu: &CpuBackend,
     (cache_c, cache_g): (
-        &<CpuBackend as Backend>::KvCache,
-        &<CudaBackend as Backend>::KvCache,
+        &<CpuBackend as BackendCore>::KvCache,
+        &<CudaBackend as BackendCore>::KvCache,
     ),
     factors: &Factors,
     dims: &AttentionDims,
@@ -215,8 +215,8 @@ fn assert_same_caches(
     name: &str,
     (cpu, gpu): (&CpuBackend, &CudaBackend),
     (cache_c, cache_g): (
-        &<CpuBackend as Backend>::KvCache,
-        &<CudaBackend as Backend>::KvCache,
+        &<CpuBackend as BackendCore>::KvCache,
+        &<CudaBackend as BackendCore>::KvCache,
     ),
     num_blocks: usize,
 ) {
@@ -449,8 +449,8 @@ fn latent_block_ops_match_cpu() {
     );
     let all: Vec<u32> = (0..num_blocks as u32).collect();
     let compare = |name: &str,
-                   cache_c: &<CpuBackend as Backend>::KvCache,
-                   cache_g: &<CudaBackend as Backend>::KvCache| {
+                   cache_c: &<CpuBackend as BackendCore>::KvCache,
+                   cache_g: &<CudaBackend as BackendCore>::KvCache| {
         assert_same_caches(name, (&cpu, &gpu), (cache_c, cache_g), num_blocks)
     };
     // Compaction: one kept list for the whole slot, in a shuffled table.

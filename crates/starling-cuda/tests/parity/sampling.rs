@@ -15,7 +15,7 @@ use starling_backend::sampling::{
     log_normalizer, sample_row, LogitsError, RowOutcome, RowSamplingParams, SamplingScratch,
     TokenFilter,
 };
-use starling_backend::{Backend, HostTensor};
+use starling_backend::{DeviceSampling, HostTensor};
 use starling_cuda::CudaBackend;
 
 use super::gpu;

@@ -31,8 +31,9 @@ pub(super) fn device_filter(seq: &Sequence) -> Option<TokenFilter> {
 }
 
 /// Samples `rows` (each a row of `logits` and its request), returning the results in `rows`'
-/// order: qualifying rows through [`Backend::sample_rows`], the others by `samplers` on just
-/// their rows copied to the host.
+/// order: qualifying rows through
+/// [`DeviceSampling::sample_rows`](starling_backend::DeviceSampling::sample_rows), the others by
+/// `samplers` on just their rows copied to the host.
 pub(super) fn sample_step<B: Backend>(
     backend: &B,
     samplers: &mut SamplerPool,
@@ -123,7 +124,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
     use starling_backend::cpu::CpuBackend;
-    use starling_backend::HostTensor;
+    use starling_backend::{DeviceSampling, HostTensor};
 
     use super::*;
     use crate::sampling::{Sampler, SamplingContext, SamplingParams, SequenceRng, StopChecker};

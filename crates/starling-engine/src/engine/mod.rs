@@ -27,7 +27,7 @@ use starling_backend::{Backend, DecodeGraphConfig, DecodeGraphs, DecodeStep};
 use starling_kv::{
     preflight_with_peak, BlockHasher, CacheLayout, KvCacheConfig, KvCacheManager, Preflight, SeqId,
 };
-use starling_models::llama::{LlamaModel, QueryCapture};
+use starling_models::llama::{ForwardOptions, LlamaModel, QueryCapture};
 
 use crate::sampling::{FinishReason, Finished, SamplingParams, SequenceRng, StopChecker};
 use crate::scheduler::{Footprint, Scheduler, SchedulerError, StepStats};
@@ -640,18 +640,19 @@ impl<B: Backend> Engine<B> {
         }
         let num_blocks = self.scheduler.kv().num_total_blocks();
         let batch = self.backend.prepare_batch(&built.meta, num_blocks)?;
-        let hooks = starling_models::llama::ForwardHooks {
+        let options = ForwardOptions {
             queries: capture,
             activations: None,
         };
-        Ok(self.model.forward_device_logits(
+        let logits = self.model.forward(
             &self.backend,
             &built.token_ids,
             &built.meta,
             &batch,
             &mut self.caches,
-            hooks,
-        )?)
+            options,
+        )?;
+        Ok(logits.into_device())
     }
 
     /// The step's logits (in backend memory) from a recorded decode graph, or `None` to run it eagerly (graphs off,

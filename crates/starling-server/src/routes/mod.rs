@@ -19,7 +19,7 @@ use axum::{Extension, Router};
 use crate::access;
 use crate::api_error::ApiError;
 use crate::json_body::BodyLimits;
-use crate::serve::ServeOptions;
+use crate::serve_options::ServeOptions;
 use crate::state::AppState;
 
 /// All endpoints, behind the access checks of `options` and with its body limits.

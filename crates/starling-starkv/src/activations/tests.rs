@@ -56,7 +56,12 @@ fn observe(
     for ids in windows() {
         moments.observe(&backend, &model, &ids).unwrap();
         model
-            .sequence_activations(&backend, &ids, &mut recorder)
+            .forward_sequence(
+                &backend,
+                &ids,
+                Vec::new(),
+                ForwardOptions::activations(&mut recorder),
+            )
             .unwrap();
     }
     (moments, recorder.per_layer)

@@ -1,0 +1,131 @@
+//! The Llama-family decoder (Llama 2/3, SmolLM2, Mistral-style, Qwen2 with Q/K/V bias, Qwen3
+//! with per-head Q/K norms), written once against [`Backend`] ops. Attention receives the paged
+//! cache from the caller; the model owns no KV state.
+//!
+//! By concern: `load` (weights from a checkpoint or synthetic, fused at load), `latent` (STAR-KV
+//! latent layers), `layer` (one decoder layer's step), `head` (the final norm and the logits),
+//! `options` (what a forward pass copies to the host besides the logits), `forward` (the one
+//! forward pass and the single-sequence reference runs built on it).
+
+mod forward;
+mod head;
+mod latent;
+mod layer;
+mod load;
+mod options;
+
+use starling_backend::{AttentionDims, Backend, KvCacheSpec, LatentFactors, RopeSpec};
+use starling_kv::{CacheDtype, CacheLayout, LayerLayout};
+
+use crate::config::ModelConfig;
+use crate::ModelError;
+
+pub use head::Logits;
+pub use latent::{LatentLayerWeights, LatentRanks};
+pub use options::{ActivationCapture, ForwardOptions, QueryCapture};
+
+use latent::LatentLayer;
+use layer::DecoderLayer;
+
+/// A loaded decoder-only model on backend `B`.
+pub struct LlamaModel<B: Backend> {
+    config: ModelConfig,
+    dims: AttentionDims,
+    rope: RopeSpec,
+    embed_tokens: B::Tensor,
+    layers: Vec<DecoderLayer<B>>,
+    final_norm: B::Tensor,
+    /// `None` when the LM head is tied to the embedding matrix.
+    lm_head: Option<B::Tensor>,
+}
+
+impl<B: Backend> LlamaModel<B> {
+    /// The model's hyper-parameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Attention head geometry (the same in every layer).
+    pub fn attention_dims(&self) -> &AttentionDims {
+        &self.dims
+    }
+
+    /// What each layer caches per token with `dtype` elements: full K/V, or the latent ranks of
+    /// a STAR-KV layer. The one description the engine sizes, checks and allocates the cache
+    /// from.
+    pub fn cache_layout(&self, dtype: CacheDtype) -> CacheLayout {
+        let layers = self
+            .layers
+            .iter()
+            .map(|layer| match &layer.latent {
+                None => LayerLayout::Full {
+                    num_kv_heads: self.config.num_kv_heads,
+                    head_dim: self.config.head_dim,
+                    dtype,
+                },
+                Some(latent) => latent.ranks.layout(dtype),
+            })
+            .collect();
+        CacheLayout { layers }
+    }
+
+    /// Every layer's cache spec for a pool of `num_blocks` blocks (from
+    /// [`cache_layout`](Self::cache_layout)).
+    pub fn kv_cache_specs(
+        &self,
+        num_blocks: usize,
+        block_size_tokens: usize,
+        dtype: CacheDtype,
+    ) -> Vec<KvCacheSpec> {
+        self.cache_layout(dtype)
+            .layers
+            .into_iter()
+            .map(|layout| KvCacheSpec {
+                num_blocks,
+                block_size_tokens,
+                layout,
+            })
+            .collect()
+    }
+
+    /// Allocates every layer's cache (zero-filled) for a pool of `num_blocks` blocks in the
+    /// backend's cache dtype.
+    pub fn alloc_kv_caches(
+        &self,
+        backend: &B,
+        num_blocks: usize,
+        block_size_tokens: usize,
+    ) -> Result<Vec<B::KvCache>, ModelError> {
+        self.kv_cache_specs(num_blocks, block_size_tokens, backend.kv_cache_dtype())
+            .iter()
+            .map(|spec| Ok(backend.alloc_kv_cache(spec)?))
+            .collect()
+    }
+
+    /// The stored latent ranks of each layer (`None`: full K/V).
+    pub fn latent_ranks(&self) -> Vec<Option<LatentRanks>> {
+        self.layers
+            .iter()
+            .map(|l| l.latent.as_ref().map(|lat| lat.ranks.clone()))
+            .collect()
+    }
+
+    /// Whether any layer caches STAR-KV latents.
+    pub fn has_latent_layers(&self) -> bool {
+        self.layers.iter().any(|l| l.latent.is_some())
+    }
+
+    /// Layer `layer`'s up-projections when it caches latents (what reconstructing its keys and
+    /// values needs, e.g. to score them for eviction).
+    pub fn latent_factors(&self, layer: usize) -> Option<LatentFactors<'_, B::Tensor>> {
+        self.layers
+            .get(layer)
+            .and_then(|l| l.latent.as_ref())
+            .map(LatentLayer::factors)
+    }
+
+    /// The rotary embedding every layer applies.
+    pub fn rope(&self) -> &RopeSpec {
+        &self.rope
+    }
+}
