@@ -694,21 +694,25 @@ mod tests {
         }
     }
 
-    #[test]
-    fn every_sample_belongs_to_one_metric_family() {
-        let metrics = Metrics::default();
-        let stats = EngineStats {
-            num_running: 1,
-            num_waiting: 0,
-            kv_blocks_total: 4,
-            kv_blocks_free: 2,
-            num_preemptions: 0,
+    /// Two running, one waiting, 4 of 10 blocks free, 3 preemptions.
+    fn busy_engine() -> EngineStats {
+        EngineStats {
+            num_running: 2,
+            num_waiting: 1,
+            kv_blocks_total: 10,
+            kv_blocks_free: 4,
+            num_preemptions: 3,
             counters: Default::default(),
             last_step: None,
             prefix_cache: Default::default(),
-        };
+        }
+    }
+
+    #[test]
+    fn every_sample_belongs_to_one_metric_family() {
+        let metrics = Metrics::default();
         metrics.record_step(
-            stats,
+            busy_engine(),
             Some(StepStats {
                 num_decode_tokens: 2,
                 num_scheduled_tokens: 2,
@@ -748,16 +752,7 @@ mod tests {
     #[test]
     fn decode_batch_figures_count_only_decode_steps() {
         let metrics = Metrics::default();
-        let stats = EngineStats {
-            num_running: 2,
-            num_waiting: 1,
-            kv_blocks_total: 10,
-            kv_blocks_free: 4,
-            num_preemptions: 3,
-            counters: Default::default(),
-            last_step: None,
-            prefix_cache: Default::default(),
-        };
+        let stats = busy_engine();
         let step = |decode, blocks| StepStats {
             num_decode_tokens: decode,
             num_scheduled_tokens: decode + 5,
