@@ -12,6 +12,7 @@ pub mod cpu;
 mod error;
 mod graphs;
 mod host_tensor;
+mod kernel_profile;
 pub mod sampling;
 
 pub use backend::{
@@ -22,6 +23,7 @@ pub use batch::{BatchMeta, SeqBatchMeta};
 pub use error::BackendError;
 pub use graphs::{DecodeGraphConfig, DecodeGraphs, DecodeStep, DeviceForward, GraphCapture};
 pub use host_tensor::HostTensor;
+pub use kernel_profile::KernelSiteTime;
 
 /// The op traits, for calling ops on a concrete backend (`CpuBackend`, `CudaBackend`): generic
 /// code bounded by [`Backend`] sees every op without imports.

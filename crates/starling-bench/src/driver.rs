@@ -11,7 +11,8 @@ use tokio::sync::Semaphore;
 use crate::client::{RequestResult, StreamClient};
 use crate::dataset::BenchRequest;
 use crate::error::BenchError;
-use crate::server_metrics::{figures, sample_during_run, snapshot, ServerFigures};
+use crate::kernel_profile::{run_profile, KernelProfileRow};
+use crate::server_metrics::{figures, parse_prometheus, sample_during_run, ServerFigures};
 use crate::stats::{compute_metrics, BenchmarkMetrics};
 
 /// How requests are released.
@@ -48,6 +49,9 @@ pub struct RunOutcome {
     pub metrics: BenchmarkMetrics,
     /// Server-side scheduler figures.
     pub server: ServerFigures,
+    /// Device time per launch site during the run (empty unless the server profiles
+    /// kernels: `starling serve --kernel-profile`).
+    pub kernel_profile: Vec<KernelProfileRow>,
     /// Per-request results, in dataset order.
     pub results: Vec<RequestResult>,
 }
@@ -74,7 +78,7 @@ pub async fn run_benchmark(
             max_concurrency, ..
         } => max_concurrency.unwrap_or(Semaphore::MAX_PERMITS),
     };
-    let before = snapshot(client).await?;
+    let before_text = client.get_text("/metrics").await?;
     let stop_sampling = Arc::new(AtomicBool::new(false));
     let sampler = tokio::spawn(sample_during_run(
         client.clone(),
@@ -115,10 +119,15 @@ pub async fn run_benchmark(
     let duration_s = started.elapsed().as_secs_f64();
     stop_sampling.store(true, Ordering::Relaxed);
     let sampled = sampler.await.unwrap_or_default();
-    let after = snapshot(client).await?;
+    let after_text = client.get_text("/metrics").await?;
+    let (before, after) = (
+        parse_prometheus(&before_text),
+        parse_prometheus(&after_text),
+    );
     Ok(RunOutcome {
         metrics: compute_metrics(&results, duration_s),
         server: figures(&before, &after, sampled),
+        kernel_profile: run_profile(&before_text, &after_text),
         results,
     })
 }

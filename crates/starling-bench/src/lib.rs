@@ -12,6 +12,7 @@ pub mod client;
 pub mod dataset;
 pub mod driver;
 pub mod error;
+pub mod kernel_profile;
 pub mod multi_turn;
 pub mod niah;
 pub mod plot;

@@ -141,6 +141,7 @@ mod tests {
                 ..BenchmarkMetrics::default()
             },
             server: ServerFigures::default(),
+            kernel_profile: Vec::new(),
         };
         let dir = std::env::temp_dir().join(format!("starling-plot-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

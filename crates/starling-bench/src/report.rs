@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::kernel_profile::{self, KernelProfileRow};
 use crate::server_metrics::ServerFigures;
 use crate::stats::{BenchmarkMetrics, LatencySummary};
 
@@ -28,6 +29,9 @@ pub struct BenchReport {
     pub metrics: BenchmarkMetrics,
     /// Server-side figures.
     pub server: ServerFigures,
+    /// Device time per launch site (only from a server started with `--kernel-profile`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kernel_profile: Vec<KernelProfileRow>,
 }
 
 /// One row of a concurrency sweep.
@@ -39,6 +43,9 @@ pub struct SweepRow {
     pub metrics: BenchmarkMetrics,
     /// Server-side figures.
     pub server: ServerFigures,
+    /// Device time per launch site (only from a server started with `--kernel-profile`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kernel_profile: Vec<KernelProfileRow>,
 }
 
 fn latency_line(out: &mut String, name: &str, s: &LatencySummary) {
@@ -133,6 +140,10 @@ pub fn markdown(report: &BenchReport) -> String {
         "| engine time compacting caches (s) | {:.3} |",
         s.kv_compression_s
     );
+    out.push_str(&kernel_profile::markdown(
+        &report.kernel_profile,
+        m.duration_s,
+    ));
     out
 }
 
@@ -164,6 +175,13 @@ pub fn sweep_markdown(rows: &[SweepRow]) -> String {
             m.failed
         );
     }
+    for row in rows.iter().filter(|r| !r.kernel_profile.is_empty()) {
+        let _ = write!(out, "\n#### Concurrency {}\n", row.concurrency);
+        out.push_str(&kernel_profile::markdown(
+            &row.kernel_profile,
+            row.metrics.duration_s,
+        ));
+    }
     out
 }
 
@@ -187,6 +205,7 @@ mod tests {
                 ..BenchmarkMetrics::default()
             },
             server: ServerFigures::default(),
+            kernel_profile: Vec::new(),
         };
         let text = markdown(&report);
         assert!(
@@ -199,11 +218,13 @@ mod tests {
                 concurrency: 1,
                 metrics: report.metrics.clone(),
                 server: report.server,
+                kernel_profile: Vec::new(),
             },
             SweepRow {
                 concurrency: 4,
                 metrics: report.metrics.clone(),
                 server: report.server,
+                kernel_profile: Vec::new(),
             },
         ];
         let table = sweep_markdown(&rows);

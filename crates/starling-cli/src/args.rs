@@ -122,6 +122,13 @@ pub struct EngineArgs {
     /// is bit-identical to the eager step (tests/graphs_gpu.rs, run on an H200).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub cuda_graphs: OnOff,
+    /// Time every device launch by site (kernel name, or cuBLAS call and weight shape) for a
+    /// per-kernel breakdown: `/metrics` reports `starling:kernel_gpu_seconds_total` and
+    /// `starling:kernel_launches_total` per site, which `starling bench serve --kernel-profile`
+    /// turns into a table. Decode steps run eager (no CUDA graphs) and launches serialise, so
+    /// use it to see where time goes, not to measure throughput. Ignored on the CPU.
+    #[arg(long)]
+    pub kernel_profile: bool,
     /// Token eviction work one step may do while other requests run, in token-layers (a layer
     /// of a request holding n tokens costs n): a longer compaction is spread over steps, its
     /// request paused meanwhile, so no step waits long on another request's eviction. At least

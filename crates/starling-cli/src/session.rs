@@ -288,7 +288,16 @@ pub fn start_session<B: Backend + 'static>(
     engine.set_compaction_step_budget(
         Some(args.compaction_step_budget_tokens).filter(|&tokens| tokens > 0),
     );
-    if args.cuda_graphs == crate::args::OnOff::On {
+    let profiling = args.kernel_profile && engine.start_kernel_profile()?;
+    if profiling {
+        tracing::info!(
+            "kernel profile on: every launch timed by site (/metrics \
+             starling:kernel_gpu_seconds_total); decode steps eager, launches serialised"
+        );
+    } else if args.kernel_profile {
+        tracing::warn!("no kernel profile on {}", engine.backend_name());
+    }
+    if args.cuda_graphs == crate::args::OnOff::On && !profiling {
         // The CPU backend has no graphs: the default `on` is then silently moot.
         if engine.enable_decode_graphs()? {
             tracing::info!("CUDA graphs for decode steps: on");

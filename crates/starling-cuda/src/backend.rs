@@ -15,6 +15,7 @@ use starling_backend::{
 };
 use starling_kv::CacheDtype;
 
+use crate::kernel_profile::KernelProfiler;
 use crate::kernels::Kernels;
 use crate::recording_pool::RecordingPool;
 use crate::{cuda_available, CudaError, CudaTensor, KernelCache};
@@ -30,10 +31,15 @@ macro_rules! launch {
         // One binding per argument: `let x = &temporary;` keeps a temporary (e.g. a batch view)
         // alive until the launch.
         $( let arg = $arg; args.push(arg); )*
-        // SAFETY: each call site passes the arguments its kernel declares, in order, with
-        // buffers sized for the launch geometry it computes; every kernel starts with
-        // `pdl_entry()` (tests/nvrtc_compile.rs checks).
-        unsafe { args.launch($f, $cfg, $self.pdl) }.map_err(CudaError::from)
+        let function: &cudarc::driver::CudaFunction = $f;
+        let backend: &$crate::backend::CudaBackend = $self;
+        backend.profiled(
+            || backend.kernels.site_name(function),
+            // SAFETY: each call site passes the arguments its kernel declares, in order, with
+            // buffers sized for the launch geometry it computes; every kernel starts with
+            // `pdl_entry()` (tests/nvrtc_compile.rs checks).
+            || unsafe { args.launch(function, $cfg, backend.pdl) }.map_err(CudaError::from),
+        )
     }};
 }
 
@@ -41,6 +47,7 @@ mod attention;
 mod attention_plan;
 mod batch;
 mod buffers;
+mod profile;
 // After `launch!`, which they use.
 mod gemm;
 mod graphs;
@@ -114,6 +121,8 @@ pub struct CudaBackend {
     /// While a decode graph is recorded, the pool its passes allocate from
     /// ([`RecordingPool`]): a recorded graph then holds no memory nodes.
     recording_pool: Mutex<Option<Arc<RecordingPool>>>,
+    /// Device time per launch site, while a kernel profile runs ([`KernelProfiler`]).
+    profiler: KernelProfiler,
 }
 
 fn err(e: impl Into<CudaError>) -> BackendError {
@@ -223,6 +232,7 @@ impl CudaBackend {
             rope_table: Mutex::new(None),
             latent_rope_table: Mutex::new(None),
             recording_pool: Mutex::new(None),
+            profiler: KernelProfiler::default(),
             latent_score_kernel: latent_scores::ScoreKernelFlag::new(LatentScoreKernel::from_env()),
         })
     }
@@ -300,6 +310,15 @@ impl BackendCore for CudaBackend {
     ) -> Result<CudaBatch, BackendError> {
         meta.validate(num_cache_blocks)?;
         CudaBatch::upload(&self.stream, meta).map_err(err)
+    }
+
+    fn start_kernel_profile(&self) -> Result<bool, BackendError> {
+        self.profiler.start();
+        Ok(true)
+    }
+
+    fn kernel_profile(&self) -> Result<Vec<starling_backend::KernelSiteTime>, BackendError> {
+        self.profiler.snapshot().map_err(err)
     }
 }
 

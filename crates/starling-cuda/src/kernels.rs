@@ -307,6 +307,8 @@ pub fn kernel_modules() -> Vec<KernelModule> {
 
 /// Every kernel the backend launches.
 pub(crate) struct Kernels {
+    /// Each loaded function's name by its driver handle, for the kernel profile's sites.
+    site_names: HashMap<usize, Arc<str>>,
     pub(crate) gather_rows: CudaFunction,
     pub(crate) rms_norm: CudaFunction,
     pub(crate) add_rms_norm: CudaFunction,
@@ -358,16 +360,26 @@ pub(crate) struct Kernels {
 }
 
 impl Kernels {
+    /// The name of a loaded function (`"kernel"` for one this table did not load).
+    pub(crate) fn site_name(&self, function: &CudaFunction) -> Arc<str> {
+        self.site_names
+            .get(&(function.cu_function() as usize))
+            .cloned()
+            .unwrap_or_else(|| Arc::from("kernel"))
+    }
+
     pub(crate) fn load(
         ctx: &Arc<CudaContext>,
         cache: &KernelCache,
         arch: &'static str,
     ) -> Result<Self, CudaError> {
         let mut loaded: HashMap<String, CudaFunction> = HashMap::new();
+        let mut site_names = HashMap::new();
         for module in kernel_modules() {
             let m = ctx.load_module(cache.ptx(module.name, module.source, arch)?)?;
             for f in module.functions {
                 let function = m.load_function(&f)?;
+                site_names.insert(function.cu_function() as usize, Arc::from(f.as_str()));
                 loaded.insert(f, function);
             }
         }
@@ -438,6 +450,7 @@ impl Kernels {
             .map(|&mt| take(&names::latent_values(mt)).map(|f| (mt, f)))
             .collect::<Result<_, _>>()?;
         Ok(Self {
+            site_names,
             rope_q_write_latents: take(names::ROPE_Q_WRITE_LATENTS)?,
             latent_rope_table: take(names::LATENT_ROPE_TABLE)?,
             latent_combine: take(names::LATENT_COMBINE)?,

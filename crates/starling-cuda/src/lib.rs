@@ -13,6 +13,7 @@ mod compile;
 mod device_buf;
 mod error;
 mod geometry;
+mod kernel_profile;
 mod kernels;
 mod launch;
 mod recording_pool;

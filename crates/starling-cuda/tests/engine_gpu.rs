@@ -466,3 +466,59 @@ fn prefix_caching_on_the_gpu_matches_the_uncached_cpu_for_every_cache() {
         }
     }
 }
+
+/// A kernel profile over a trace on latent layers with eviction: every launch site the run
+/// used has launches and device time (norms, the latent kernels, cuBLAS GEMMs of the prefill
+/// chunks), nothing is timed before it starts, decode
+/// graphs are dropped (their launches could not be timed), and the outputs are the unprofiled
+/// run's (timing changes no result).
+#[test]
+#[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
+fn a_kernel_profile_times_every_launch_site_of_a_run_and_changes_no_output() {
+    let arm = Arm::LatentEviction;
+    let trace = trace(arm);
+    let mut plain = engine(gpu(), arm, Memory::DenseBlocks(400), CacheDtype::BF16);
+    let unprofiled = run(&mut plain, &trace);
+    let mut profiled = engine(gpu(), arm, Memory::DenseBlocks(400), CacheDtype::BF16);
+    assert!(profiled.enable_decode_graphs().expect("graphs"));
+    assert!(profiled.kernel_profile().expect("profile").is_empty());
+    assert!(profiled.start_kernel_profile().expect("start"));
+    let outcome = run(&mut profiled, &trace);
+    assert_eq!(
+        first_divergence(&unprofiled, &outcome),
+        None,
+        "profiling changed the outputs"
+    );
+    let sites = profiled.kernel_profile().expect("profile");
+    let names: Vec<&str> = sites.iter().map(|s| s.site.as_str()).collect();
+    for expected in [
+        "rms_norm_bf16",
+        "add_rms_norm_bf16",
+        "rope_q_write_latents_bf16",
+        "latent_value_out_bf16",
+    ] {
+        assert!(
+            names.contains(&expected),
+            "{expected} missing from {names:?}"
+        );
+    }
+    assert!(
+        names.iter().any(|n| n.starts_with("cublas:gemm ")),
+        "prefill GEMMs: {names:?}"
+    );
+    for site in &sites {
+        assert!(site.launches > 0 && site.gpu_time_ns > 0, "{site:?}");
+    }
+    assert!(
+        sites
+            .windows(2)
+            .all(|w| w[0].gpu_time_ns >= w[1].gpu_time_ns),
+        "longest first"
+    );
+    let launches: u64 = sites.iter().map(|s| s.launches).sum();
+    assert!(
+        launches >= 10 * outcome.steps as u64,
+        "{launches} launches timed over {} steps of a 2-layer model",
+        outcome.steps
+    );
+}

@@ -497,6 +497,12 @@ impl<B: Backend> EngineLoop<B> {
         }
         let stats = self.engine.stats();
         self.metrics.record_step(stats, stats.last_step);
+        // Empty (and cheap: one uncontended lock) unless `--kernel-profile` started one.
+        if let Ok(sites) = self.engine.kernel_profile() {
+            if !sites.is_empty() {
+                self.metrics.lock().kernel_profile = sites;
+            }
+        }
     }
 
     /// A step failed as a whole (the forward pass, say): the engine aborted that step's

@@ -100,6 +100,20 @@ pub trait BackendCore: Send + Sync {
         num_cache_blocks: usize,
     ) -> Result<Self::Batch, BackendError>;
 
+    /// Starts timing every device launch by site ([`crate::KernelSiteTime`]); `false` when this
+    /// backend cannot (the CPU has no launches). Launches recorded into a CUDA graph are not
+    /// timed, so a caller turns graphs off while profiling. Timing serialises launches (an
+    /// event pair around each), so a profiled run measures each kernel alone, not the overlap.
+    fn start_kernel_profile(&self) -> Result<bool, BackendError> {
+        Ok(false)
+    }
+
+    /// Device time per launch site since [`start_kernel_profile`](Self::start_kernel_profile),
+    /// counting the launches that have completed; empty when not profiling.
+    fn kernel_profile(&self) -> Result<Vec<crate::KernelSiteTime>, BackendError> {
+        Ok(Vec::new())
+    }
+
     /// The error of an op this backend does not implement.
     fn unsupported(&self, op: &str) -> BackendError {
         BackendError::Device(format!(

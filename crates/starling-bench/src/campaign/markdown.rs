@@ -195,6 +195,13 @@ pub fn campaign_markdown(report: &CampaignReport) -> String {
         let _ = writeln!(out, "\n## {} campaign\n", kind.name());
         out.push_str(&campaign_table(report, kind));
     }
+    for row in report.rows.iter().filter(|r| !r.kernel_profile.is_empty()) {
+        let _ = write!(out, "\n## {} at {}\n", row.engine, row.workload_label);
+        out.push_str(&crate::kernel_profile::markdown(
+            &row.kernel_profile,
+            row.metrics.as_ref().map_or(0.0, |m| m.duration_s),
+        ));
+    }
     let used_fallback = report.rows.iter().any(|r| {
         r.generated_tokens_per_step.is_some()
             && r.decode_batch

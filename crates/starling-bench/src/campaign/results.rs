@@ -75,6 +75,9 @@ pub struct PointRow {
     /// Generated tokens per engine step (`vllm:generation_tokens_total` over the iteration
     /// histogram's count): the decode batch as both engines can report it.
     pub generated_tokens_per_step: Option<f64>,
+    /// Device time per launch site (a Starling engine started with `--kernel-profile`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kernel_profile: Vec<crate::kernel_profile::KernelProfileRow>,
 }
 
 impl PointRow {
@@ -96,6 +99,7 @@ impl PointRow {
             decode_batch: None,
             iteration_tokens: None,
             generated_tokens_per_step: None,
+            kernel_profile: Vec::new(),
         }
     }
 }

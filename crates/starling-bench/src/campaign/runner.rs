@@ -390,6 +390,7 @@ impl Runner<'_> {
             decode_batch: histogram("starling:decode_batch_sequences"),
             iteration_tokens,
             generated_tokens_per_step,
+            kernel_profile: outcome.kernel_profile,
         }
     }
 }

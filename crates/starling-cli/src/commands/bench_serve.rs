@@ -137,6 +137,7 @@ async fn run_async(args: BenchServeArgs) -> Result<()> {
             seed: args.seed,
             metrics: outcome.metrics,
             server: outcome.server,
+            kernel_profile: outcome.kernel_profile,
         };
         md = markdown(&report);
         doc.insert("run".into(), serde_json::to_value(&report)?);
@@ -156,6 +157,7 @@ async fn run_async(args: BenchServeArgs) -> Result<()> {
                 concurrency,
                 metrics: outcome.metrics,
                 server: outcome.server,
+                kernel_profile: outcome.kernel_profile,
             });
         }
         md.push_str(&format!(

@@ -58,35 +58,45 @@ impl CudaBackend {
         let (pb, _gb) = b.0.device_ptr(&self.stream);
         let (pc, _gc) = c.0.device_ptr_mut(&self.stream);
         let (alpha, beta) = (1.0f32, 0.0f32);
+        let (m, n, k) = (to_i(shape.m)?, to_i(shape.n)?, to_i(shape.k)?);
+        let (lda, ldb, ldc, batch) = (
+            to_i(shape.lda)?,
+            to_i(shape.ldb)?,
+            to_i(shape.ldc)?,
+            to_i(shape.batch)?,
+        );
         // SAFETY: every problem's extent was checked against its buffer above.
-        unsafe {
-            cudarc::cublas::result::gemm_strided_batched_ex(
-                *self.blas.handle(),
-                cublasOperation_t::CUBLAS_OP_T,
-                cublasOperation_t::CUBLAS_OP_N,
-                to_i(shape.m)?,
-                to_i(shape.n)?,
-                to_i(shape.k)?,
-                (&alpha) as *const f32 as *const _,
-                (pa + a.1 as u64 * elem) as *const _,
-                cudaDataType_t::CUDA_R_16BF,
-                to_i(shape.lda)?,
-                shape.stride_a as i64,
-                (pb + b.1 as u64 * elem) as *const _,
-                cudaDataType_t::CUDA_R_16BF,
-                to_i(shape.ldb)?,
-                shape.stride_b as i64,
-                (&beta) as *const f32 as *const _,
-                (pc + c.1 as u64 * elem) as *mut _,
-                cudaDataType_t::CUDA_R_16BF,
-                to_i(shape.ldc)?,
-                shape.stride_c as i64,
-                to_i(shape.batch)?,
-                cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }?;
-        Ok(())
+        self.profiled(
+            Self::blas_site("gemm_strided", shape.m, shape.k),
+            || unsafe {
+                cudarc::cublas::result::gemm_strided_batched_ex(
+                    *self.blas.handle(),
+                    cublasOperation_t::CUBLAS_OP_T,
+                    cublasOperation_t::CUBLAS_OP_N,
+                    m,
+                    n,
+                    k,
+                    (&alpha) as *const f32 as *const _,
+                    (pa + a.1 as u64 * elem) as *const _,
+                    cudaDataType_t::CUDA_R_16BF,
+                    lda,
+                    shape.stride_a as i64,
+                    (pb + b.1 as u64 * elem) as *const _,
+                    cudaDataType_t::CUDA_R_16BF,
+                    ldb,
+                    shape.stride_b as i64,
+                    (&beta) as *const f32 as *const _,
+                    (pc + c.1 as u64 * elem) as *mut _,
+                    cudaDataType_t::CUDA_R_16BF,
+                    ldc,
+                    shape.stride_c as i64,
+                    batch,
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+                .map_err(CudaError::from)
+            },
+        )
     }
 }
 

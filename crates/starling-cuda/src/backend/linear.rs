@@ -227,8 +227,11 @@ impl CudaBackend {
                 beta: bf16::ZERO,
                 ldc: m as i32,
             };
-            // SAFETY: shapes checked above; buffers hold m*k, n*k and n*m elements.
-            unsafe { self.blas.gemm(cfg, w.bf16()?, x.bf16()?, &mut out) }?;
+            let (wb, xb) = (w.bf16()?, x.bf16()?);
+            self.profiled(Self::blas_site("gemm", m, k), || {
+                // SAFETY: shapes checked above; buffers hold m*k, n*k and n*m elements.
+                unsafe { self.blas.gemm(cfg, wb, xb, &mut out) }.map_err(CudaError::from)
+            })?;
             return Ok(self.tensor(DeviceBuf::Bf16(out), vec![n, m]));
         }
         // SAFETY: as above; the output is f32 (cuBLAS bf16 × bf16 → f32 with f32 compute).
@@ -240,7 +243,7 @@ impl CudaBackend {
             let alpha = 1.0f32;
             let beta = 0.0f32;
             // SAFETY: pointers are live device buffers of the sizes checked above.
-            unsafe {
+            self.profiled(Self::blas_site("gemm_f32_out", m, k), || unsafe {
                 cudarc::cublas::result::gemm_ex(
                     *self.blas.handle(),
                     cublasOperation_t::CUBLAS_OP_T,
@@ -262,7 +265,8 @@ impl CudaBackend {
                     cublasComputeType_t::CUBLAS_COMPUTE_32F,
                     cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
                 )
-            }?;
+                .map_err(CudaError::from)
+            })?;
         }
         Ok(self.tensor(DeviceBuf::F32(out), vec![n, m]))
     }

@@ -13,6 +13,7 @@ mod compression;
 mod config;
 mod device_sampling;
 mod error;
+mod kernel_profile;
 mod output;
 mod prefix_cache;
 mod row_sampling;
