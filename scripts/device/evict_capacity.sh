@@ -7,6 +7,7 @@
 # or TOK=another GGUF. ADMISSION=optimistic|reserve-peak (default optimistic) picks the admission
 # policy; POLICIES (default "none keydiff@0.5 keydiff@0.75") the compression policies.
 set -uo pipefail
+. "$(dirname "$0")/lib.sh"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64
 S=${S:-.device/starling}
 TOK=${TOK:-$HOME/stage/smollm2.gguf}
@@ -25,7 +26,7 @@ for policy in $POLICIES; do
     --max-model-len 4096 --max-num-batched-tokens 1024 --kv-cache-memory "$KV" --kv-compression "$cfg" --admission-policy "$ADMISSION" --port $port \
     > "$OUT/serve_$method${ratio}_$ADMISSION.log" 2>&1 &
   pid=$!
-  for _ in $(seq 1 120); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null && break; sleep 1; done
+  wait_healthy "$port" "$pid" || echo "server on $port did not start"
   echo "== $policy ($cfg), KV budget $KV, admission $ADMISSION"
   timeout 150 $S bench serve --base-url http://127.0.0.1:$port --model llama2-7b --dataset random \
     --random-input-len 3072 --random-output-len 256 --ignore-eos --seed 5 --num-prompts 48 \

@@ -26,6 +26,7 @@
 #   keydiff@0.5-unbudgeted"), TOKENIZER (default the staged Qwen GGUF; any GGUF serves the
 #   synthetic preset's API).
 set -uo pipefail
+. "$(dirname "$0")/lib.sh"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64
 PHASES=${PHASES:-parity timing stall}
 ARMS=${ARMS:-after-snapkv after-keydiff after-tova after-snapkv-unbudgeted before-keydiff before-snapkv}
@@ -40,13 +41,7 @@ echo "# Issue 17 on $(sed -n 2p "$work/date.txt")" > "$md"
 echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  $gguf" | sha256sum -c - \
   || { echo "model not staged at $gguf" | tee -a "$md"; }
 
-wait_health() {
-  for _ in $(seq 1 180); do
-    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$1/health', timeout=2)" 2>/dev/null && return 0
-    sleep 1
-  done
-  return 1
-}
+wait_health() { wait_healthy "$1" "" 180; }
 
 serve() { # serve BINARY PORT LOG [flags...]: starts a server in the background, sets $pid
   local bin=$1 port=$2 log=$3; shift 3

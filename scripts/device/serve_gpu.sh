@@ -4,6 +4,7 @@
 # engine-only decode step at batch 64 in the same session for the HTTP-overhead comparison.
 # Needs the SmolLM2 GGUF staged at $HOME/stage/smollm2.gguf (its tokenizer serves the API).
 set -uo pipefail
+. "$(dirname "$0")/lib.sh"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64
 S=${S:-.device/starling}
 ENGINE_FLAGS=${ENGINE_FLAGS:-}
@@ -11,8 +12,7 @@ date -u +%FT%TZ > "$OUT/date.txt"
 $S serve --device cuda --load-format synthetic --model llama2-7b --tokenizer "$HOME/stage/smollm2.gguf" \
   --max-model-len 4096 --port 8011 $ENGINE_FLAGS > "$OUT/serve.log" 2>&1 &
 pid=$!
-for _ in $(seq 1 120); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8011/health', timeout=2)" 2>/dev/null && break; sleep 1; done
-python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8011/health', timeout=2)" 2>/dev/null || { echo "server did not start"; tail -20 "$OUT/serve.log"; exit 1; }
+wait_healthy 8011 "$pid" || { echo "server did not start"; tail -20 "$OUT/serve.log"; exit 1; }
 common=(--base-url http://127.0.0.1:8011 --model llama2-7b --dataset random --random-input-len 1024
         --random-output-len 256 --random-range-ratio 0.25 --ignore-eos --seed 1)
 timeout 240 $S bench serve "${common[@]}" --num-prompts 60 --max-concurrency 20 \

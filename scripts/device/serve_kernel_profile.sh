@@ -9,14 +9,19 @@
 # (prefill 638 ms against vLLM's 401). Each arm also runs unprofiled with CUDA graphs (the
 # throughput a user gets), so the profiled run's device time is set against real wall time.
 #   carry [".device/starling", ".device/qwen_tokenizer"]  (scripts/device/make_tokenizer_qwen.sh)
-#   ARMS="plain keydiff latent"   KV_MEM=8GiB
-# Results in $OUT: <arm>_<workload>[_profiled].{json,md}, kernel_profile.md (all tables).
+#   ARMS="plain keydiff latent"   KV_MEM=8GiB   MODES="graphs profiled"
+# An arm may carry an environment assignment for its server, `plain@STARLING_SKINNY_GEMM=0`
+# (A/B of a backend switch in the same run). MODES="graphs" skips the profiled runs.
+# Results in $OUT: kernel_profile.md (all tables) and runs.tgz (every run's JSON, markdown,
+# client and server logs: the device tool brings back 8 files).
 set -uo pipefail
+. "$(dirname "$0")/lib.sh"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64
 S=${S:-.device/starling}
 TOK=${TOK:-.device/qwen_tokenizer}
 ARMS=${ARMS:-plain keydiff latent}
 KV_MEM=${KV_MEM:-8GiB}
+MODES=${MODES:-graphs profiled}
 [ -x "$S" ] || { echo "missing $S"; exit 3; }
 [ -s "$TOK/tokenizer.json" ] || { echo "missing $TOK/tokenizer.json"; exit 3; }
 date -u +%FT%TZ > "$OUT/date.txt"
@@ -35,7 +40,12 @@ run_workload() {
   grep -E "output token throughput|TPOT mean|TTFT mean" "$OUT/$name.md" | sed "s/^/$name /"
 }
 
-for arm in $ARMS; do
+for arm_spec in $ARMS; do
+  arm=${arm_spec%%@*}
+  env_assign=()
+  [ "$arm_spec" != "$arm" ] && env_assign=("${arm_spec#*@}")
+  label=$arm
+  [ ${#env_assign[@]} -gt 0 ] && label="${arm}_${env_assign[0]//[^A-Za-z0-9]/_}"
   flags=()
   case $arm in
     plain) ;;
@@ -43,37 +53,35 @@ for arm in $ARMS; do
     latent) flags=(--synthetic-latent-share 0.5) ;;
     *) echo "unknown arm $arm"; continue ;;
   esac
-  for mode in graphs profiled; do
+  for mode in $MODES; do
     extra=()
     [ "$mode" = profiled ] && extra=(--kernel-profile)
-    log=$OUT/server_${arm}_$mode.log
-    "$S" serve --device cuda --load-format synthetic --model qwen2.5-coder-1.5b --tokenizer "$TOK" \
+    log=$OUT/server_${label}_$mode.log
+    env "${env_assign[@]}" "$S" serve --device cuda --load-format synthetic --model qwen2.5-coder-1.5b --tokenizer "$TOK" \
       --served-model-name qwen --max-model-len 32768 --kv-cache-memory "$KV_MEM" \
       --max-num-seqs 256 --max-num-batched-tokens 8192 --port $port "${flags[@]}" "${extra[@]}" \
       > "$log" 2>&1 &
     pid=$!
     up=0
-    for _ in $(seq 1 90); do
-      python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null && { up=1; break; }
-      kill -0 $pid 2>/dev/null || break
-      sleep 1
-    done
-    if [ $up -ne 1 ]; then echo "$arm $mode: server did not start"; tail -5 "$log"; kill $pid 2>/dev/null; port=$((port + 1)); continue; fi
+    wait_healthy "$port" "$pid" 90 && up=1
+    if [ $up -ne 1 ]; then echo "$label $mode: server did not start"; tail -5 "$log"; kill $pid 2>/dev/null; port=$((port + 1)); continue; fi
     suffix=""
     [ "$mode" = profiled ] && suffix=_profiled
-    run_workload "${arm}_c16_1k${suffix}" --random-input-len 1024 --random-output-len 256 \
+    run_workload "${label}_c16_1k${suffix}" --random-input-len 1024 --random-output-len 256 \
       --num-prompts 64 --max-concurrency 16
-    run_workload "${arm}_long24k${suffix}" --random-input-len 24000 --random-output-len 16 \
+    run_workload "${label}_long24k${suffix}" --random-input-len 24000 --random-output-len 16 \
       --random-range-ratio 0 --num-prompts 2 --max-concurrency 1
     kill -TERM $pid; wait $pid 2>/dev/null
     port=$((port + 1))
   done
   for w in c16_1k long24k; do
     {
-      echo; echo "## $arm, $w"
-      grep -E "output token throughput|TTFT mean|TPOT mean" "$OUT/${arm}_$w.md" 2>/dev/null | sed 's/^/graphs on: /'
-      sed -n '/### Device time per launch site/,$p' "$OUT/${arm}_${w}_profiled.md" 2>/dev/null | head -45
+      echo; echo "## $label, $w"
+      grep -E "output token throughput|TTFT mean|TPOT mean" "$OUT/${label}_$w.md" 2>/dev/null | sed 's/^/graphs on: /'
+      sed -n '/### Device time per launch site/,$p' "$OUT/${label}_${w}_profiled.md" 2>/dev/null | head -45
     } >> "$summary"
   done
 done
+(cd "$OUT" && tar czf runs.tgz --exclude runs.tgz --exclude kernel_profile.md --exclude date.txt ./* \
+  && find . -maxdepth 1 -type f ! -name runs.tgz ! -name kernel_profile.md ! -name date.txt -delete)
 head -c 11000 "$summary"

@@ -8,6 +8,7 @@
 # Needs the SmolLM2 GGUF staged at $HOME/stage/smollm2.gguf (its tokenizer serves the API) or
 # TOKENIZER=<alias/path>. Results in $OUT: serve_<arm>_<point>.{json,md}, serve_latent.md.
 set -uo pipefail
+. "$(dirname "$0")/lib.sh"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64
 S=${S:-.device/starling}
 TOKENIZER=${TOKENIZER:-$HOME/stage/smollm2.gguf}
@@ -31,11 +32,7 @@ for point in $POINTS; do
       --max-model-len 4096 --kv-cache-memory "$mem" --max-num-seqs 128 --port $port "${flags[@]}" > "$log" 2>&1 &
     pid=$!
     up=0
-    for _ in $(seq 1 120); do
-      python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null && { up=1; break; }
-      kill -0 $pid 2>/dev/null || break
-      sleep 1
-    done
+    wait_healthy "$port" "$pid" 120 && up=1
     if [ $up -ne 1 ]; then echo "$arm $point: server did not start"; tail -5 "$log"; kill $pid 2>/dev/null; continue; fi
     grep -iE "blocks|latent|bootable" "$log" | head -4
     timeout 240 $S bench serve --base-url http://127.0.0.1:$port --model llama2-7b --dataset random \

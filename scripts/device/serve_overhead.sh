@@ -5,6 +5,7 @@
 # Short prompts and long outputs, so nearly every step is a pure batch-64 decode step.
 # Needs the SmolLM2 GGUF at $HOME/stage/smollm2.gguf (tokenizer).
 set -uo pipefail
+. "$(dirname "$0")/lib.sh"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64
 S=${S:-.device/starling}
 TOK=${TOK:-$HOME/stage/smollm2.gguf}
@@ -17,7 +18,7 @@ $S bench throughput --device cuda --load-format synthetic --model llama2-7b --to
 $S serve --device cuda --load-format synthetic --model llama2-7b --tokenizer "$TOK" \
   --max-model-len 4096 --port 8012 $ENGINE_FLAGS > "$OUT/serve.log" 2>&1 &
 pid=$!
-for _ in $(seq 1 120); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8012/health', timeout=2)" 2>/dev/null && break; sleep 1; done
+wait_healthy 8012 "$pid" || echo "server did not start"
 $S bench serve --base-url http://127.0.0.1:8012 --model llama2-7b --dataset random --random-input-len 64 \
   --random-output-len 512 --ignore-eos --seed 2 --num-prompts 64 --max-concurrency 64 \
   --output-json "$OUT/served_b64.json" --output-md "$OUT/served_b64.md" | tail -22

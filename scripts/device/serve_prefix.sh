@@ -11,6 +11,7 @@
 # the API) or TOKENIZER=<alias/path>. Results in $OUT: serve_prefix.md and serve_prefix.tgz
 # (<point>_<arm>.{json,md,log} — the device tool returns at most 8 files).
 set -uo pipefail
+. "$(dirname "$0")/lib.sh"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64
 S=${S:-.device/starling}
 TOKENIZER=${TOKENIZER:-$HOME/stage/smollm2.gguf}
@@ -55,11 +56,7 @@ for point in $POINTS; do
       --max-model-len 4096 --kv-cache-memory "$MEM" --max-num-seqs 64 --port $port "${flags[@]}" > "$log" 2>&1 &
     pid=$!
     up=0
-    for _ in $(seq 1 120); do
-      python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null && { up=1; break; }
-      kill -0 $pid 2>/dev/null || break
-      sleep 1
-    done
+    wait_healthy "$port" "$pid" 120 && up=1
     if [ $up -ne 1 ]; then echo "$point $arm: server did not start"; tail -5 "$log"; kill $pid 2>/dev/null; continue; fi
     timeout 200 $S bench serve --base-url http://127.0.0.1:$port --model llama2-7b "${workload[@]}" \
       --ignore-eos --seed 1 --max-concurrency $conc \

@@ -18,8 +18,9 @@ pub struct ModelArg {
     /// values do not change speed.
     #[arg(long, value_enum, default_value_t = LoadFormat::Auto)]
     pub load_format: LoadFormat,
-    /// Take the tokenizer from this model (alias, GGUF or HF directory) instead of `--model`;
-    /// default with `--load-format synthetic`: the default model's.
+    /// Take the tokenizer from this model (alias or GGUF) or directory (an HF model directory,
+    /// or one holding only tokenizer.json and its configs) instead of `--model`; default with
+    /// `--load-format synthetic`: the default model's.
     #[arg(long)]
     pub tokenizer: Option<String>,
     /// With `--load-format synthetic`: every layer caches STAR-KV latents keeping this share of

@@ -1,7 +1,7 @@
 //! Opening a model: resolve the `--model` argument (fetching an alias), load weights, build the
 //! tokenizer and the engine.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -43,6 +43,19 @@ pub fn tokenizer_for(opened: &OpenedModel) -> Result<Tokenizer> {
         None => Tokenizer::from_hf_dir(&opened.path),
     };
     tokenizer.with_context(|| format!("building the tokenizer of {}", opened.path.display()))
+}
+
+/// The tokenizer `--tokenizer` names: a directory holding `tokenizer.json` (a Hugging Face
+/// model directory, or one with only the tokenizer files, as vLLM's `--tokenizer` takes) is read
+/// without touching any weights; anything else is opened as a model (alias or GGUF file) and its
+/// tokenizer taken.
+fn tokenizer_from_arg(source: &str) -> Result<Tokenizer> {
+    let dir = Path::new(source);
+    if dir.is_dir() && dir.join("tokenizer.json").is_file() {
+        return Tokenizer::from_hf_dir(dir)
+            .with_context(|| format!("building the tokenizer of {}", dir.display()));
+    }
+    tokenizer_for(&open_model(source)?)
 }
 
 /// The engine configuration the flags describe, for `config`'s model; `kv_cache_memory_bytes` is
@@ -158,7 +171,7 @@ pub fn load_source(model_arg: &ModelArg, args: &EngineArgs) -> Result<ModelSourc
         LoadFormat::Auto => {
             let opened = open_model(&model_arg.model)?;
             let tokenizer = match &model_arg.tokenizer {
-                Some(other) => tokenizer_for(&open_model(other)?)?,
+                Some(other) => tokenizer_from_arg(other)?,
                 None => tokenizer_for(&opened)?,
             };
             let load_ms = opened.loaded.load_ms;
@@ -178,7 +191,7 @@ pub fn load_source(model_arg: &ModelArg, args: &EngineArgs) -> Result<ModelSourc
                 )
             })?;
             let source = model_arg.tokenizer.as_deref().unwrap_or(DEFAULT_ALIAS);
-            let tokenizer = tokenizer_for(&open_model(source)?)?;
+            let tokenizer = tokenizer_from_arg(source)?;
             if tokenizer.vocab_size() > config.vocab_size {
                 tracing::warn!(
                     "tokenizer of {source} has {} tokens, the {} preset {}: prompts with larger ids are refused",
