@@ -68,7 +68,7 @@ pub use graphs::{CudaDecodeGraphs, GraphCensus};
 pub use kv_cache::CudaKvCache;
 pub use latent_scores::{LatentScoreKernel, LATENT_SCORES_ENV};
 use linear::GEMV_PREFETCH_BYTES;
-pub use linear::{GEMV_KSPLIT_ENV, GEMV_PREFETCH_ENV, SKINNY_GEMM_ENV};
+pub use linear::{GEMV_KSPLIT_ENV, GEMV_PREFETCH_ENV};
 
 /// Where attention reads full keys and values: a cache through the batch's block tables, or a
 /// latent layer's reconstructed context through its scratch tables.
@@ -110,9 +110,6 @@ pub struct CudaBackend {
     /// Per-warp L2 prefetch of the matrix-vector kernels: [`GEMV_PREFETCH_BYTES`] unless
     /// [`GEMV_PREFETCH_ENV`] sets it (for A/B runs).
     gemv_prefetch_bytes: usize,
-    /// Whether 3–32-row linear layers take the tensor-core small-batch GEMM
-    /// (`skinny_gemm.cu`) rather than cuBLAS: on unless [`SKINNY_GEMM_ENV`] is `0` (A/B runs).
-    skinny_gemm: bool,
     num_sms: usize,
     /// Which latent score kernel decode rows use ([`LatentScoreKernel`]).
     latent_score_kernel: latent_scores::ScoreKernelFlag,
@@ -230,7 +227,6 @@ impl CudaBackend {
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(GEMV_PREFETCH_BYTES),
-            skinny_gemm: std::env::var(SKINNY_GEMM_ENV).map_or(true, |v| v.trim() != "0"),
             num_sms,
             name,
             rope_table: Mutex::new(None),

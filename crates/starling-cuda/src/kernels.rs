@@ -40,7 +40,6 @@ const DECODE_ATTENTION_SRC: &str =
     kernel_source!("../kernels/decode_attention.cu", mma_common, decode_common);
 const SAMPLING_SRC: &str = kernel_source!("../kernels/sampling.cu");
 const GEMV_SRC: &str = kernel_source!("../kernels/gemv.cu", bf16_vec);
-const SKINNY_GEMM_SRC: &str = kernel_source!("../kernels/skinny_gemm.cu", mma_common);
 const LATENT_SRC: &str = kernel_source!("../kernels/latent.cu", mma_common, latent_common);
 const LATENT_ROT_SRC: &str = kernel_source!("../kernels/latent_rot.cu", mma_common, latent_common);
 
@@ -70,30 +69,6 @@ fn gemv_names(n: usize) -> Vec<String> {
     GemvKind::ALL
         .iter()
         .flat_map(|&kind| GEMV_KSPLITS.map(|ks| names::gemv(n, kind, ks)))
-        .collect()
-}
-
-/// n-tiles of 8 input rows the tensor-core small-batch GEMM (`skinny_gemm.cu`) is instantiated
-/// for: batches of `GEMV_MAX_ROWS + 1 ..= SKINNY_MAX_ROWS` rows take the smallest that holds them.
-pub(crate) const SKINNY_N_TILES: [usize; 3] = [1, 2, 4];
-/// Most input rows the small-batch GEMM takes; larger batches go to cuBLAS.
-pub(crate) const SKINNY_MAX_ROWS: usize = 32;
-/// Threads per block of the small-batch GEMM (`SK_WARPS` × 32).
-pub(crate) const SKINNY_THREADS: u32 = 256;
-/// Outputs per block of the small-batch GEMM: 16 weight rows, or 8 gate|up pairs for SwiGLU.
-pub(crate) const fn skinny_outputs_per_block(swiglu: bool) -> usize {
-    if swiglu {
-        8
-    } else {
-        16
-    }
-}
-
-/// Every small-batch GEMM instantiation, in [`Kernels::skinny_gemm`]'s table order.
-fn skinny_gemm_names() -> Vec<String> {
-    SKINNY_N_TILES
-        .iter()
-        .flat_map(|&nt| [false, true].map(|swiglu| names::skinny_gemm(nt, swiglu)))
         .collect()
 }
 
@@ -189,14 +164,6 @@ mod names {
 
     /// The matrix-vector instantiation for `n` input rows, one output kind and `ksplit` warps per
     /// output column.
-    pub(super) fn skinny_gemm(n_tiles: usize, swiglu: bool) -> String {
-        if swiglu {
-            format!("skinny_gemm_swiglu_t{n_tiles}_bf16")
-        } else {
-            format!("skinny_gemm_t{n_tiles}_bf16")
-        }
-    }
-
     pub(super) fn gemv(n: usize, kind: super::GemvKind, ksplit: usize) -> String {
         match kind {
             super::GemvKind::Bf16 => format!("gemv_n{n}_k{ksplit}_bf16"),
@@ -306,11 +273,6 @@ pub fn kernel_modules() -> Vec<KernelModule> {
             functions: (1..=GEMV_MAX_ROWS).flat_map(gemv_names).collect(),
         },
         KernelModule {
-            name: "skinny_gemm",
-            source: SKINNY_GEMM_SRC,
-            functions: skinny_gemm_names(),
-        },
-        KernelModule {
             name: "sampling",
             source: SAMPLING_SRC,
             functions: owned(&[names::SAMPLE_ROWS]),
@@ -381,8 +343,6 @@ pub(crate) struct Kernels {
     pub(crate) sample_rows: CudaFunction,
     /// In [`gemv_names`] order, see [`Kernels::gemv`].
     gemv: Vec<CudaFunction>,
-    /// In [`skinny_gemm_names`] order, see [`Kernels::skinny_gemm`].
-    skinny_gemm: Vec<CudaFunction>,
     pub(crate) rope_q_write_latents: CudaFunction,
     pub(crate) latent_rope_table: CudaFunction,
     pub(crate) latent_combine: CudaFunction,
@@ -443,10 +403,6 @@ impl Kernels {
         let gemv: Vec<CudaFunction> = (1..=GEMV_MAX_ROWS)
             .flat_map(gemv_names)
             .map(|name| take(&name))
-            .collect::<Result<_, _>>()?;
-        let skinny_gemm: Vec<CudaFunction> = skinny_gemm_names()
-            .iter()
-            .map(|name| take(name))
             .collect::<Result<_, _>>()?;
         let mut decode_attention_mma = Vec::new();
         for d in DECODE_MMA_HEAD_DIMS {
@@ -533,7 +489,6 @@ impl Kernels {
             window_pool_scores: take(names::WINDOW_POOL_SCORES)?,
             sample_rows: take(names::SAMPLE_ROWS)?,
             gemv,
-            skinny_gemm,
         })
     }
 
@@ -567,16 +522,6 @@ impl Kernels {
         let split = GEMV_KSPLITS.iter().position(|&k| k == ksplit)?;
         self.gemv
             .get(((rows - 1) * GemvKind::ALL.len() + kind as usize) * GEMV_KSPLITS.len() + split)
-    }
-
-    /// The small-batch tensor-core GEMM for `rows` input rows (`GEMV_MAX_ROWS + 1 ..=
-    /// SKINNY_MAX_ROWS`: the fewest n-tiles that hold them), plain (bias optional) or SwiGLU.
-    pub(crate) fn skinny_gemm(&self, rows: usize, swiglu: bool) -> Option<&CudaFunction> {
-        if rows <= GEMV_MAX_ROWS || rows > SKINNY_MAX_ROWS {
-            return None;
-        }
-        let tile = SKINNY_N_TILES.iter().position(|&nt| nt * 8 >= rows)?;
-        self.skinny_gemm.get(tile * 2 + usize::from(swiglu))
     }
 
     /// The latent score kernel for `head_dim`, if instantiated and runnable here.

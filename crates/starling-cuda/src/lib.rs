@@ -22,7 +22,7 @@ mod tiled_kernels;
 
 pub use backend::{
     CudaBackend, CudaBatch, CudaDecodeGraphs, CudaKvCache, GraphCensus, LatentScoreKernel,
-    GEMV_KSPLIT_ENV, GEMV_PREFETCH_ENV, LATENT_SCORES_ENV, SKINNY_GEMM_ENV,
+    GEMV_KSPLIT_ENV, GEMV_PREFETCH_ENV, LATENT_SCORES_ENV,
 };
 pub use compile::KernelCache;
 pub use device_buf::DeviceBuf;

@@ -10,16 +10,12 @@ use half::bf16;
 use starling_backend::{BackendError, ModelOps};
 
 use super::{err, grid_for, CudaBackend};
-use crate::kernels::{skinny_outputs_per_block, GemvKind, GEMV_THREADS, SKINNY_THREADS};
+use crate::kernels::{GemvKind, GEMV_THREADS};
 use crate::{CudaError, CudaTensor, DeviceBuf};
 
 /// The environment variable that forces the warps per matrix-vector column (`1` or `2`) instead
 /// of [`gemv_ksplit`]'s choice, for measuring the choice in the same run.
 pub const GEMV_KSPLIT_ENV: &str = "STARLING_GEMV_KSPLIT";
-
-/// Set to `0` to send 3–32-row linear layers to cuBLAS instead of the tensor-core small-batch
-/// GEMM (`skinny_gemm.cu`), for measuring the choice in the same run.
-pub const SKINNY_GEMM_ENV: &str = "STARLING_SKINNY_GEMM";
 
 /// Set to a byte count to make every warp of a matrix-vector launch prefetch that much of its
 /// weight share into L2 (0: none) instead of [`GEMV_PREFETCH_BYTES`] (for A/B runs).
@@ -76,11 +72,6 @@ impl CudaBackend {
         } else {
             GemvKind::Bf16
         };
-        if !f32_out {
-            if let Some(y) = self.try_skinny_gemm(x, w, bias, false)? {
-                return Ok(Some(y));
-            }
-        }
         let ksplit = self.gemv_ksplit(n, m);
         let Some(function) = self.kernels.gemv(n, kind, ksplit) else {
             return Ok(None);
@@ -151,77 +142,6 @@ impl CudaBackend {
         Ok(Some(self.tensor(buf, vec![n, m])))
     }
 
-    /// `y = x · wᵀ (+ bias)` in bf16, or with `swiglu` `silu(x · gateᵀ) * (x · upᵀ)` for
-    /// `w = [gate; up]`, through the tensor-core small-batch GEMM (`skinny_gemm.cu`) when the
-    /// batch has `GEMV_MAX_ROWS + 1 ..= SKINNY_MAX_ROWS` rows, `k % 32 == 0` and it is not
-    /// switched off ([`SKINNY_GEMM_ENV`]); `None` otherwise.
-    fn try_skinny_gemm(
-        &self,
-        x: &CudaTensor,
-        w: &CudaTensor,
-        bias: Option<&CudaTensor>,
-        swiglu: bool,
-    ) -> Result<Option<CudaTensor>, CudaError> {
-        let (n, k) = x.matrix_dims()?;
-        let (rows, wk) = w.matrix_dims()?;
-        let outputs = if swiglu { rows / 2 } else { rows };
-        let Some(function) = self.kernels.skinny_gemm(n, swiglu) else {
-            return Ok(None);
-        };
-        let fits_i32 = |v: usize| i32::try_from(v).ok();
-        let (Some(k_i), Some(m_i), Some(n_i)) = (fits_i32(k), fits_i32(outputs), fits_i32(n)) else {
-            return Ok(None);
-        };
-        if !self.skinny_gemm || k != wk || k % 32 != 0 || outputs == 0 || (swiglu && rows % 2 != 0)
-        {
-            return Ok(None);
-        }
-        let cfg = LaunchConfig {
-            grid_dim: (outputs.div_ceil(skinny_outputs_per_block(swiglu)) as u32, 1, 1),
-            block_dim: (SKINNY_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut out = self.alloc_bf16(n * outputs)?;
-        if swiglu {
-            launch!(self, function, cfg, x.bf16()?, w.bf16()?, &mut out, &k_i, &m_i, &n_i)?;
-        } else {
-            let null = 0u64;
-            match bias {
-                Some(b) if b.numel() != outputs => {
-                    return Err(CudaError::Shape(format!(
-                        "linear: bias of {} for {outputs} outputs",
-                        b.numel()
-                    )))
-                }
-                Some(b) => launch!(
-                    self,
-                    function,
-                    cfg,
-                    x.bf16()?,
-                    w.bf16()?,
-                    b.bf16()?,
-                    &mut out,
-                    &k_i,
-                    &m_i,
-                    &n_i
-                )?,
-                None => launch!(
-                    self,
-                    function,
-                    cfg,
-                    x.bf16()?,
-                    w.bf16()?,
-                    &null,
-                    &mut out,
-                    &k_i,
-                    &m_i,
-                    &n_i
-                )?,
-            }
-        }
-        Ok(Some(self.tensor(DeviceBuf::Bf16(out), vec![n, outputs])))
-    }
-
     /// Per-warp L2 prefetch bytes of a matrix-vector launch whose warps each stream
     /// `share_bytes` of weights, as the kernel's `int` argument.
     pub(super) fn gemv_prefetch(&self, share_bytes: usize) -> i32 {
@@ -241,9 +161,6 @@ impl CudaBackend {
         x: &CudaTensor,
         w: &CudaTensor,
     ) -> Result<Option<CudaTensor>, CudaError> {
-        if let Some(y) = self.try_skinny_gemm(x, w, None, true)? {
-            return Ok(Some(y));
-        }
         let (n, k) = x.matrix_dims()?;
         let (two_f, wk) = w.matrix_dims()?;
         let f = two_f / 2;
