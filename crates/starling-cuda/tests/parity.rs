@@ -142,6 +142,8 @@ fn linear_and_logits_match_cpu() {
         (2, 8960, 1000),
         (3, 4096, 1000),
         (3, 100, 64),
+        // cuBLAS, then the bias per element (1001 outputs: not whole 16-byte chunks).
+        (4, 64, 1001),
         (17, 896, 1152),
         (256, 1536, 8960),
     ] {

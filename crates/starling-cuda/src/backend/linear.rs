@@ -297,10 +297,12 @@ impl CudaBackend {
             let cols_i = cols as i32;
             let bb = b.bf16().map_err(err)?;
             let yb = y.bf16_mut().map_err(err)?;
+            // One thread per 16-byte chunk where the rows are chunked (ops.cu).
+            let threads = if cols % 8 == 0 { n / 8 } else { n };
             launch!(
                 self,
                 &self.kernels.add_bias,
-                grid_for(n),
+                grid_for(threads),
                 yb,
                 bb,
                 &rows,

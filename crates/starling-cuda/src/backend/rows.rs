@@ -164,7 +164,8 @@ impl CudaBackend {
         launch!(
             self,
             &self.kernels.silu_mul,
-            grid_for(rows * f),
+            // One thread per 16-byte chunk of outputs where the rows are chunked (ops.cu).
+            grid_for(if f % 8 == 0 { rows * f / 8 } else { rows * f }),
             gate_up.bf16().map_err(err)?,
             &mut out,
             &rows,
