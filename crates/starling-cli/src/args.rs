@@ -113,6 +113,12 @@ pub struct EngineArgs {
     /// never selectable per request.
     #[arg(long, value_parser = parse_compression, default_value = r#"{"method":"none"}"#)]
     pub kv_compression: starling_evict::KvCompression,
+    /// The KV cache's element type (vLLM's flag): `auto` stores the model's activation dtype
+    /// (bf16 on CUDA, f32 on the CPU), dense K/V and STAR-KV latents alike; the only value
+    /// today (a quantised cache is not built yet, and is refused rather than ignored). Given,
+    /// it overrides a `kv_dtype` in --kv-compression's composed form.
+    #[arg(long, value_parser = parse_kv_cache_dtype)]
+    pub kv_cache_dtype: Option<starling_evict::KvCacheDtype>,
     /// When a waiting request may start: `optimistic` (as vLLM: when its first chunk fits;
     /// growth collisions preempt the newest) or `reserve-peak` (only while the projected peak
     /// of every running request and its own fit — fewer preemptions, above all with eviction).
@@ -151,6 +157,15 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
+    /// The engine's one compression value: --kv-compression, with --kv-cache-dtype when given.
+    pub fn cache_compression(&self) -> starling_evict::KvCompression {
+        let mut setting = self.kv_compression.clone();
+        if let Some(dtype) = self.kv_cache_dtype {
+            setting.kv_dtype = dtype;
+        }
+        setting
+    }
+
     /// Whether the engine caches prefixes: a flag if given, else the command's default.
     pub fn prefix_caching(&self) -> bool {
         if self.enable_prefix_caching {
@@ -187,6 +202,14 @@ impl From<AdmissionArg> for starling_engine::scheduler::AdmissionPolicy {
     }
 }
 
+/// Parses a `--kv-cache-dtype` name (its serde name; an unknown one is an error naming the valid
+/// ones).
+fn parse_kv_cache_dtype(text: &str) -> Result<starling_evict::KvCacheDtype, String> {
+    use serde::Deserialize;
+    let name = serde::de::value::StrDeserializer::<serde::de::value::Error>::new(text);
+    starling_evict::KvCacheDtype::deserialize(name).map_err(|e| e.to_string())
+}
+
 /// Parses and validates a `--kv-compression` JSON object (a STAR-KV profile name included).
 fn parse_compression(text: &str) -> Result<starling_evict::KvCompression, String> {
     let setting = starling_evict::KvCompression::from_json(text).map_err(|e| e.to_string())?;
@@ -203,6 +226,7 @@ fn parse_compression(text: &str) -> Result<starling_evict::KvCompression, String
 mod tests {
     use super::*;
     use clap::Parser;
+    use starling_evict::KvCacheDtype;
 
     #[derive(Parser)]
     struct Cli {
@@ -227,5 +251,36 @@ mod tests {
         assert!(!prefix_caching(&both, true));
         let both = ["--no-enable-prefix-caching", "--enable-prefix-caching"];
         assert!(prefix_caching(&both, false));
+    }
+
+    #[test]
+    fn kv_cache_dtype_takes_auto_and_refuses_what_is_not_built_naming_auto() {
+        let parse = |flags: &[&str]| {
+            Cli::try_parse_from(std::iter::once("starling").chain(flags.iter().copied()))
+                .map(|cli| cli.engine.cache_compression())
+        };
+        let default = parse(&[]).map_err(|e| e.to_string());
+        assert_eq!(default.map(|c| c.kv_dtype), Ok(KvCacheDtype::Auto));
+        let auto = parse(&["--kv-cache-dtype", "auto"]).map_err(|e| e.to_string());
+        assert_eq!(auto.map(|c| c.kv_dtype), Ok(KvCacheDtype::Auto));
+        for bad in ["fp8", "int8"] {
+            let err = match parse(&["--kv-cache-dtype", bad]) {
+                Err(e) => e.to_string(),
+                Ok(_) => panic!("--kv-cache-dtype {bad} accepted"),
+            };
+            assert!(err.contains(bad) && err.contains("auto"), "{err}");
+        }
+        // The flag and the JSON compose into one value.
+        let composed = parse(&[
+            "--kv-compression",
+            r#"{"method":"keydiff","ratio":0.5}"#,
+            "--kv-cache-dtype",
+            "auto",
+        ])
+        .map_err(|e| e.to_string());
+        assert_eq!(
+            composed.map(|c| (c.eviction.method, c.kv_dtype)),
+            Ok((starling_evict::CompressionMethod::KeyDiff, KvCacheDtype::Auto))
+        );
     }
 }

@@ -76,8 +76,7 @@ pub fn engine_config(
             admission: args.admission_policy.into(),
         },
         kv_cache_memory_bytes,
-        compression: args.kv_compression.eviction(),
-        star_kv: args.kv_compression.star_kv().cloned(),
+        kv_compression: args.cache_compression(),
         enable_prefix_caching: args.prefix_caching(),
         // Set from the model's source when the session starts (`model_identity`).
         model_identity: None,
@@ -271,7 +270,7 @@ pub fn start_session<B: Backend + 'static>(
     // built first; the engine then sizes its cache from the layout the model caches.
     let (model, star_kv) = match weights {
         Some(weights) => {
-            let selection = engine_config.star_kv.as_ref();
+            let selection = engine_config.kv_compression.star_kv.as_ref();
             starling_engine::engine::load_model(&backend, &config, weights, selection)
                 .with_context(|| match selection {
                     Some(s) => format!("STAR-KV checkpoint {}", s.checkpoint.display()),

@@ -130,8 +130,7 @@ fn engine_with_prefix_caching<B: Backend>(
             admission: AdmissionPolicy::Optimistic,
         },
         kv_cache_memory_bytes: bytes,
-        compression: CompressionConfig::default(),
-        star_kv: None,
+        kv_compression: Default::default(),
         enable_prefix_caching,
         model_identity: None,
     };

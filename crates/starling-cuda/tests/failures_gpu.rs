@@ -80,8 +80,7 @@ fn schedule(case: Case, poisoned: bool) -> (Vec<Vec<u32>>, bool) {
             admission: AdmissionPolicy::Optimistic,
         },
         kv_cache_memory_bytes: bytes_per_block * 10,
-        compression: Default::default(),
-        star_kv: None,
+        kv_compression: Default::default(),
         enable_prefix_caching: false,
         model_identity: None,
     };

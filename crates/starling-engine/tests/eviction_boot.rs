@@ -12,7 +12,7 @@ use starling_engine::engine::eviction_peak_tokens;
 use starling_engine::scheduler::{AdmissionPolicy, SchedulerConfig};
 use starling_engine::testing::{EngineTester, Trace, TraceRequest};
 use starling_engine::{Engine, EngineConfig, EngineError, RequestOptions};
-use starling_evict::{CompressionConfig, CompressionMethod};
+use starling_evict::{CompressionConfig, CompressionMethod, KvCompression};
 
 const MAX_LEN_TOKENS: usize = 256;
 const CHUNK_TOKENS: usize = 16;
@@ -38,8 +38,10 @@ fn boot(blocks: usize, compression: CompressionConfig) -> Result<Engine<CpuBacke
             admission: AdmissionPolicy::ReservePeak,
         },
         kv_cache_memory_bytes: bytes_per_block * blocks as u64,
-        compression,
-        star_kv: None,
+        kv_compression: KvCompression {
+            eviction: compression,
+            ..Default::default()
+        },
         enable_prefix_caching: false,
         model_identity: None,
     };

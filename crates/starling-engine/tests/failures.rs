@@ -54,8 +54,7 @@ fn engine_with(
             admission: AdmissionPolicy::Optimistic,
         },
         kv_cache_memory_bytes: bytes_per_block * kv_blocks,
-        compression: Default::default(),
-        star_kv: None,
+        kv_compression: Default::default(),
         enable_prefix_caching: false,
         model_identity: None,
     };
@@ -179,8 +178,7 @@ fn a_model_that_is_nan_everywhere_fails_every_request_without_hanging() {
             admission: AdmissionPolicy::Optimistic,
         },
         kv_cache_memory_bytes: bytes_per_block * 64,
-        compression: Default::default(),
-        star_kv: None,
+        kv_compression: Default::default(),
         enable_prefix_caching: false,
         model_identity: None,
     };

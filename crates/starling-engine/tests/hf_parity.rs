@@ -121,8 +121,7 @@ fn smollm2_engine_greedy_continuations_match_hf_and_paris() {
             admission: AdmissionPolicy::Optimistic,
         },
         kv_cache_memory_bytes: 64 << 20,
-        compression: Default::default(),
-        star_kv: None,
+        kv_compression: Default::default(),
         enable_prefix_caching: false,
         model_identity: None,
     };

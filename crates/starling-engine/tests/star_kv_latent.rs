@@ -79,8 +79,7 @@ fn engine_with(
             admission: AdmissionPolicy::Optimistic,
         },
         kv_cache_memory_bytes: bytes * blocks as u64,
-        compression: CompressionConfig::default(),
-        star_kv: None,
+        kv_compression: Default::default(),
         enable_prefix_caching,
         model_identity: None,
     };

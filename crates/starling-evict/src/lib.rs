@@ -17,7 +17,7 @@ pub mod scorer;
 mod select;
 
 pub use config::{
-    CompressionConfig, CompressionMethod, KvCompression, StarKvCache, StarKvFactors,
+    CompressionConfig, CompressionMethod, KvCacheDtype, KvCompression, StarKvCache, StarKvFactors,
     StarKvSelection, STAR_KV_METHOD,
 };
 pub use error::EvictError;

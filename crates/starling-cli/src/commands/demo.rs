@@ -149,8 +149,8 @@ fn demo<B: Backend + 'static>(backend: B, args: DemoArgs) -> Result<()> {
                 args.eviction.method, args.eviction.ratio, args.eviction.every_n_tokens
             ),
             compression: KvCompression {
-                star_kv: None,
                 eviction: args.eviction.clone(),
+                ..KvCompression::default()
             },
             synthetic_latent: None,
         },
@@ -264,7 +264,7 @@ fn star_kv_plan<B: Backend>(backend: &B, source: &ModelSource, args: &DemoArgs) 
                 factors: StarKvFactors::Both,
                 cache: StarKvCache::Latent,
             }),
-            eviction: CompressionConfig::default(),
+            ..KvCompression::default()
         },
         synthetic_latent: None,
     })

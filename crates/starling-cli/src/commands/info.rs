@@ -245,7 +245,7 @@ fn print_synthetic_latent_row(
         longest_context(sized.capacity_tokens(), config)
     );
     let peak = starling_engine::engine::eviction_peak_tokens(
-        &engine.compression,
+        &engine.kv_compression.eviction,
         sched.max_model_len_tokens,
         sched.max_num_batched_tokens,
     );
@@ -274,7 +274,7 @@ fn print_eviction_fit(
     layout: &starling_kv::CacheLayout,
     config: &ModelConfig,
 ) -> Option<std::result::Result<(), String>> {
-    let policy = &engine.compression;
+    let policy = &engine.kv_compression.eviction;
     if !policy.evicts() {
         return None;
     }

@@ -1,7 +1,9 @@
 //! Engine configuration: scheduler limits, the KV-cache memory budget and what the cache does
 //! (eviction, STAR-KV, prefix caching).
 
-use starling_evict::{CompressionConfig, StarKvSelection};
+use starling_backend::Backend;
+use starling_evict::{KvCacheDtype, KvCompression};
+use starling_kv::CacheDtype;
 
 use crate::scheduler::{AdmissionPolicy, SchedulerConfig};
 
@@ -47,10 +49,16 @@ impl EngineConfig {
                 admission: AdmissionPolicy::Optimistic,
             },
             kv_cache_memory_bytes,
-            compression: CompressionConfig::default(),
-            star_kv: None,
+            kv_compression: KvCompression::default(),
             enable_prefix_caching: false,
             model_identity: None,
         }
+    }
+}
+
+/// The element type the cache stores under `kv_dtype` on `backend`.
+pub(crate) fn cache_dtype<B: Backend>(kv_dtype: KvCacheDtype, backend: &B) -> CacheDtype {
+    match kv_dtype {
+        KvCacheDtype::Auto => backend.kv_cache_dtype(),
     }
 }

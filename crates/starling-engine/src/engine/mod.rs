@@ -25,6 +25,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use starling_backend::{Backend, DecodeGraphConfig, DecodeGraphs, DecodeStep};
+use starling_evict::KvCacheDtype;
 use starling_kv::{
     preflight_with_peak, BlockHasher, CacheLayout, KvCacheConfig, KvCacheManager, Preflight, SeqId,
 };
@@ -36,6 +37,7 @@ use crate::scheduler::{Footprint, Scheduler, SchedulerError, StepStats};
 pub use cache_report::{CacheKind, CacheReport, LatentRankSummary};
 pub use compaction::DEFAULT_COMPACTION_STEP_BUDGET_TOKENS;
 pub use config::EngineConfig;
+use config::cache_dtype;
 pub use error::EngineError;
 pub use output::{FailureKind, RequestFailure, RequestOptions, RequestOutput, TokenLogprob};
 pub use prefix_cache::PrefixCacheCounters;
@@ -143,7 +145,7 @@ impl<B: Backend> Engine<B> {
         text: Option<Arc<dyn TextDecoder>>,
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
-        if config.star_kv.is_some() {
+        if config.kv_compression.star_kv.is_some() {
             return Err(EngineError::InvalidRequest(
                 "a STAR-KV checkpoint changes how the model is built: start the engine with \
                  Engine::from_weights"
@@ -163,12 +165,12 @@ impl<B: Backend> Engine<B> {
         text: Option<Arc<dyn TextDecoder>>,
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
-        let (model, star_kv) =
-            load_model(&backend, model_config, weights, config.star_kv.as_ref())?;
+        let selection = config.kv_compression.star_kv.as_ref();
+        let (model, star_kv) = load_model(&backend, model_config, weights, selection)?;
         Self::with_loaded_model(backend, model, star_kv, text, config)
     }
 
-    /// [`Engine::new`] on a model [`load_model`] built for `config.star_kv` (with the
+    /// [`Engine::new`] on a model [`load_model`] built for `config.kv_compression.star_kv` (with the
     /// [`StarKvInfo`] it returned), for callers that must size the cache after the weights
     /// are resident (a GPU's free memory).
     pub fn with_loaded_model(
@@ -178,19 +180,21 @@ impl<B: Backend> Engine<B> {
         text: Option<Arc<dyn TextDecoder>>,
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
-        if config.star_kv.is_some() != star_kv.is_some() {
+        let kv_compression = config.kv_compression;
+        kv_compression.validate()?;
+        if kv_compression.star_kv.is_some() != star_kv.is_some() {
             return Err(EngineError::InvalidRequest(
                 "the engine's STAR-KV selection and the model it was given disagree (build the \
                  model with load_model for the same selection)"
                     .into(),
             ));
         }
-        config.compression.validate()?;
-        let dtype = backend.kv_cache_dtype();
+        let dtype = cache_dtype(kv_compression.kv_dtype, &backend);
         let layout = model.cache_layout(dtype);
         let sched = &config.scheduler;
         let max_len = sched.max_model_len_tokens;
-        let peak = eviction_peak_tokens(&config.compression, max_len, sched.max_num_batched_tokens);
+        let eviction = kv_compression.eviction;
+        let peak = eviction_peak_tokens(&eviction, max_len, sched.max_num_batched_tokens);
         let preflight = preflight_with_peak(
             config.kv_cache_memory_bytes,
             &layout,
@@ -241,7 +245,7 @@ impl<B: Backend> Engine<B> {
             preflight,
             layout,
             star_kv,
-            compression: config.compression,
+            compression: eviction,
             counters: EngineCounters::default(),
             last_step: None,
             graphs: None,
@@ -299,7 +303,7 @@ impl<B: Backend> Engine<B> {
     /// The cache layout `model` would get on `backend` (full K/V or latents per layer, in the
     /// backend's cache dtype): what [`Engine::new`] sizes the cache from.
     pub fn cache_layout_of(backend: &B, model: &LlamaModel<B>) -> CacheLayout {
-        model.cache_layout(backend.kv_cache_dtype())
+        model.cache_layout(cache_dtype(KvCacheDtype::Auto, backend))
     }
 
     /// What every layer of this engine's cache stores per token.

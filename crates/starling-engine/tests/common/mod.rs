@@ -5,7 +5,7 @@ use starling_backend::cpu::CpuBackend;
 use starling_engine::sampling::SamplingParams;
 use starling_engine::scheduler::{AdmissionPolicy, SchedulerConfig};
 use starling_engine::{Engine, EngineConfig};
-use starling_evict::CompressionConfig;
+use starling_evict::{CompressionConfig, KvCompression};
 use starling_models::llama::LlamaModel;
 use starling_models::{synthetic_weights, ModelConfig, WeightMap};
 
@@ -105,8 +105,10 @@ pub fn engine_with_prefix_caching(
             admission,
         },
         kv_cache_memory_bytes: bytes_per_block * kv_blocks as u64,
-        compression,
-        star_kv: None,
+        kv_compression: KvCompression {
+            eviction: compression,
+            ..Default::default()
+        },
         enable_prefix_caching,
         model_identity: None,
     };

@@ -336,7 +336,8 @@ struct StarKvJson {
     cache: StarKvCache,
 }
 
-/// The composed form `{"star_kv":{...},"eviction":{...}}`, either key optional.
+/// The composed form `{"star_kv":{...},"eviction":{...},"kv_dtype":"auto"}`, every key
+/// optional.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ComposedJson {
@@ -344,23 +345,55 @@ struct ComposedJson {
     star_kv: Option<Value>,
     #[serde(default, deserialize_with = "present")]
     eviction: Option<Value>,
+    #[serde(default)]
+    kv_dtype: KvCacheDtype,
 }
 
-/// The engine-wide `--kv-compression` setting: STAR-KV (what the cache stores), token eviction
-/// (which tokens it keeps), or both.
+/// The element type the KV cache stores (vLLM's `--kv-cache-dtype`).
+///
+/// Only `auto` exists today: the cache holds the model's activation dtype (bf16 on CUDA, f32 on
+/// the CPU reference), dense K/V and STAR-KV latents alike. A quantised cache (fp8) is a new
+/// variant here, honoured by `Engine::new` when it sizes and allocates the cache; until then a
+/// request for one is an error that names `auto`, never a silent fallback.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvCacheDtype {
+    /// The backend's native activation dtype.
+    #[default]
+    Auto,
+}
+
+impl KvCacheDtype {
+    /// The name in JSON and on the command line (the serde name).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+        }
+    }
+}
+
+/// The engine-wide KV-cache compression, the one value `Engine::new` consumes: what the cache
+/// stores per token (the layout: full K/V, or a STAR-KV checkpoint's latents), which tokens it
+/// keeps (token eviction, the default of requests that do not choose their own), and the
+/// element type it stores them in. Parsed from `--kv-compression` JSON
+/// ([`from_json`](Self::from_json)) and checked by [`validate`](Self::validate), the one place
+/// its ranges are checked.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct KvCompression {
-    /// A STAR-KV checkpoint the model runs with; `None` caches full K/V.
+    /// The layout: a STAR-KV checkpoint the model runs with; `None` caches full K/V.
     pub star_kv: Option<StarKvSelection>,
     /// The eviction policy of requests that do not choose their own (default: none).
     pub eviction: CompressionConfig,
+    /// The cache's element type.
+    pub kv_dtype: KvCacheDtype,
 }
 
 impl KvCompression {
     /// Parses `--kv-compression` JSON: `{"method":"star_kv","checkpoint":DIR,
     /// "rank_profile":NAME}` (both fields required; optional `factors` and `cache`, nothing
-    /// else), any eviction config [`CompressionConfig::from_json`] accepts, or both as
-    /// `{"star_kv":{"checkpoint":DIR,...},"eviction":{"method":...}}` (either key optional).
+    /// else), any eviction config [`CompressionConfig::from_json`] accepts, or the composed
+    /// form `{"star_kv":{"checkpoint":DIR,...},"eviction":{"method":...},"kv_dtype":"auto"}`
+    /// (every key optional). The result is [validated](Self::validate).
     pub fn from_json(text: &str) -> Result<Self, EvictError> {
         Self::from_value(&parse_json(text)?)
     }
@@ -384,18 +417,43 @@ impl KvCompression {
                 .map(CompressionConfig::from_value)
                 .transpose()?
                 .unwrap_or_default();
-            return Ok(Self { star_kv, eviction });
+            let setting = Self {
+                star_kv,
+                eviction,
+                kv_dtype: composed.kv_dtype,
+            };
+            setting.validate()?;
+            return Ok(setting);
         }
-        if map.get("method").and_then(Value::as_str) != Some(STAR_KV_METHOD) {
-            return Ok(Self {
-                star_kv: None,
+        let setting = if map.get("method").and_then(Value::as_str) != Some(STAR_KV_METHOD) {
+            Self {
                 eviction: CompressionConfig::from_value(value)?,
-            });
+                ..Self::default()
+            }
+        } else {
+            Self {
+                star_kv: Some(StarKvSelection::from_value(value)?),
+                ..Self::default()
+            }
+        };
+        setting.validate()?;
+        Ok(setting)
+    }
+
+    /// Checks every part: the eviction policy's ranges ([`CompressionConfig::validate`]) and a
+    /// STAR-KV selection's non-empty checkpoint and profile. `Engine::new` calls it on what it
+    /// is given, so a setting built in code is held to what the parser enforces.
+    pub fn validate(&self) -> Result<(), EvictError> {
+        self.eviction.validate()?;
+        if let Some(selection) = &self.star_kv {
+            if selection.checkpoint.as_os_str().is_empty() {
+                return Err(invalid("checkpoint", "expected a non-empty path"));
+            }
+            if selection.rank_profile.is_empty() {
+                return Err(invalid("rank_profile", "expected a non-empty string"));
+            }
         }
-        Ok(Self {
-            star_kv: Some(StarKvSelection::from_value(value)?),
-            eviction: CompressionConfig::default(),
-        })
+        Ok(())
     }
 
     /// Whether this setting changes the model itself (STAR-KV), so that it can only be chosen
@@ -415,18 +473,27 @@ impl KvCompression {
     }
 
     /// The setting as a JSON object (what [`from_value`](Self::from_value) reads back): the
-    /// flat form of whichever part is set, the composed form when both are.
+    /// flat form of whichever part is set, the composed form (with its `kv_dtype`) when both
+    /// are.
     pub fn to_json(&self) -> Value {
-        match (&self.star_kv, self.eviction.evicts()) {
-            (None, _) => self.eviction.to_json(),
-            (Some(s), false) if self.eviction == CompressionConfig::default() => s.to_json(),
-            (Some(s), _) => {
-                let mut star_kv = s.to_json();
-                if let Some(map) = star_kv.as_object_mut() {
-                    map.remove("method");
+        let composed = |star_kv: Option<Value>| {
+            let mut map = Map::new();
+            if let Some(mut star_kv) = star_kv {
+                if let Some(fields) = star_kv.as_object_mut() {
+                    fields.remove("method");
                 }
-                serde_json::json!({ "star_kv": star_kv, "eviction": self.eviction.to_json() })
+                map.insert("star_kv".into(), star_kv);
             }
+            map.insert("eviction".into(), self.eviction.to_json());
+            map.insert("kv_dtype".into(), Value::from(self.kv_dtype.name()));
+            Value::Object(map)
+        };
+        // `auto` is the only dtype, and the flat forms' default: a quantised dtype, when one
+        // exists, must take the composed form here.
+        match &self.star_kv {
+            None => self.eviction.to_json(),
+            Some(s) if self.eviction == CompressionConfig::default() => s.to_json(),
+            Some(s) => composed(Some(s.to_json())),
         }
     }
 }

@@ -347,3 +347,51 @@ fn null_is_not_an_omitted_field() {
         assert!(KvCompression::from_json(text).is_err(), "{text}");
     }
 }
+
+#[test]
+fn kv_dtype_is_auto_unless_named_and_an_unknown_dtype_names_the_valid_one() {
+    let flat = KvCompression::from_json(r#"{"method":"keydiff","ratio":0.5}"#).unwrap();
+    assert_eq!(flat.kv_dtype, KvCacheDtype::Auto);
+    let composed = KvCompression::from_json(
+        r#"{"eviction":{"method":"knorm","ratio":0.25},"kv_dtype":"auto"}"#,
+    )
+    .unwrap();
+    assert_eq!(composed.kv_dtype, KvCacheDtype::Auto);
+    assert_eq!(composed.eviction().method, CompressionMethod::KNorm);
+    assert_eq!(
+        KvCompression::from_value(&composed.to_json()).unwrap(),
+        composed
+    );
+    for bad in ["fp8", "int8", "bf16"] {
+        let text = format!(r#"{{"kv_dtype":"{bad}"}}"#);
+        let err = KvCompression::from_json(&text).unwrap_err().to_string();
+        assert!(err.contains(bad) && err.contains("auto"), "{err}");
+    }
+    // The flat eviction form is also the per-request one, where a dtype makes no sense.
+    assert!(KvCompression::from_json(r#"{"method":"keydiff","kv_dtype":"auto"}"#).is_err());
+}
+
+#[test]
+fn validate_holds_a_setting_built_in_code_to_what_the_parser_enforces() {
+    let mut setting = KvCompression::default();
+    assert!(setting.validate().is_ok());
+    setting.eviction.ratio = 1.5;
+    assert!(matches!(
+        setting.validate(),
+        Err(EvictError::InvalidField { field: "ratio", .. })
+    ));
+    setting.eviction = CompressionConfig::default();
+    setting.star_kv = Some(StarKvSelection {
+        checkpoint: PathBuf::new(),
+        rank_profile: "balanced".into(),
+        factors: StarKvFactors::Both,
+        cache: StarKvCache::Latent,
+    });
+    assert!(matches!(
+        setting.validate(),
+        Err(EvictError::InvalidField {
+            field: "checkpoint",
+            ..
+        })
+    ));
+}

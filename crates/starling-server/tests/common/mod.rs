@@ -218,8 +218,7 @@ pub fn start(setup: Setup) -> TestServer {
         let engine_config = EngineConfig {
             scheduler,
             kv_cache_memory_bytes: kv_blocks * block_bytes,
-            compression: Default::default(),
-            star_kv: None,
+            kv_compression: Default::default(),
             enable_prefix_caching: false,
             model_identity: None,
         };
