@@ -14,12 +14,13 @@ pub struct EngineConfig {
     pub scheduler: SchedulerConfig,
     /// Bytes of device memory given to the KV cache (all layers).
     pub kv_cache_memory_bytes: u64,
-    /// Token eviction applied to every request that does not choose its own
-    /// ([`crate::RequestOptions::compression`]); the default evicts nothing.
-    pub compression: CompressionConfig,
-    /// The STAR-KV checkpoint the model runs with ([`crate::Engine::from_weights`] builds the
-    /// model for it: latent layers, or the reference path); `None` caches full K/V.
-    pub star_kv: Option<StarKvSelection>,
+    /// What the cache stores and keeps, validated once when the engine starts
+    /// ([`KvCompression::validate`]): the STAR-KV checkpoint the model runs with
+    /// ([`crate::Engine::from_weights`] builds the model for it: latent layers, or the reference
+    /// path; `None` caches full K/V), the token eviction of every request that does not choose
+    /// its own ([`crate::RequestOptions::compression`]; the default evicts nothing), and the
+    /// cache's element type.
+    pub kv_compression: KvCompression,
     /// Automatic prefix caching (vLLM's `enable_prefix_caching`): full blocks are addressed
     /// by content hash and reused by later requests with the same prefix, so only the
     /// uncached tail of a prompt is computed. Greedy outputs are unchanged for requests that

@@ -278,8 +278,8 @@ fn every_method_round_trips() {
             config
         );
         let setting = KvCompression {
-            star_kv: None,
             eviction: config,
+            ..KvCompression::default()
         };
         assert_eq!(
             KvCompression::from_value(&setting.to_json()).unwrap(),
