@@ -33,6 +33,18 @@ pub struct ModelArg {
 }
 
 impl ModelArg {
+    /// How result files and plot titles name the model: the alias or preset as given, or the
+    /// file (or directory) name of a path — never the path, since results leave the machine.
+    pub fn display_name(&self) -> String {
+        let path = std::path::Path::new(&self.model);
+        if path.components().count() > 1 {
+            if let Some(name) = path.file_name() {
+                return name.to_string_lossy().into_owned();
+            }
+        }
+        self.model.clone()
+    }
+
     /// The latent ranks `--synthetic-latent-share` asks for, checked against the load format
     /// (`None` without the flag).
     pub fn synthetic_latent_ranks(
@@ -232,6 +244,8 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         engine: EngineArgs,
+        #[command(flatten)]
+        model: ModelArg,
     }
 
     fn prefix_caching(flags: &[&str], by_default: bool) -> bool {
@@ -280,7 +294,23 @@ mod tests {
         .map_err(|e| e.to_string());
         assert_eq!(
             composed.map(|c| (c.eviction.method, c.kv_dtype)),
-            Ok((starling_evict::CompressionMethod::KeyDiff, KvCacheDtype::Auto))
+            Ok((
+                starling_evict::CompressionMethod::KeyDiff,
+                KvCacheDtype::Auto
+            ))
         );
+    }
+
+    #[test]
+    fn results_name_a_model_by_alias_or_file_name_never_by_path() {
+        let name = |model: &str| {
+            Cli::parse_from(["starling", "--model", model])
+                .model
+                .display_name()
+        };
+        assert_eq!(name("qwen2.5-coder-1.5b"), "qwen2.5-coder-1.5b");
+        assert_eq!(name("models/qwen.gguf"), "qwen.gguf");
+        assert_eq!(name("/data/hf/Qwen3-0.6B/"), "Qwen3-0.6B");
+        assert_eq!(name("./smol.gguf"), "smol.gguf");
     }
 }

@@ -172,7 +172,7 @@ fn niah<B: Backend + 'static>(backend: B, args: NiahArgs) -> Result<()> {
     let eos_token_ids = session.engine.model().config().eos_token_ids.clone();
     if args.dump_prompts {
         let dump = PromptDump {
-            model: args.model.model.clone(),
+            model: args.model.display_name(),
             max_new_tokens: args.max_new_tokens,
             eos_token_ids: eos_token_ids.clone(),
             protocol: args.protocol.name().to_owned(),
@@ -213,7 +213,7 @@ fn niah<B: Backend + 'static>(backend: B, args: NiahArgs) -> Result<()> {
     }
     let cache = session.engine.cache_report();
     let report = NiahReport {
-        model: args.model.model.clone(),
+        model: args.model.display_name(),
         device: session.engine.backend_name(),
         contexts_tokens: contexts,
         depths_percent: args.depths.clone(),
@@ -235,7 +235,7 @@ fn niah<B: Backend + 'static>(backend: B, args: NiahArgs) -> Result<()> {
             .engine
             .kv_compression
             .star_kv()
-            .map(|_| args.engine.kv_compression.to_json()),
+            .map(|_| checkpoint_by_name(args.engine.kv_compression.to_json())),
         kv_cache: Some(serde_json::to_value(&cache)?),
         kv_cache_summary: Some(cache.to_string()),
         cells,
@@ -500,4 +500,41 @@ fn write_hf_agreement(
     let path = output.join("hf_agreement.md");
     std::fs::write(&path, &markdown).with_context(|| format!("writing {}", path.display()))?;
     Ok(markdown)
+}
+
+/// A `--kv-compression` JSON value as result files record it: every `checkpoint` path replaced
+/// by the directory's name (results leave the machine; the manifest identifies the weights).
+fn checkpoint_by_name(mut value: serde_json::Value) -> serde_json::Value {
+    if let Some(map) = value.as_object_mut() {
+        for (key, field) in map.iter_mut() {
+            match (key.as_str(), field.as_str()) {
+                ("checkpoint", Some(path)) => {
+                    let name = std::path::Path::new(path)
+                        .file_name()
+                        .map_or_else(|| path.to_owned(), |n| n.to_string_lossy().into_owned());
+                    *field = serde_json::Value::from(name);
+                }
+                _ => *field = checkpoint_by_name(field.take()),
+            }
+        }
+    }
+    value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::checkpoint_by_name;
+
+    #[test]
+    fn result_files_name_a_checkpoint_by_its_directory() {
+        let flat = serde_json::json!({"method": "star_kv", "checkpoint": "/data/ck/balanced", "rank_profile": "balanced"});
+        assert_eq!(checkpoint_by_name(flat)["checkpoint"], "balanced");
+        let composed = serde_json::json!({
+            "star_kv": {"checkpoint": "runs/qwen-ck", "rank_profile": "balanced"},
+            "eviction": {"method": "keydiff", "ratio": 0.5}
+        });
+        let named = checkpoint_by_name(composed);
+        assert_eq!(named["star_kv"]["checkpoint"], "qwen-ck");
+        assert_eq!(named["eviction"]["ratio"], 0.5);
+    }
 }

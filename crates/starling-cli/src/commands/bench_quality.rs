@@ -306,7 +306,7 @@ fn quality<B: Backend + 'static>(
     };
     let cache = prepared.session.engine.cache_report();
     let report = QualityReport {
-        model: args.model.model.clone(),
+        model: args.model.display_name(),
         device: prepared.session.engine.backend_name(),
         context_tokens: args.context_tokens,
         eval_tokens: args.eval_tokens,

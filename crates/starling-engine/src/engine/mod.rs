@@ -36,8 +36,8 @@ use crate::scheduler::{Footprint, Scheduler, SchedulerError, StepStats};
 
 pub use cache_report::{CacheKind, CacheReport, LatentRankSummary};
 pub use compaction::DEFAULT_COMPACTION_STEP_BUDGET_TOKENS;
-pub use config::EngineConfig;
 use config::cache_dtype;
+pub use config::EngineConfig;
 pub use error::EngineError;
 pub use output::{FailureKind, RequestFailure, RequestOptions, RequestOutput, TokenLogprob};
 pub use prefix_cache::PrefixCacheCounters;
