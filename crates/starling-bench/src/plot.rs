@@ -5,6 +5,8 @@
 
 use std::path::Path;
 
+use plotters::coord::types::RangedCoordf64;
+use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::error::BenchError;
@@ -26,6 +28,46 @@ pub(crate) fn register_font() -> Result<(), BenchError> {
         .map_err(|_| BenchError::Plot("the shipped font does not parse".into()))
 }
 
+/// A chart whose axes run from 0 to `max_x` and `max_y`, captioned, with its labelled mesh drawn:
+/// the frame every line chart of the bench reports shares.
+pub(crate) fn linear_chart<'a, DB: DrawingBackend + 'a>(
+    area: &'a DrawingArea<DB, Shift>,
+    caption: &str,
+    (max_x, max_y): (f64, f64),
+    (x_desc, y_desc): (&str, &str),
+    label_px: u32,
+) -> Result<ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>, BenchError> {
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, (FONT_FAMILY, 18))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..max_x, 0.0..max_y)
+        .map_err(plot_error)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .label_style((FONT_FAMILY, label_px))
+        .draw()
+        .map_err(plot_error)?;
+    Ok(chart)
+}
+
+/// The legend of a chart's labelled series, on a translucent white box.
+pub(crate) fn draw_legend<'a, DB: DrawingBackend + 'a>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    label_px: u32,
+) -> Result<(), BenchError> {
+    chart
+        .configure_series_labels()
+        .label_font((FONT_FAMILY, label_px))
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(plot_error)
+}
+
 /// Writes the sweep plot to `path` (PNG, 1200×500).
 pub fn write_sweep_png(rows: &[SweepRow], title: &str, path: &Path) -> Result<(), BenchError> {
     if rows.is_empty() {
@@ -45,20 +87,13 @@ pub fn write_sweep_png(rows: &[SweepRow], title: &str, path: &Path) -> Result<()
         .map(|r| (r.concurrency as f64, r.metrics.output_throughput))
         .collect();
     let max_tput = throughput.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-9) * 1.1;
-    let mut chart = ChartBuilder::on(&left)
-        .caption("output throughput", (FONT_FAMILY, 18))
-        .margin(15)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0.0..max_x, 0.0..max_tput)
-        .map_err(plot_error)?;
-    chart
-        .configure_mesh()
-        .x_desc("max concurrency")
-        .y_desc("tokens/s")
-        .label_style((FONT_FAMILY, 14))
-        .draw()
-        .map_err(plot_error)?;
+    let mut chart = linear_chart(
+        &left,
+        "output throughput",
+        (max_x, max_tput),
+        ("max concurrency", "tokens/s"),
+        14,
+    )?;
     chart
         .draw_series(LineSeries::new(throughput.clone(), BLUE.stroke_width(2)))
         .map_err(plot_error)?;
@@ -81,20 +116,13 @@ pub fn write_sweep_png(rows: &[SweepRow], title: &str, path: &Path) -> Result<()
         .fold(0.0, f64::max)
         .max(1e-9)
         * 1.1;
-    let mut chart = ChartBuilder::on(&right)
-        .caption("median latency", (FONT_FAMILY, 18))
-        .margin(15)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0.0..max_x, 0.0..max_ms)
-        .map_err(plot_error)?;
-    chart
-        .configure_mesh()
-        .x_desc("max concurrency")
-        .y_desc("ms")
-        .label_style((FONT_FAMILY, 14))
-        .draw()
-        .map_err(plot_error)?;
+    let mut chart = linear_chart(
+        &right,
+        "median latency",
+        (max_x, max_ms),
+        ("max concurrency", "ms"),
+        14,
+    )?;
     for (points, color, name) in [(ttft, RED, "TTFT"), (tpot, GREEN, "TPOT")] {
         chart
             .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
@@ -105,13 +133,7 @@ pub fn write_sweep_png(rows: &[SweepRow], title: &str, path: &Path) -> Result<()
             .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))
             .map_err(plot_error)?;
     }
-    chart
-        .configure_series_labels()
-        .label_font((FONT_FAMILY, 14))
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(plot_error)?;
+    draw_legend(&mut chart, 14)?;
     root.present().map_err(plot_error)?;
     Ok(())
 }

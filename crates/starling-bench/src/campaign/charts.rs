@@ -9,7 +9,7 @@ use plotters::prelude::*;
 use super::plan::CampaignKind;
 use super::results::{CampaignReport, PointRow};
 use crate::error::BenchError;
-use crate::plot::{plot_error, register_font, FONT_FAMILY};
+use crate::plot::{draw_legend, linear_chart, plot_error, register_font, FONT_FAMILY};
 use crate::stats::BenchmarkMetrics;
 
 /// A figure a row gives one panel (`None`: not measured, or not exported by that server).
@@ -198,20 +198,13 @@ fn draw(
             .fold(0.0, f64::max)
             .max(1e-9)
             * 1.15;
-        let mut chart = ChartBuilder::on(area)
-            .caption(panel.caption, (FONT_FAMILY, 18))
-            .margin(15)
-            .x_label_area_size(40)
-            .y_label_area_size(70)
-            .build_cartesian_2d(0.0..max_x, 0.0..max_y)
-            .map_err(plot_error)?;
-        chart
-            .configure_mesh()
-            .x_desc(kind.point_label())
-            .y_desc(panel.y_desc)
-            .label_style((FONT_FAMILY, 13))
-            .draw()
-            .map_err(plot_error)?;
+        let mut chart = linear_chart(
+            area,
+            panel.caption,
+            (max_x, max_y),
+            (kind.point_label(), panel.y_desc),
+            13,
+        )?;
         for (
             i,
             EngineSeries {
@@ -238,13 +231,7 @@ fn draw(
                 )
                 .map_err(plot_error)?;
         }
-        chart
-            .configure_series_labels()
-            .label_font((FONT_FAMILY, 13))
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(plot_error)?;
+        draw_legend(&mut chart, 13)?;
     }
     root.present().map_err(plot_error)?;
     Ok(())
