@@ -22,6 +22,7 @@ mod calibration_text;
 pub mod checkpoint;
 pub mod distill;
 mod error;
+mod exact_budget;
 mod factorization;
 mod latent_path;
 mod matrix;

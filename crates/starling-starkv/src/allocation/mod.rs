@@ -7,8 +7,6 @@
 //! [`crate::threshold`]). All end with the exact-budget step (see `exact.rs` for the rounding
 //! rule), so the total always equals [`CacheBudget::compressed_elements_per_token`].
 
-mod exact;
-
 use serde::{Deserialize, Serialize};
 use starling_kv::{CacheDtype, CacheLayout, LayerLayout};
 
@@ -19,7 +17,7 @@ use crate::{
     UncompressedLayers,
 };
 
-pub(crate) use exact::meet_budget;
+use crate::exact_budget::{meet_budget, uniform_ranks};
 
 /// The ranks of one compressed layer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -239,20 +237,6 @@ pub fn uniform_allocation(
         .collect();
     let ranks = uniform_ranks(&max_ranks, budget.compressed_elements_per_token)?;
     RankAllocation::from_canonical(*shape, uncompressed, &ranks)
-}
-
-/// `⌊max_i · target / Σ max⌋` per factor, then the exact step adding to (removing from) the
-/// factor whose kept share of its maximum rank is lowest (highest), so shares differ by at
-/// most one component.
-pub(crate) fn uniform_ranks(max_ranks: &[usize], target: u64) -> Result<Vec<usize>, StarKvError> {
-    let max_total: u64 = max_ranks.iter().map(|&m| m as u64).sum();
-    let mut ranks: Vec<usize> = max_ranks
-        .iter()
-        .map(|&m| (m as u64 * target / max_total.max(1)) as usize)
-        .collect();
-    let share = |f: usize, c: usize| -((c + 1) as f64) / max_ranks[f] as f64;
-    meet_budget(&mut ranks, max_ranks, target, &share)?;
-    Ok(ranks)
 }
 
 #[cfg(test)]

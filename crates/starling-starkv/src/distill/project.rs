@@ -3,8 +3,8 @@
 use starling_models::ModelConfig;
 
 use super::{DistillError, DistillReport};
-use crate::allocation::meet_budget;
 use crate::checkpoint::{CheckpointSettings, StarKvCheckpoint};
+use crate::exact_budget::meet_budget;
 use crate::threshold::effective_rank;
 use crate::{
     AllocationOutcome, CalibrationPlan, KvShape, ModelFactors, ModelProjections, RankAllocation,

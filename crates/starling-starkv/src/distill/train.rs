@@ -8,7 +8,7 @@ use candle_core::{Device, Tensor, Var};
 
 use super::student::{sigmoid, Values};
 use super::{DistillConfig, DistillError, DistillStep, Distiller};
-use crate::allocation::{meet_budget, uniform_ranks};
+use crate::exact_budget::{meet_budget, uniform_ranks};
 use crate::threshold::adam::Adam;
 use crate::threshold::{alpha_for_rank, effective_rank, ThresholdInit};
 use crate::ModelSpectra;

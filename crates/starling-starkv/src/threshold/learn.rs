@@ -7,7 +7,7 @@ use super::soft::{
     alpha_for_rank, effective_rank, soft_keep, soft_threshold, soft_threshold_grad_alpha,
 };
 use super::ThresholdObjective;
-use crate::allocation::{meet_budget, uniform_ranks};
+use crate::exact_budget::{meet_budget, uniform_ranks};
 use crate::{ModelSpectra, StarKvError};
 
 /// The hyper-parameters of threshold learning.

@@ -1,4 +1,6 @@
-//! The final exact-budget step every strategy ends with.
+//! The final exact-budget step every rank strategy ends with, and the uniform allocation built
+//! on it. A leaf module: the strategies (`allocation`, `threshold`) both use it and it uses
+//! neither, so they import no circle.
 //!
 //! Rounding rule: ranks are first clamped to `[1, max]`; then, while the total is below the
 //! target, the not-yet-kept component with the highest value is added (the next component of
@@ -98,6 +100,20 @@ pub(crate) fn meet_budget(
     }
     debug_assert_eq!(total, target, "feasibility was checked above");
     Ok(())
+}
+
+/// `⌊max_i · target / Σ max⌋` per factor, then the exact step adding to (removing from) the
+/// factor whose kept share of its maximum rank is lowest (highest), so shares differ by at
+/// most one component.
+pub(crate) fn uniform_ranks(max_ranks: &[usize], target: u64) -> Result<Vec<usize>, StarKvError> {
+    let max_total: u64 = max_ranks.iter().map(|&m| m as u64).sum();
+    let mut ranks: Vec<usize> = max_ranks
+        .iter()
+        .map(|&m| (m as u64 * target / max_total.max(1)) as usize)
+        .collect();
+    let share = |f: usize, c: usize| -((c + 1) as f64) / max_ranks[f] as f64;
+    meet_budget(&mut ranks, max_ranks, target, &share)?;
+    Ok(ranks)
 }
 
 #[cfg(test)]
