@@ -21,7 +21,7 @@ if compgen -G ".device/wheels/*.whl" > /dev/null; then
 fi
 fixture=$out/qwen3_tiny_d128
 # The reference on the CPU in f32, as the committed CPU fixture was made.
-CUDA_VISIBLE_DEVICES="" python3 scripts/make_qwen3_fixture.py "$fixture" --head-dim 128 2>&1 \
+CUDA_VISIBLE_DEVICES="" python3 scripts/make_hf_fixture.py "$fixture" --head-dim 128 2>&1 \
   | grep -v -i warn | tee -a "$log"
 [ -e "$fixture/reference.json" ] || { echo "no fixture was made" | tee -a "$log"; exit 1; }
 status=0

@@ -676,7 +676,7 @@ struct FullLogitsFixture {
     cases: Vec<FullLogitsCase>,
 }
 
-/// A tiny random Qwen3 made by transformers on the device (`scripts/make_qwen3_fixture.py
+/// A tiny random Qwen3 made by transformers on the device (`scripts/make_hf_fixture.py
 /// DIR --head-dim 128`: the CUDA attention kernels take heads of 64/128/256, the committed CPU
 /// fixture's are 16), loaded from its HF directory onto the GPU: every position's top-1 equals
 /// HF's f32 one unless HF's own top-2 gap is a bf16-sized near-tie, and the mean |dlogit| stays
@@ -686,7 +686,7 @@ struct FullLogitsFixture {
 #[ignore = "needs a CUDA GPU and a Qwen3 fixture directory (STARLING_QWEN3_FIXTURE)"]
 fn qwen3_tiny_gpu_logits_match_hf_transformers() {
     let Ok(dir) = std::env::var("STARLING_QWEN3_FIXTURE") else {
-        panic!("set STARLING_QWEN3_FIXTURE to a directory made by scripts/make_qwen3_fixture.py");
+        panic!("set STARLING_QWEN3_FIXTURE to a directory made by scripts/make_hf_fixture.py");
     };
     let dir = std::path::Path::new(&dir);
     let text = std::fs::read_to_string(dir.join("reference.json")).unwrap();

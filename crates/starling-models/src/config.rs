@@ -18,6 +18,12 @@ pub enum Architecture {
     /// Qwen3 (`Qwen3ForCausalLM`): no Q/K/V biases; an RMSNorm over each query and key head
     /// (`q_norm`, `k_norm`, one `[head_dim]` weight each per layer) before RoPE.
     Qwen3,
+    /// Mistral (`MistralForCausalLM`, HF directories): the Llama layout, whose attention may be
+    /// limited to a sliding window of the most recent `sliding_window` tokens. Windowed
+    /// attention is not built yet, so a windowed config loads with its context capped at the
+    /// window, where full attention computes exactly what the window does. (Mistral GGUF files
+    /// say `llama` and load as Llama.)
+    Mistral,
 }
 
 impl Architecture {
@@ -27,6 +33,7 @@ impl Architecture {
             Self::Llama => "llama",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
+            Self::Mistral => "mistral",
         }
     }
 

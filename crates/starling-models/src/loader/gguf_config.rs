@@ -182,8 +182,8 @@ pub(crate) fn config_from_gguf(
             style: match architecture {
                 // llama.cpp permutes llama Q/K rows at conversion, making HF's half-split
                 // rotation an adjacent-pair rotation on the stored weights; qwen2 and qwen3 are
-                // not permuted.
-                Architecture::Llama => RopeStyle::Interleaved,
+                // not permuted. (GGUF has no `mistral` architecture: such files say `llama`.)
+                Architecture::Llama | Architecture::Mistral => RopeStyle::Interleaved,
                 Architecture::Qwen2 | Architecture::Qwen3 => RopeStyle::Neox,
             },
             scaling: rope_scaling(metadata, arch)?,

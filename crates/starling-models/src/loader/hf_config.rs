@@ -29,6 +29,9 @@ struct HfConfig {
     attention_bias: Option<bool>,
     /// Qwen2/Qwen3 configs carry a sliding-window switch (off in every released model).
     use_sliding_window: Option<bool>,
+    /// The attention window (Mistral applies it whenever it is set; Qwen only under
+    /// `use_sliding_window`).
+    sliding_window: Option<usize>,
     bos_token_id: Option<u32>,
     eos_token_id: Option<OneOrMany>,
 }
@@ -102,6 +105,7 @@ pub(crate) fn parse_hf_config(text: &str) -> Result<ModelConfig, ModelError> {
         "llama" => Architecture::Llama,
         "qwen2" => Architecture::Qwen2,
         "qwen3" => Architecture::Qwen3,
+        "mistral" => Architecture::Mistral,
         "gemma3" | "gemma3_text" => {
             return Err(ModelError::UnsupportedArchitecture(format!(
                 "{} (support is planned)",
@@ -134,7 +138,26 @@ pub(crate) fn parse_hf_config(text: &str) -> Result<ModelConfig, ModelError> {
         .unwrap_or(10_000.0);
     let default_context = match architecture {
         Architecture::Llama => 2048,
+        // MistralConfig's default: 4096 * 32.
+        Architecture::Mistral => 131_072,
         Architecture::Qwen2 | Architecture::Qwen3 => 32_768,
+    };
+    let max_position_embeddings = match (architecture, hf.sliding_window) {
+        (_, Some(0)) if architecture == Architecture::Mistral => {
+            return Err(ModelError::InvalidConfig(
+                "mistral: `sliding_window` must be at least 1 (or null)".into(),
+            ))
+        }
+        (Architecture::Mistral, Some(window))
+            if window < hf.max_position_embeddings.unwrap_or(default_context) =>
+        {
+            tracing::warn!(
+                "mistral: attention over a sliding window of {window} tokens is not built yet; \
+                 contexts are capped at the window, where full attention is exact"
+            );
+            window
+        }
+        _ => hf.max_position_embeddings.unwrap_or(default_context),
     };
     Ok(ModelConfig {
         architecture,
@@ -152,7 +175,7 @@ pub(crate) fn parse_hf_config(text: &str) -> Result<ModelConfig, ModelError> {
             style: RopeStyle::Neox,
             scaling: rope_scaling(&rope_parameters)?,
         },
-        max_position_embeddings: hf.max_position_embeddings.unwrap_or(default_context),
+        max_position_embeddings,
         tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
         // Qwen2 always has Q/K/V biases and has no flag for them.
         attention_bias: architecture == Architecture::Qwen2 || hf.attention_bias.unwrap_or(false),
@@ -276,6 +299,40 @@ mod tests {
         );
         let err = parse_hf_config(&windowed).unwrap_err();
         assert!(err.to_string().contains("use_sliding_window"), "{err}");
+    }
+
+    /// Mistral-7B-v0.1's config.json (window 4096, 32k positions).
+    const MISTRAL_7B_V01: &str = r#"{"architectures": ["MistralForCausalLM"],
+        "model_type": "mistral", "vocab_size": 32000, "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+        "max_position_embeddings": 32768, "sliding_window": 4096, "tie_word_embeddings": false,
+        "bos_token_id": 1, "eos_token_id": 2}"#;
+
+    #[test]
+    fn mistral_loads_as_the_llama_layout_with_its_context_capped_at_the_window() {
+        let config = parse_hf_config(MISTRAL_7B_V01).unwrap();
+        assert_eq!(config.architecture, Architecture::Mistral);
+        assert_eq!((config.head_dim, config.num_kv_heads), (128, 8));
+        assert!(!config.attention_bias && !config.architecture.has_qk_norm());
+        assert_eq!(config.rope.style, RopeStyle::Neox);
+        // Windowed attention is not built: contexts up to the window are exact.
+        assert_eq!(config.max_position_embeddings, 4096);
+        // v0.3 has no window: the whole context.
+        let v03 = MISTRAL_7B_V01.replace("\"sliding_window\": 4096", "\"sliding_window\": null");
+        assert_eq!(
+            parse_hf_config(&v03).unwrap().max_position_embeddings,
+            32_768
+        );
+        // A window at least as long as the context limits nothing.
+        let wide = MISTRAL_7B_V01.replace("\"sliding_window\": 4096", "\"sliding_window\": 65536");
+        assert_eq!(
+            parse_hf_config(&wide).unwrap().max_position_embeddings,
+            32_768
+        );
+        let zero = MISTRAL_7B_V01.replace("\"sliding_window\": 4096", "\"sliding_window\": 0");
+        let err = parse_hf_config(&zero).unwrap_err();
+        assert!(err.to_string().contains("sliding_window"), "{err}");
     }
 
     #[test]

@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
-"""A tiny random Qwen3 from HF transformers' own Qwen3 code, and its reference logits.
+"""A tiny random model from HF transformers' own architecture code, and its reference logits.
 
-Builds `Qwen3ForCausalLM` from a small config with a fixed seed (real architecture code, random
-weights), saves it as an HF directory (config.json + model.safetensors, float32), and records the
-float32 CPU logits at every position of a few fixed token-id prompts plus their greedy
-continuations. Starling's CPU test (crates/starling-models/tests/qwen3_fixture.rs) loads the
-directory and compares; scripts/device/qwen3_hf_check.sh does the same on the GPU.
+Builds `Qwen3ForCausalLM` (default) or `MistralForCausalLM` (`--arch mistral`) from a small
+config with a fixed seed (real architecture code, random weights), saves it as an HF directory
+(config.json + model.safetensors, float32), and records the float32 CPU logits at every position
+of a few fixed token-id prompts plus their greedy continuations. Starling's CPU tests
+(crates/starling-models/tests/hf_fixtures.rs) load the directories and compare;
+scripts/device/qwen3_hf_check.sh does the same on the GPU for Qwen3. The committed fixtures:
+tests/fixtures/qwen3_tiny (this script when it was make_qwen3_fixture.py) and
+tests/fixtures/mistral_tiny (`--arch mistral`).
 
 Weights are drawn wider than transformers' default (std 0.02 gives near-uniform logits whose
 top-1 is decided by rounding), and every RMSNorm weight, q_norm and k_norm included, is drawn
 around 1 rather than left at ones, so a norm applied to the wrong head or skipped shows up.
 
-usage: make_qwen3_fixture.py OUT_DIR [--check] [--head-dim N]
+usage: make_hf_fixture.py OUT_DIR [--arch qwen3|mistral] [--check] [--head-dim N]
   --check: reload OUT_DIR and verify the stored logits reproduce (no files written).
   --head-dim N: heads of N (default 16, the committed CPU fixture; the CUDA attention kernels
     take 64, 128 and 256, so scripts/device/qwen3_hf_check.sh makes a 128-wide one).
@@ -22,7 +25,7 @@ import sys
 
 import torch
 import transformers
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 SEED = 20261202
 # Token-id prompts (no tokenizer: the vocabulary is 256 ids). Lengths 1, 7 and 19, so the test
@@ -55,9 +58,23 @@ CONFIG = dict(
 )
 
 
-def build(head_dim: int) -> Qwen3ForCausalLM:
+# Mistral: the Llama layout behind a sliding window, here wider than every prompt (Starling caps
+# a windowed model's context at its window, where full attention is exact).
+MISTRAL_CONFIG = {
+    **{k: v for k, v in CONFIG.items() if k not in ("use_sliding_window", "attention_bias")},
+    "sliding_window": 64,
+    "tie_word_embeddings": False,
+}
+ARCHES = {
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, CONFIG),
+    "mistral": (MistralConfig, MistralForCausalLM, MISTRAL_CONFIG),
+}
+
+
+def build(arch: str, head_dim: int):
+    config_class, model_class, config = ARCHES[arch]
     torch.manual_seed(SEED)
-    model = Qwen3ForCausalLM(Qwen3Config(**{**CONFIG, "head_dim": head_dim})).eval()
+    model = model_class(config_class(**{**config, "head_dim": head_dim})).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -65,7 +82,7 @@ def build(head_dim: int) -> Qwen3ForCausalLM:
     return model
 
 
-def reference(model: Qwen3ForCausalLM) -> list:
+def reference(model) -> list:
     cases = []
     with torch.no_grad():
         for prompt in PROMPTS:
@@ -92,9 +109,12 @@ def reference(model: Qwen3ForCausalLM) -> list:
 
 def main() -> None:
     out_dir = sys.argv[1]
+    args = sys.argv[2:]
+    arch = args[args.index("--arch") + 1] if "--arch" in args else "qwen3"
     torch.set_default_dtype(torch.float32)
-    if "--check" in sys.argv[2:]:
-        model = Qwen3ForCausalLM.from_pretrained(out_dir, torch_dtype=torch.float32).eval()
+    if "--check" in args:
+        model_class = ARCHES[arch][1]
+        model = model_class.from_pretrained(out_dir, torch_dtype=torch.float32).eval()
         with open(f"{out_dir}/reference.json") as f:
             stored = json.load(f)["cases"]
         for case, again in zip(stored, reference(model)):
@@ -106,12 +126,11 @@ def main() -> None:
             assert case["greedy_ids"] == again["greedy_ids"], "greedy tokens differ"
             print("max |dlogit| after reload:", delta)
         return
-    args = sys.argv[2:]
     head_dim = int(args[args.index("--head-dim") + 1]) if "--head-dim" in args else 16
-    model = build(head_dim)
+    model = build(arch, head_dim)
     model.save_pretrained(out_dir, safe_serialization=True)
     fixture = {
-        "generator": "scripts/make_qwen3_fixture.py",
+        "generator": f"scripts/make_hf_fixture.py --arch {arch}",
         "transformers": transformers.__version__,
         "torch": torch.__version__,
         "dtype": "float32 (cpu)",

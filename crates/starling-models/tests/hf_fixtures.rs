@@ -1,7 +1,8 @@
-//! A tiny random Qwen3 made by HF transformers' own `Qwen3ForCausalLM` (committed in
-//! `tests/fixtures/qwen3_tiny`, made by `scripts/make_qwen3_fixture.py`), loaded from its HF
-//! directory and run on the CPU backend: logits at every position of the fixture's prompts and
-//! greedy continuations against transformers' float32 CPU logits.
+//! Tiny random models made by HF transformers' own architecture code — `Qwen3ForCausalLM`
+//! (`tests/fixtures/qwen3_tiny`) and `MistralForCausalLM` (`tests/fixtures/mistral_tiny`), both
+//! by `scripts/make_hf_fixture.py` — loaded from their HF directories and run on the CPU
+//! backend: logits at every position of each fixture's prompts and greedy continuations against
+//! transformers' float32 CPU logits.
 
 use std::path::{Path, PathBuf};
 
@@ -35,12 +36,17 @@ struct Case {
     logits: Vec<Vec<f32>>,
 }
 
-fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_tiny")
+const QWEN3: &str = "qwen3_tiny";
+const MISTRAL: &str = "mistral_tiny";
+
+fn fixture_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
-fn fixture() -> Fixture {
-    let path = fixture_dir().join("reference.json");
+fn fixture(name: &str) -> Fixture {
+    let path = fixture_dir(name).join("reference.json");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
     serde_json::from_str(&text).unwrap()
 }
@@ -60,14 +66,14 @@ fn agrees(row: &[f32], token: usize) -> bool {
     row[token] >= row[argmax(row)] - TIE_MARGIN
 }
 
-/// Mean |dlogit| over every case, position and vocabulary entry, and the positions whose top-1
-/// differs from HF's (ties aside), running `config` with `weights`.
-fn compare(config: &ModelConfig, weights: WeightMap) -> (f32, Vec<String>) {
+/// Mean |dlogit| over every case, position and vocabulary entry of fixture `name`, and the
+/// positions whose top-1 differs from HF's (ties aside), running `config` with `weights`.
+fn compare(name: &str, config: &ModelConfig, weights: WeightMap) -> (f32, Vec<String>) {
     let backend = CpuBackend::new();
     let model = LlamaModel::load(&backend, config, weights).unwrap();
     let (mut sum, mut count) = (0.0f64, 0usize);
     let mut disagreements = Vec::new();
-    for (c, case) in fixture().cases.iter().enumerate() {
+    for (c, case) in fixture(name).cases.iter().enumerate() {
         let ids: Vec<u32> = case
             .prompt_ids
             .iter()
@@ -92,11 +98,11 @@ fn compare(config: &ModelConfig, weights: WeightMap) -> (f32, Vec<String>) {
 
 #[test]
 fn tiny_qwen3_matches_transformers_logits_and_greedy_tokens() {
-    let loaded = load_model(fixture_dir()).unwrap();
+    let loaded = load_model(fixture_dir(QWEN3)).unwrap();
     assert_eq!(loaded.config.architecture, Architecture::Qwen3);
     assert!(loaded.config.tie_word_embeddings);
     assert!(!loaded.config.attention_bias);
-    let (mean, disagreements) = compare(&loaded.config, loaded.weights);
+    let (mean, disagreements) = compare(QWEN3, &loaded.config, loaded.weights);
     println!("qwen3_tiny: mean |dlogit| vs transformers (f32 CPU) = {mean:.3e}");
     assert!(
         mean < MEAN_ABS_DLOGIT_TOLERANCE,
@@ -113,10 +119,10 @@ fn tiny_qwen3_matches_transformers_logits_and_greedy_tokens() {
 /// the test above could not see a missing or misplaced head norm.
 #[test]
 fn dropping_the_head_norms_is_detected() {
-    let loaded = load_model(fixture_dir()).unwrap();
+    let loaded = load_model(fixture_dir(QWEN3)).unwrap();
     let mut config = loaded.config.clone();
     config.architecture = Architecture::Llama;
-    let (mean, _) = compare(&config, loaded.weights);
+    let (mean, _) = compare(QWEN3, &config, loaded.weights);
     println!("qwen3_tiny without head norms: mean |dlogit| = {mean:.3e}");
     assert!(
         mean > 100.0 * MEAN_ABS_DLOGIT_TOLERANCE,
@@ -125,14 +131,14 @@ fn dropping_the_head_norms_is_detected() {
 }
 
 /// The fixture directory with one tensor left out of its safetensors file.
-fn fixture_without(tensor: &str) -> tempfile::TempDir {
+fn fixture_without(name: &str, tensor: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(
-        fixture_dir().join("config.json"),
+        fixture_dir(name).join("config.json"),
         dir.path().join("config.json"),
     )
     .unwrap();
-    let bytes = std::fs::read(fixture_dir().join("model.safetensors")).unwrap();
+    let bytes = std::fs::read(fixture_dir(name).join("model.safetensors")).unwrap();
     let file = SafeTensors::deserialize(&bytes).unwrap();
     let kept: Vec<(String, TensorView<'_>)> = file
         .tensors()
@@ -150,7 +156,7 @@ fn a_missing_head_norm_is_named() {
         "model.layers.1.self_attn.k_norm.weight",
         "model.layers.0.self_attn.q_norm.weight",
     ] {
-        let dir = fixture_without(tensor);
+        let dir = fixture_without(QWEN3, tensor);
         let err = load_model(dir.path()).unwrap_err();
         assert!(
             matches!(&err, ModelError::MissingTensor { name } if name == tensor),
@@ -160,7 +166,7 @@ fn a_missing_head_norm_is_named() {
     }
     // Building the model from a weight map (a caller that skipped the load-time check) names it
     // too.
-    let mut loaded = load_model(fixture_dir()).unwrap();
+    let mut loaded = load_model(fixture_dir(QWEN3)).unwrap();
     let name = "model.layers.1.self_attn.q_norm.weight";
     loaded.weights.take(name, &[16]).unwrap();
     let err = LlamaModel::load(&CpuBackend::new(), &loaded.config, loaded.weights)
@@ -168,6 +174,37 @@ fn a_missing_head_norm_is_named() {
         .unwrap();
     assert!(
         matches!(&err, ModelError::MissingTensor { name: n } if n == name),
+        "{err}"
+    );
+}
+
+#[test]
+fn tiny_mistral_matches_transformers_logits_and_greedy_tokens() {
+    let loaded = load_model(fixture_dir(MISTRAL)).unwrap();
+    assert_eq!(loaded.config.architecture, Architecture::Mistral);
+    assert!(!loaded.config.tie_word_embeddings);
+    assert!(!loaded.config.attention_bias);
+    // The fixture's 64-token window is shorter than its 512 positions: the context is capped
+    // at the window (windowed attention is not built), and every prompt fits inside it.
+    assert_eq!(loaded.config.max_position_embeddings, 64);
+    let (mean, disagreements) = compare(MISTRAL, &loaded.config, loaded.weights);
+    println!("mistral_tiny: mean |dlogit| vs transformers (f32 CPU) = {mean:.3e}");
+    assert!(
+        mean < MEAN_ABS_DLOGIT_TOLERANCE,
+        "mean |dlogit| {mean:.3e} over {MEAN_ABS_DLOGIT_TOLERANCE:e}"
+    );
+    assert!(
+        disagreements.is_empty(),
+        "top-1 differs at {disagreements:?}"
+    );
+}
+
+#[test]
+fn a_mistral_without_its_lm_head_is_named() {
+    let tensor = "lm_head.weight";
+    let err = load_model(fixture_without(MISTRAL, tensor).path()).unwrap_err();
+    assert!(
+        matches!(&err, ModelError::MissingTensor { name } if name == tensor),
         "{err}"
     );
 }
