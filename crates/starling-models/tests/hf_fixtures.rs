@@ -102,13 +102,19 @@ fn tiny_qwen3_matches_transformers_logits_and_greedy_tokens() {
     assert_eq!(loaded.config.architecture, Architecture::Qwen3);
     assert!(loaded.config.tie_word_embeddings);
     assert!(!loaded.config.attention_bias);
-    let (mean, disagreements) = compare(QWEN3, &loaded.config, loaded.weights);
-    println!("qwen3_tiny: mean |dlogit| vs transformers (f32 CPU) = {mean:.3e}");
+    assert_matches_transformers(QWEN3, &loaded.config, loaded.weights);
+}
+
+/// Fixture `name` run with `config` and `weights` matches transformers: mean |dlogit| under
+/// [`MEAN_ABS_DLOGIT_TOLERANCE`] and HF's top-1 at every teacher-forced position (ties aside),
+/// so the greedy continuations are HF's too.
+fn assert_matches_transformers(name: &str, config: &ModelConfig, weights: WeightMap) {
+    let (mean, disagreements) = compare(name, config, weights);
+    println!("{name}: mean |dlogit| vs transformers (f32 CPU) = {mean:.3e}");
     assert!(
         mean < MEAN_ABS_DLOGIT_TOLERANCE,
         "mean |dlogit| {mean:.3e} over {MEAN_ABS_DLOGIT_TOLERANCE:e}"
     );
-    // Top-1 at every teacher-forced position, so the greedy continuations are HF's too.
     assert!(
         disagreements.is_empty(),
         "top-1 differs at {disagreements:?}"
@@ -187,16 +193,7 @@ fn tiny_mistral_matches_transformers_logits_and_greedy_tokens() {
     // The fixture's 64-token window is shorter than its 512 positions: the context is capped
     // at the window (windowed attention is not built), and every prompt fits inside it.
     assert_eq!(loaded.config.max_position_embeddings, 64);
-    let (mean, disagreements) = compare(MISTRAL, &loaded.config, loaded.weights);
-    println!("mistral_tiny: mean |dlogit| vs transformers (f32 CPU) = {mean:.3e}");
-    assert!(
-        mean < MEAN_ABS_DLOGIT_TOLERANCE,
-        "mean |dlogit| {mean:.3e} over {MEAN_ABS_DLOGIT_TOLERANCE:e}"
-    );
-    assert!(
-        disagreements.is_empty(),
-        "top-1 differs at {disagreements:?}"
-    );
+    assert_matches_transformers(MISTRAL, &loaded.config, loaded.weights);
 }
 
 #[test]
