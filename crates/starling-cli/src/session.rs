@@ -323,3 +323,28 @@ pub fn start_session<B: Backend + 'static>(
         load_ms,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::tokenizer_from_arg;
+
+    /// A word-level tokenizer.json of three tokens (the `tokenizers` format, written by hand).
+    const TOKENIZER_JSON: &str = r#"{"version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": {"hello": 0, "world": 1, "[UNK]": 2},
+                  "unk_token": "[UNK]"}}"#;
+
+    #[test]
+    fn a_directory_holding_only_a_tokenizer_is_read_without_weights() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tokenizer.json"), TOKENIZER_JSON).unwrap();
+        let source = dir.path().to_str().unwrap();
+        let tokenizer = tokenizer_from_arg(source).unwrap();
+        assert_eq!(tokenizer.encode("hello world", false).unwrap(), vec![0, 1]);
+        // Without tokenizer.json the directory is opened as a model, and says what is missing.
+        std::fs::remove_file(dir.path().join("tokenizer.json")).unwrap();
+        let err = format!("{:#}", tokenizer_from_arg(source).unwrap_err());
+        assert!(err.contains(source), "{err}");
+    }
+}
