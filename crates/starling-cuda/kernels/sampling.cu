@@ -3,7 +3,8 @@
 // starling-backend/src/sampling/mod.rs). Only a token id and a log-probability per row leave the
 // GPU.
 //
-// One CUDA block of THREADS threads per sampled row, one launch per step. Per row:
+// One launch per step; THREADS-thread blocks, one or several per sampled row (the greedy
+// passes split across a row's blocks, the rest in one: see sample_rows_f32). Per row:
 //  1. the largest raw logit and its lowest id (greedy), and the first NaN / +inf (an error, as on
 //     the host);
 //  2. the log-normaliser (sum of exp in f64) for the raw log-probability of the chosen token;
@@ -366,16 +367,31 @@ __device__ __forceinline__ bool row_in_chunks(const float* x, int vocab) {
     return (vocab & 3) == 0 && (reinterpret_cast<size_t>(x) & 15) == 0;
 }
 
-// sampling::sample_row for each row of `params` (one block each): see the top of this file.
-extern "C" __global__ void __launch_bounds__(THREADS)
-    sample_rows_f32(const float* __restrict__ logits, int vocab,
-                    const unsigned* __restrict__ params, unsigned* __restrict__ out) {
-    pdl_entry();
-    __shared__ Scratch sh;
-    const unsigned* p = params + (size_t)blockIdx.x * PARAM_WORDS;
-    const float* x = logits + (size_t)p[0] * vocab;
-    unsigned* o = out + (size_t)blockIdx.x * OUT_WORDS;
+// ROW_UNROLL chunks of 4 logits from chunk c0 on, THREADS apart (-inf past `chunks`, which adds
+// nothing to a max and exp_nonpositive(-inf) = 0 to a sum).
+__device__ __forceinline__ void load_chunks(const float4* __restrict__ x4, int c0, int chunks,
+                                            float4 (&v)[ROW_UNROLL]) {
+#pragma unroll
+    for (int u = 0; u < ROW_UNROLL; u++) {
+        const int c = c0 + u * THREADS;
+        v[u] = c < chunks ? x4[c] : make_float4(NEG_INF, NEG_INF, NEG_INF, NEG_INF);
+    }
+}
 
+// One block's share of a row's greedy passes: the largest logit of ids [begin, end) with its
+// lowest id, the first non-finite id, and Σ exp(x - best) over the share (in f64).
+struct RowPart {
+    double sum;
+    float best;
+    unsigned best_id;
+    unsigned bad_id;
+    unsigned pad;
+};
+
+// The greedy passes over ids [begin, end) of row x, by the whole block (every thread gets the
+// results). `chunked`: begin is a multiple of 4 and the row starts 16-byte aligned.
+__device__ RowPart scan_share(const float* __restrict__ x, int begin, int end, bool chunked,
+                              Scratch& sh) {
     float best = NEG_INF;
     unsigned best_id = NO_TOKEN, bad_id = NO_TOKEN;
     // Ids rise along a thread's loop (also in the chunked form: chunk c holds ids 4c..4c+3), so
@@ -388,17 +404,12 @@ extern "C" __global__ void __launch_bounds__(THREADS)
             best_id = id;
         }
     };
-    const bool chunked = row_in_chunks(x, vocab);
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const int c_begin = begin >> 2, c_end = (end + 3) >> 2;
     if (chunked) {
-        const float4* x4 = reinterpret_cast<const float4*>(x);
-        const int chunks = vocab >> 2;
-        for (int c0 = threadIdx.x; c0 < chunks; c0 += THREADS * ROW_UNROLL) {
+        for (int c0 = c_begin + threadIdx.x; c0 < c_end; c0 += THREADS * ROW_UNROLL) {
             float4 v[ROW_UNROLL];
-#pragma unroll
-            for (int u = 0; u < ROW_UNROLL; u++) {
-                const int c = c0 + u * THREADS;
-                v[u] = c < chunks ? x4[c] : make_float4(NEG_INF, NEG_INF, NEG_INF, NEG_INF);
-            }
+            load_chunks(x4, c0, c_end, v);
 #pragma unroll
             for (int u = 0; u < ROW_UNROLL; u++) {
                 const unsigned id = 4u * (unsigned)(c0 + u * THREADS);
@@ -409,20 +420,101 @@ extern "C" __global__ void __launch_bounds__(THREADS)
             }
         }
     } else {
-        for (int i = threadIdx.x; i < vocab; i += THREADS) consider(x[i], (unsigned)i);
+        for (int i = begin + threadIdx.x; i < end; i += THREADS) consider(x[i], (unsigned)i);
     }
     bad_id = block_min_u32(bad_id, sh);
     block_argmax(best, best_id, sh);
-    if (bad_id != NO_TOKEN) {
+    double sum = 0.0;
+    if (bad_id == NO_TOKEN && best_id != NO_TOKEN) {
+        if (chunked) {
+            for (int c0 = c_begin + threadIdx.x; c0 < c_end; c0 += THREADS * ROW_UNROLL) {
+                float4 v[ROW_UNROLL];
+                load_chunks(x4, c0, c_end, v);
+#pragma unroll
+                for (int u = 0; u < ROW_UNROLL; u++)
+                    sum += (double)exp_nonpositive(__fsub_rn(v[u].x, best)) +
+                           (double)exp_nonpositive(__fsub_rn(v[u].y, best)) +
+                           (double)exp_nonpositive(__fsub_rn(v[u].z, best)) +
+                           (double)exp_nonpositive(__fsub_rn(v[u].w, best));
+            }
+        } else {
+            for (int i = begin + threadIdx.x; i < end; i += THREADS)
+                sum += (double)exp_nonpositive(__fsub_rn(x[i], best));
+        }
+        sum = block_sum_f64(sum, sh);
+    }
+    return RowPart{sum, best, best_id, bad_id, 0u};
+}
+
+// The row's totals from its `splits` shares (in share order, so every run adds alike): the best
+// logit and its lowest id, the first non-finite id, and Σ exp(x - best) with each share's sum
+// rescaled from its own best to the row's. Read past L1: other blocks wrote the shares.
+__device__ RowPart combine_shares(const RowPart* __restrict__ shares, int splits) {
+    RowPart total{0.0, NEG_INF, NO_TOKEN, NO_TOKEN, 0u};
+    for (int s = 0; s < splits; s++) {
+        const float b = __ldcg(&shares[s].best);
+        const unsigned id = __ldcg(&shares[s].best_id);
+        total.bad_id = min(total.bad_id, __ldcg(&shares[s].bad_id));
+        if (id != NO_TOKEN) keep_better(total.best, total.best_id, b, id);
+    }
+    if (total.bad_id != NO_TOKEN || total.best_id == NO_TOKEN) return total;
+    for (int s = 0; s < splits; s++) {
+        if (__ldcg(&shares[s].best_id) == NO_TOKEN) continue;
+        const double scale = exp((double)__ldcg(&shares[s].best) - (double)total.best);
+        total.sum += __ldcg(&shares[s].sum) * scale;
+    }
+    return total;
+}
+
+// sampling::sample_row for each row of `params`: see the top of this file. Grid (rows, splits):
+// with one split a row's block does everything; with more, block (row, s) scans the s-th share
+// of the row's ids for the greedy passes (max, normaliser), writes it to `shares`, and the last
+// of the row's blocks to finish (counted in `done`, zeroed by the host) combines them and goes
+// on alone (status, greedy token or the filtered draw over the whole row, log-probability).
+// Splitting spreads a row's exp pass, about 16 µs of arithmetic on one SM for a 151,936-token
+// vocabulary, over several SMs.
+extern "C" __global__ void __launch_bounds__(THREADS)
+    sample_rows_f32(const float* __restrict__ logits, int vocab,
+                    const unsigned* __restrict__ params, unsigned* __restrict__ out,
+                    RowPart* __restrict__ shares, unsigned* __restrict__ done) {
+    pdl_entry();
+    __shared__ Scratch sh;
+    __shared__ RowPart row_total;
+    __shared__ bool last;
+    const unsigned* p = params + (size_t)blockIdx.x * PARAM_WORDS;
+    const float* x = logits + (size_t)p[0] * vocab;
+    unsigned* o = out + (size_t)blockIdx.x * OUT_WORDS;
+    const int splits = gridDim.y;
+    const bool chunked = row_in_chunks(x, vocab);
+    // Shares of whole chunks, so each starts 16-byte aligned.
+    const int share = ((vocab + splits - 1) / splits + 3) & ~3;
+    const int begin = min((int)blockIdx.y * share, vocab), end = min(begin + share, vocab);
+    RowPart part = scan_share(x, begin, end, chunked, sh);
+    if (splits > 1) {
+        RowPart* mine = shares + (size_t)blockIdx.x * splits;
+        if (threadIdx.x == 0) {
+            mine[blockIdx.y] = part;
+            __threadfence();
+            last = atomicAdd(&done[blockIdx.x], 1u) == (unsigned)splits - 1;
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        if (threadIdx.x == 0) row_total = combine_shares(mine, splits);
+        __syncthreads();
+        part = row_total;
+    }
+    const float best = part.best;
+    if (part.bad_id != NO_TOKEN) {
         if (threadIdx.x == 0) {
             o[0] = STATUS_NON_FINITE;
-            o[1] = bad_id;
-            o[2] = __float_as_uint(x[bad_id]);
+            o[1] = part.bad_id;
+            o[2] = __float_as_uint(x[part.bad_id]);
             o[3] = 0;
         }
         return;
     }
-    if (best_id == NO_TOKEN) {  // every logit is -inf
+    if (part.best_id == NO_TOKEN) {  // every logit is -inf
         if (threadIdx.x == 0) {
             o[0] = STATUS_NO_CANDIDATE;
             o[1] = 0;
@@ -431,35 +523,10 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         }
         return;
     }
-
-    double sum = 0.0;
-    if (chunked) {
-        const float4* x4 = reinterpret_cast<const float4*>(x);
-        const int chunks = vocab >> 2;
-        for (int c0 = threadIdx.x; c0 < chunks; c0 += THREADS * ROW_UNROLL) {
-            float4 v[ROW_UNROLL];
-#pragma unroll
-            for (int u = 0; u < ROW_UNROLL; u++) {
-                const int c = c0 + u * THREADS;
-                // -inf past the end adds exp_nonpositive(-inf) = 0.
-                v[u] = c < chunks ? x4[c] : make_float4(NEG_INF, NEG_INF, NEG_INF, NEG_INF);
-            }
-#pragma unroll
-            for (int u = 0; u < ROW_UNROLL; u++)
-                sum += (double)exp_nonpositive(__fsub_rn(v[u].x, best)) +
-                       (double)exp_nonpositive(__fsub_rn(v[u].y, best)) +
-                       (double)exp_nonpositive(__fsub_rn(v[u].z, best)) +
-                       (double)exp_nonpositive(__fsub_rn(v[u].w, best));
-        }
-    } else {
-        for (int i = threadIdx.x; i < vocab; i += THREADS)
-            sum += (double)exp_nonpositive(__fsub_rn(x[i], best));
-    }
-    sum = block_sum_f64(sum, sh);
-    const float log_normalizer = __fadd_rn(best, __double2float_rn(log(sum)));
+    const float log_normalizer = __fadd_rn(best, __double2float_rn(log(part.sum)));
 
     const unsigned token =
-        (p[1] & FLAG_GREEDY) ? best_id : sample_filtered(x, vocab, p, best, sh);
+        (p[1] & FLAG_GREEDY) ? part.best_id : sample_filtered(x, vocab, p, best, sh);
     if (threadIdx.x == 0) {
         o[0] = STATUS_OK;
         o[1] = token;

@@ -18,6 +18,22 @@ const THREADS: u32 = 1024;
 const PARAM_WORDS: usize = 8;
 /// Output words per row (`OUT_WORDS` in sampling.cu).
 const OUT_WORDS: usize = 4;
+/// 8-byte words of a row's share of the greedy passes (`RowPart` in sampling.cu: an f64 sum,
+/// the best logit, its id, the first non-finite id, padding).
+const ROW_PART_WORDS: usize = 3;
+/// Fewest logits a share of a row's greedy passes holds.
+const MIN_SHARE_LOGITS: usize = 8192;
+/// Most blocks one row's greedy passes are split across.
+const MAX_SPLITS: usize = 16;
+
+/// Blocks per sampled row (`sample_rows_f32`'s grid.y): enough for the step's rows to cover about
+/// two waves of `num_sms` SMs, every share at least [`MIN_SHARE_LOGITS`], at most
+/// [`MAX_SPLITS`]. One row of a 151,936-token vocabulary takes 16 blocks; 128 rows take 3.
+fn sampling_splits(rows: usize, vocab: usize, num_sms: usize) -> usize {
+    let by_sms = (2 * num_sms).div_ceil(rows.max(1));
+    let by_vocab = vocab / MIN_SHARE_LOGITS;
+    by_sms.min(by_vocab).clamp(1, MAX_SPLITS)
+}
 const FLAG_GREEDY: u32 = 1;
 const FLAG_TOP_P: u32 = 2;
 const STATUS_OK: u32 = 0;
@@ -41,13 +57,24 @@ impl CudaBackend {
         let grid = u32::try_from(rows.len())
             .map_err(|_| CudaError::Shape(format!("{} sampling rows", rows.len())))?;
         let params = self.upload_u32(&pack_params(rows, vocab))?;
-        // SAFETY: thread 0 of each row's block writes all OUT_WORDS words of its row.
+        // SAFETY: thread 0 of each row's last block writes all OUT_WORDS words of its row.
         let mut out = unsafe { self.stream.alloc::<u32>(rows.len() * OUT_WORDS) }?;
+        let splits = sampling_splits(rows.len(), vocab, self.num_sms);
         let cfg = LaunchConfig {
-            grid_dim: (grid, 1, 1),
+            grid_dim: (grid, splits as u32, 1),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
+        // A row's shares of the greedy passes (RowPart: 3 × 8 bytes) and its count of finished
+        // blocks, which must start at zero; one split touches neither.
+        let (shares_words, done_words) = if splits > 1 {
+            (rows.len() * splits * ROW_PART_WORDS, rows.len())
+        } else {
+            (1, 1)
+        };
+        // SAFETY: each block writes its own share before the row's last block reads them all.
+        let mut shares = unsafe { self.stream.alloc::<u64>(shares_words) }?;
+        let mut done = self.stream.alloc_zeros::<u32>(done_words)?;
         launch!(
             self,
             &self.kernels.sample_rows,
@@ -55,7 +82,9 @@ impl CudaBackend {
             logits.f32()?,
             &vocab_i,
             &params,
-            &mut out
+            &mut out,
+            &mut shares,
+            &mut done
         )?;
         let words: Vec<u32> = self.stream.clone_dtoh(&out)?;
         Ok(words.chunks_exact(OUT_WORDS).map(decode).collect())
@@ -165,6 +194,21 @@ mod tests {
     use starling_backend::sampling::TokenFilter;
 
     use super::*;
+
+    #[test]
+    fn rows_split_across_blocks_by_the_sms_and_the_vocabulary() {
+        // H200: 132 SMs. Qwen's vocabulary at batch 1 and 16: the 16-block cap.
+        assert_eq!(sampling_splits(1, 151_936, 132), 16);
+        assert_eq!(sampling_splits(16, 151_936, 132), 16);
+        assert_eq!(sampling_splits(128, 151_936, 132), 3);
+        assert_eq!(sampling_splits(256, 151_936, 132), 2);
+        assert_eq!(sampling_splits(512, 151_936, 132), 1);
+        // Llama's 32,000 tokens: shares of at least 8,192.
+        assert_eq!(sampling_splits(1, 32_000, 132), 3);
+        // Small vocabularies stay in one block.
+        assert_eq!(sampling_splits(1, 256, 132), 1);
+        assert_eq!(sampling_splits(1, 8191, 132), 1);
+    }
 
     #[test]
     fn params_pack_the_host_sampler_constants() {
