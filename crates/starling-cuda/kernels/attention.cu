@@ -37,7 +37,7 @@ __device__ void paged_attention_impl(DECODE_ATTENTION_PARAMS) {
     const int sub = lane / LPR, sl = lane % LPR;  // row within the pass, lane within the row
     const int num_q_heads = num_kv_heads * group;
     const int visible = (int)tok_visible[t];
-    const int start = split * split_len;
+    const int start = window_first_key(visible, window) + split * split_len;
     const int end = min(visible, start + split_len);
     const unsigned* table = block_tables + (size_t)tok_seq[t] * max_blocks;
 
@@ -184,13 +184,13 @@ __device__ void paged_attention_impl(DECODE_ATTENTION_PARAMS) {
         bf16* out, float* part_acc, float* part_ml, const bf16* qkv, int qkv_width,              \
         const bf16* k_cache, const bf16* v_cache, const unsigned* rows,                          \
         const unsigned* tok_seq, const unsigned* tok_visible, const unsigned* block_tables,      \
-        int max_blocks, int block_size, int num_kv_heads, int group, float scale, int splits,    \
-        int split_len, const unsigned* plan) {                                                   \
+        int max_blocks, int block_size, int num_kv_heads, int group, float scale, int window,    \
+        int splits, int split_len, const unsigned* plan) {                                       \
         pdl_entry();                                                                             \
         paged_attention_impl<D, G>(out, part_acc, part_ml, qkv, qkv_width, k_cache, v_cache,    \
                                    rows, tok_seq, tok_visible, block_tables, max_blocks,         \
-                                   block_size, num_kv_heads, group, scale, splits, split_len,    \
-                                   plan);                                                        \
+                                   block_size, num_kv_heads, group, scale, window, splits,       \
+                                   split_len, plan);                                             \
     }
 #define INSTANTIATE_GROUPS(D) INSTANTIATE(D, 1) INSTANTIATE(D, 2) INSTANTIATE(D, 4) INSTANTIATE(D, 8)
 INSTANTIATE_GROUPS(64)

@@ -16,8 +16,8 @@
 // at the end. Every K/V byte is read from global memory once per (token, KV head).
 //
 // Causality and compaction are attention.cu's: the token sees the context positions below
-// tok_visible (physical lengths). With several splits each block covers keys
-// [split * split_len, +split_len) and writes an unnormalised partial in natural-log units that
+// tok_visible (physical lengths), from tok_visible - window on under a sliding window. With
+// several splits each block covers keys [first + split * split_len, +split_len) and writes an unnormalised partial in natural-log units that
 // attention_combine_bf16 (attention.cu) merges.
 //
 // The helpers (cp.async, ldmatrix, mma.sync, swizzle, tile copies) are in mma_common.cuh, the
@@ -47,8 +47,9 @@ __device__ void decode_attention_mma_impl(DECODE_ATTENTION_PARAMS) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int t = (int)rows[blockIdx.x], kvh = blockIdx.y, split = blockIdx.z;
     const int num_q_heads = num_kv_heads * group;
-    const int kv_start = split * split_len;
-    const int kv_end = min((int)tok_visible[t], kv_start + split_len);
+    const int visible = (int)tok_visible[t];
+    const int kv_start = window_first_key(visible, window) + split * split_len;
+    const int kv_end = min(visible, kv_start + split_len);
     const int n_tiles = kv_end > kv_start ? (kv_end - kv_start + DM_BN - 1) / DM_BN : 0;
     const unsigned* table = block_tables + (size_t)tok_seq[t] * max_blocks;
     const size_t slot_stride = (size_t)num_kv_heads * D, head_off = (size_t)kvh * D;
@@ -232,13 +233,13 @@ __device__ void decode_attention_mma_impl(DECODE_ATTENTION_PARAMS) {
         bf16* out, float* part_acc, float* part_ml, const bf16* qkv, int qkv_width,              \
         const bf16* k_cache, const bf16* v_cache, const unsigned* rows, const unsigned* tok_seq, \
         const unsigned* tok_visible, const unsigned* block_tables, int max_blocks,               \
-        int block_size, int num_kv_heads, int group, float scale, int splits, int split_len,     \
-        const unsigned* plan) {                                                                  \
+        int block_size, int num_kv_heads, int group, float scale, int window, int splits,       \
+        int split_len, const unsigned* plan) {                                                   \
         pdl_entry();                                                                             \
         decode_attention_mma_impl<D>(out, part_acc, part_ml, qkv, qkv_width, k_cache, v_cache,  \
                                      rows, tok_seq, tok_visible, block_tables, max_blocks,       \
-                                     block_size, num_kv_heads, group, scale, splits, split_len,  \
-                                     plan);                                                      \
+                                     block_size, num_kv_heads, group, scale, window, splits,     \
+                                     split_len, plan);                                           \
     }
 INSTANTIATE(64)
 INSTANTIATE(128)

@@ -11,6 +11,8 @@
 //   rows          the query token of each blockIdx.x
 //   tok_seq       sequence of each query token; tok_visible: context positions each one sees
 //   block_tables  [sequences, max_blocks]
+//   window        a sliding-window layer's reach (a token seeing `visible` keys attends to keys
+//                 [visible - window, visible)); 0: the whole context
 //   plan          null, or {splits, split_len} on the device (a replayed step)
 #define DECODE_ATTENTION_PARAMS                                                                  \
     bf16* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,           \
@@ -18,8 +20,15 @@
         const bf16* __restrict__ v_cache, const unsigned* __restrict__ rows,                     \
         const unsigned* __restrict__ tok_seq, const unsigned* __restrict__ tok_visible,          \
         const unsigned* __restrict__ block_tables, int max_blocks, int block_size,               \
-        int num_kv_heads, int group, float scale, int splits, int split_len,                     \
+        int num_kv_heads, int group, float scale, int window, int splits, int split_len,         \
         const unsigned* __restrict__ plan
+
+// The first key a token seeing `visible` keys attends to (0 without a window). A split covers
+// keys [first + split * split_len, +split_len): the plan sized splits for the whole visible
+// length, so a window only leaves the later splits empty.
+__device__ __forceinline__ int window_first_key(int visible, int window) {
+    return window > 0 ? max(0, visible - window) : 0;
+}
 
 // A replayed decode step (CUDA graph) launches the bucket's largest split count and reads this
 // step's plan from `plan`; eager launches pass the plan by value and a null pointer. False for a

@@ -19,8 +19,9 @@
 // c ^ (r & 7)) so ldmatrix reads are free of bank conflicts.
 //
 // Causality is the decode kernel's: row r sees the context positions below tok_visible of its
-// token (physical lengths, so compacted caches work unchanged). With several splits each block
-// covers keys [split * split_len, +split_len) and writes an unnormalised partial in the layout
+// token (physical lengths, so compacted caches work unchanged), and under a sliding window only
+// those from tok_visible - window on. A tile's keys start at its first row's window start; with
+// several splits each block covers keys [that start + split * split_len, +split_len) and writes an unnormalised partial in the layout
 // attention_combine_bf16 (attention.cu) merges, the same layout the decode kernels write.
 //
 // The helpers (cp.async, ldmatrix, mma.sync, swizzle, tile copies) are in mma_common.cuh, which
@@ -44,22 +45,28 @@ static_assert(BM == WARPS * 16 * WARP_MT && THREADS == WARPS * 32, "tile geometr
 // One key tile's online-softmax update of this thread's rows: S (raw scores) becomes P, the
 // running max m (log2 units, scaled) and this lane's share of the sum l move on, and O is rescaled.
 // The scale is folded into the exponent (one FFMA per score) and the max taken on raw scores (the
-// scale is positive). With MASK, keys at or past a row's end score -inf.
+// scale is positive). With MASK, keys at or past a row's end, or before its window's start, score
+// -inf.
 template <bool MASK, int MT, int NT, int DT>
 __device__ __forceinline__ void online_softmax_tile(float (&s)[MT][NT][4], float (&o)[MT][DT][4],
                                                     float (&m)[MT][2], float (&l)[MT][2],
-                                                    const int (&row_end)[MT][2], int kb, int qc,
-                                                    float scale_log2) {
+                                                    const int (&row_visible)[MT][2], int kv_end,
+                                                    int window, int kb, int qc, float scale_log2) {
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
         for (int i = 0; i < 2; i++) {
+            // The row's keys: [its window's start, min(visible, the split's end)). Derived here
+            // from the visible count rather than kept per row (registers are the budget).
+            const int row_end = min(row_visible[mt][i], kv_end);
+            const int row_start = window > 0 ? row_visible[mt][i] - window : 0;
             float mx = NEG_INF;
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    if (MASK && kb + nt * 8 + 2 * qc + e >= row_end[mt][i])
+                    const int key = kb + nt * 8 + 2 * qc + e;
+                    if (MASK && (key >= row_end || key < row_start))
                         s[mt][nt][2 * i + e] = NEG_INF;
                     mx = fmaxf(mx, s[mt][nt][2 * i + e]);
                 }
@@ -102,7 +109,9 @@ __device__ void prefill_attention_impl(
     const unsigned* __restrict__ tok_seq,      // sequence of each query token
     const unsigned* __restrict__ tok_visible,  // context positions each query token sees
     const unsigned* __restrict__ block_tables, int max_blocks, int block_size,
-    int num_kv_heads, int group, float scale, int splits, int split_len) {
+    int num_kv_heads, int group, float scale,
+    int window,                                // sliding-window reach; 0: the whole context
+    int splits, int split_len) {
     constexpr int KS = D / 16;       // k-steps of S over the head dim
     constexpr int NT = BN / 8;       // 8-key column tiles of S
     constexpr int DT = D / 8;        // 8-wide column tiles of O
@@ -117,7 +126,7 @@ __device__ void prefill_attention_impl(
     extern __shared__ __align__(128) unsigned char smem_raw[];
     bf16* q_s = reinterpret_cast<bf16*>(smem_raw);
     bf16* ring = q_s + BM * D;
-    __shared__ int warp_visible[WARPS];
+    __shared__ int warp_visible[WARPS], warp_visible_min[WARPS];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int kvh = blockIdx.y, split = blockIdx.z;
@@ -126,48 +135,67 @@ __device__ void prefill_attention_impl(
     const int num_q_heads = num_kv_heads * group;
     const unsigned* table = block_tables + (size_t)tok_seq[first] * max_blocks;
 
-    // The tile's largest visible count bounds the key loop (block-uniform, so every thread runs
-    // the same iterations and reaches every barrier).
-    int vis = 0;
-    for (int i = tid; i < count; i += THREADS) vis = max(vis, (int)tok_visible[first + i]);
+    // The tile's largest visible count bounds the key loop, and under a window its smallest
+    // one's window start begins it (block-uniform, so every thread runs the same iterations
+    // and reaches every barrier).
+    int vis = 0, vis_min = 0x7fffffff;
+    for (int i = tid; i < count; i += THREADS) {
+        vis = max(vis, (int)tok_visible[first + i]);
+        vis_min = min(vis_min, (int)tok_visible[first + i]);
+    }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) vis = max(vis, __shfl_xor_sync(0xffffffffu, vis, o));
-    if (lane == 0) warp_visible[warp] = vis;
+    for (int o = 16; o > 0; o >>= 1) {
+        vis = max(vis, __shfl_xor_sync(0xffffffffu, vis, o));
+        vis_min = min(vis_min, __shfl_xor_sync(0xffffffffu, vis_min, o));
+    }
+    if (lane == 0) warp_visible[warp] = vis, warp_visible_min[warp] = vis_min;
     __syncthreads();
-    int tile_visible = 0;
+    int tile_visible = 0, tile_visible_min = 0x7fffffff;
 #pragma unroll
-    for (int w = 0; w < WARPS; w++) tile_visible = max(tile_visible, warp_visible[w]);
-    const int kv_start = split * split_len;
+    for (int w = 0; w < WARPS; w++) {
+        tile_visible = max(tile_visible, warp_visible[w]);
+        tile_visible_min = min(tile_visible_min, warp_visible_min[w]);
+    }
+    const int tile_first_key = window > 0 ? max(0, tile_visible_min - window) : 0;
+    const int kv_start = tile_first_key + split * split_len;
     const int kv_end = min(kv_start + split_len, tile_visible);
     const int n_tiles = kv_end > kv_start ? (kv_end - kv_start + BN - 1) / BN : 0;
 
     // This thread's fragment rows: qr and qr + 8 of each of the warp's m-tiles.
     const int qr = lane >> 2, qc = lane & 3;
-    int row_end[MT][2];  // the row's token and head are recomputed at the end (registers)
+    // Each fragment row's visible count (the row's token and head are recomputed at the end:
+    // registers). A padding row sees nothing (0): every score is masked.
+    int row_visible[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const int r = (warp * MT + mt) * 16 + qr + 8 * i;
-            // A padding row sees nothing: every score is masked.
-            row_end[mt][i] = r < rows ? min((int)tok_visible[first + r / group], kv_end) : kv_start;
+            row_visible[mt][i] = r < rows ? (int)tok_visible[first + r / group] : 0;
         }
     }
 
-    // Keys before this warp's smallest row end are visible to all of its real rows: tiles wholly
-    // before it skip the mask (padding rows' outputs are never written, so they need none).
-    int warp_full_end = 0x7fffffff;
+    // Keys from this warp's largest row window start to its smallest row end are visible to all
+    // of its real rows: tiles wholly inside skip the mask (padding rows' outputs are never
+    // written, so they need none).
+    int warp_full_end = 0x7fffffff, warp_full_start = 0;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const int r = (warp * MT + mt) * 16 + qr + 8 * i;
-            if (r < rows) warp_full_end = min(warp_full_end, row_end[mt][i]);
+            if (r < rows) {
+                warp_full_end = min(warp_full_end, min(row_visible[mt][i], kv_end));
+                if (window > 0)
+                    warp_full_start = max(warp_full_start, row_visible[mt][i] - window);
+            }
         }
     }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
+    for (int o = 16; o > 0; o >>= 1) {
         warp_full_end = min(warp_full_end, __shfl_xor_sync(0xffffffffu, warp_full_end, o));
+        warp_full_start = max(warp_full_start, __shfl_xor_sync(0xffffffffu, warp_full_start, o));
+    }
 
     // Prologue: Q (padding rows zero-filled) and the first STAGES - 1 K/V tiles go in flight,
     // one commit group per tile (Q joins tile 0's; groups may be empty, so the count stays
@@ -256,11 +284,14 @@ __device__ void prefill_attention_impl(
         }
 
         // Online softmax per row (each row's 64 scores are spread over a quad of lanes). Only a
-        // tile reaching past some row's end (the diagonal, the context's end) needs the mask.
-        if (kb + BN <= warp_full_end)
-            online_softmax_tile<false, MT, NT, DT>(s, o, m, l, row_end, kb, qc, scale_log2);
+        // tile reaching past some row's end (the diagonal, the context's end) or before some
+        // row's window start needs the mask.
+        if (kb >= warp_full_start && kb + BN <= warp_full_end)
+            online_softmax_tile<false, MT, NT, DT>(s, o, m, l, row_visible, kv_end, window, kb,
+                                                   qc, scale_log2);
         else
-            online_softmax_tile<true, MT, NT, DT>(s, o, m, l, row_end, kb, qc, scale_log2);
+            online_softmax_tile<true, MT, NT, DT>(s, o, m, l, row_visible, kv_end, window, kb, qc,
+                                                  scale_log2);
 
         // O += P·V: S's accumulator fragments of two 8-key tiles are P's A fragment.
 #pragma unroll
@@ -337,12 +368,13 @@ __device__ void prefill_attention_impl(
             const bf16* k_cache, const bf16* v_cache, const unsigned* tiles,                    \
             const unsigned* tok_seq, const unsigned* tok_visible, const unsigned* block_tables, \
             int max_blocks, int block_size, int num_kv_heads, int group, float scale,           \
-            int splits, int split_len) {                                                        \
+            int window, int splits, int split_len) {                                            \
         pdl_entry();                                                                            \
         prefill_attention_impl<D, STAGES_D##D>(out, part_acc, part_ml, qkv, qkv_width, k_cache, \
                                                v_cache, tiles, tok_seq, tok_visible,            \
                                                block_tables, max_blocks, block_size,            \
-                                               num_kv_heads, group, scale, splits, split_len);  \
+                                               num_kv_heads, group, scale, window, splits,      \
+                                               split_len);                                      \
     }
 INSTANTIATE(64)
 INSTANTIATE(128)

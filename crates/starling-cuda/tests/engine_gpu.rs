@@ -19,7 +19,7 @@ use starling_engine::{Engine, EngineConfig, RequestOptions};
 use starling_evict::{CompressionConfig, CompressionMethod};
 use starling_kv::CacheDtype;
 use starling_models::llama::LlamaModel;
-use starling_models::{synthetic_weights, ModelConfig, WeightMap};
+use starling_models::{synthetic_weights, ModelConfig, SlidingWindow, WeightMap};
 use starling_starkv::{
     latent_layers, AppliedSides, KvShape, LayerRanks, ModelFactors, ModelProjections,
     RankAllocation, UncompressedLayers,
@@ -30,6 +30,7 @@ const BLOCK_TOKENS: usize = 16;
 /// The tiny test model with GPU-sized heads (4 q / 2 KV heads × 64, 2 layers).
 fn config() -> ModelConfig {
     ModelConfig {
+        sliding_window: None,
         head_dim: 64,
         max_position_embeddings: 1024,
         ..ModelConfig::tiny_llama_for_tests()
@@ -520,4 +521,63 @@ fn a_kernel_profile_times_every_launch_site_of_a_run_and_changes_no_output() {
         "{launches} launches timed over {} steps of a 2-layer model",
         outcome.steps
     );
+}
+
+/// A sliding-window engine (window 48 over 16-token blocks) of the tiny model: every layer
+/// windowed (blocks released behind the window) or only the first (Gemma-3's mix: all kept).
+fn windowed_engine<B: Backend>(backend: B, layers: Vec<bool>, blocks: usize) -> Engine<B> {
+    let cfg = ModelConfig {
+        sliding_window: Some(SlidingWindow { tokens: 48, layers }),
+        ..config()
+    };
+    let model = LlamaModel::load(&backend, &cfg, weights(&cfg)).expect("model");
+    let bytes = Engine::cache_layout_of(&backend, &model).bytes_per_block(BLOCK_TOKENS);
+    let engine_config = EngineConfig {
+        scheduler: SchedulerConfig {
+            max_num_seqs: 8,
+            max_num_batched_tokens: 96,
+            max_model_len_tokens: 512,
+            block_size_tokens: BLOCK_TOKENS,
+            admission: AdmissionPolicy::Optimistic,
+        },
+        kv_cache_memory_bytes: bytes * blocks as u64,
+        kv_compression: Default::default(),
+        enable_prefix_caching: false,
+        model_identity: None,
+    };
+    Engine::new(backend, model, None, engine_config).expect("engine")
+}
+
+/// Sliding-window layers on the GPU give the CPU's probabilities over the whole trace (prompts
+/// of 30–400 tokens: most far past the window), with the same blocks in use: with every layer
+/// windowed the blocks behind the window are released on both, so far fewer are in use.
+#[test]
+#[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
+fn windowed_engine_on_the_gpu_matches_the_cpu() {
+    let trace =
+        trace(Arm::Full).with_options(|_, o: &mut RequestOptions| o.return_full_logprobs = true);
+    let mut in_use = Vec::new();
+    for layers in [vec![true, true], vec![true, false]] {
+        let on_cpu = run(
+            &mut windowed_engine(CpuBackend::new(), layers.clone(), 400),
+            &trace,
+        );
+        let on_gpu = run(
+            &mut windowed_engine(gpu(), layers.clone(), 400),
+            &trace.forced_to(&on_cpu),
+        );
+        println!(
+            "windowed layers {layers:?}: {} steps, max blocks in use {} (GPU) / {} (CPU)",
+            on_gpu.steps, on_gpu.max_blocks_in_use, on_cpu.max_blocks_in_use
+        );
+        assert_same_probabilities(
+            &format!("window {layers:?} GPU vs CPU"),
+            SAME_CONTEXT,
+            &on_gpu,
+            &on_cpu,
+        );
+        assert_eq!(on_gpu.max_blocks_in_use, on_cpu.max_blocks_in_use);
+        in_use.push(on_gpu.max_blocks_in_use);
+    }
+    assert!(in_use[0] < in_use[1], "released blocks: {in_use:?}");
 }

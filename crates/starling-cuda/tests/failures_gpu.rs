@@ -64,6 +64,7 @@ struct Case {
 /// tokens, and whether the doomed request failed on non-finite logits.
 fn schedule(case: Case, poisoned: bool) -> (Vec<Vec<u32>>, bool) {
     let cfg = ModelConfig {
+        sliding_window: None,
         head_dim: 64,
         ..ModelConfig::tiny_llama_for_tests()
     };

@@ -191,6 +191,7 @@ fn replay_matches_eager_with(
 /// The tiny test model with heads the GPU kernels take.
 fn tiny() -> ModelConfig {
     ModelConfig {
+        sliding_window: None,
         head_dim: 64,
         max_position_embeddings: 4096,
         ..ModelConfig::tiny_llama_for_tests()
@@ -201,6 +202,7 @@ fn tiny() -> ModelConfig {
 /// embeddings, its vocabulary), two layers.
 fn qwen2_shaped() -> ModelConfig {
     ModelConfig {
+        sliding_window: None,
         num_layers: 2,
         ..ModelConfig::qwen2_5_coder_1_5b()
     }
@@ -249,6 +251,7 @@ fn qwen2_shaped_replay_equals_eager() {
 #[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
 fn replay_equals_eager_with_latent_layers() {
     let cfg = ModelConfig {
+        sliding_window: None,
         num_layers: 3,
         ..qwen2_shaped()
     };

@@ -74,6 +74,7 @@ fn greedy<B: Backend>(
 fn tiny_random_model_logits_match_cpu() {
     // The GPU attention kernels take head_dim 64/128/256; widen the tiny test model's heads.
     let cfg = ModelConfig {
+        sliding_window: None,
         head_dim: 64,
         ..ModelConfig::tiny_llama_for_tests()
     };
@@ -275,6 +276,7 @@ fn rel_err(a: &[f32], b: &[f32]) -> f64 {
 fn long_context_prefill_matches_cpu() {
     let base = ModelConfig::tiny_llama_for_tests();
     let cfg = ModelConfig {
+        sliding_window: None,
         hidden_size: 256,
         num_layers: 1,
         num_attention_heads: 12,
@@ -311,6 +313,7 @@ fn long_context_prefill_matches_cpu() {
 /// launched for zero rows writes one whole row (3 KiB here, 0.5 KiB at d 256) past its buffer.
 fn qwen2_long_context_config() -> ModelConfig {
     ModelConfig {
+        sliding_window: None,
         vocab_size: 4096,
         intermediate_size: 4096,
         num_layers: 4,
@@ -532,6 +535,7 @@ fn zero_row_ops_leave_neighbouring_device_memory_intact() {
         .upload(&HostTensor::new(vec![64, d], vec![0.5; 64 * d]).unwrap())
         .unwrap();
     let dims = AttentionDims {
+        window_tokens: None,
         num_heads: 12,
         num_kv_heads: 2,
         head_dim: 128,

@@ -256,6 +256,7 @@ fn rope_write_kv_and_paged_attention_match_cpu() {
     ];
     for (heads, kv_heads, hd, style) in shapes {
         let dims = AttentionDims {
+            window_tokens: None,
             num_heads: heads,
             num_kv_heads: kv_heads,
             head_dim: hd,
@@ -438,6 +439,7 @@ fn filled_caches(
 ) {
     let (heads, head_dim) = spec.full_heads().expect("a full layout");
     let dims = AttentionDims {
+        window_tokens: None,
         num_heads: heads,
         num_kv_heads: heads,
         head_dim,
@@ -1145,6 +1147,7 @@ fn prefill_attention_matches_cpu() {
     ];
     for (heads, kv_heads, hd) in shapes {
         let dims = AttentionDims {
+            window_tokens: None,
             num_heads: heads,
             num_kv_heads: kv_heads,
             head_dim: hd,
@@ -1194,6 +1197,7 @@ fn gqa_decode_attention_matches_cpu() {
     };
     for (heads, kv_heads, hd) in shapes {
         let dims = AttentionDims {
+            window_tokens: None,
             num_heads: heads,
             num_kv_heads: kv_heads,
             head_dim: hd,
@@ -1221,5 +1225,58 @@ fn gqa_decode_attention_matches_cpu() {
         let mixed = [seq(4999, 1), seq(100, 64), seq(16, 1), compacted, seq(0, 5)];
         let label = format!("gqa decode + prefill {shape}");
         check_prefill_batch(&gpu, &cpu, &dims, &mixed, &mut rng, &label);
+    }
+}
+
+// ---- Sliding-window attention: every kernel (per-token decode, tensor-core decode, tiled
+// prefill, the split combine) honours a layer's window.
+
+#[test]
+#[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
+fn windowed_attention_matches_cpu() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let mut rng = ChaCha8Rng::seed_from_u64(41);
+    // Grouped d128 and d64 (tensor-core decode and prefill), MHA (per-token decode at batch > 4)
+    // and head width 256 (Gemma-3: per-token kernel for every row).
+    let shapes = [
+        (12usize, 2usize, 128usize),
+        (9, 3, 64),
+        (32, 32, 128),
+        (4, 1, 256),
+        (8, 4, 256),
+    ];
+    // Decode rows at 1..5000 positions (the long one split), prefill chunks of 5..300 tokens
+    // after 0..1000 earlier ones, and a compacted sequence (the window counts slots).
+    let batch = [
+        seq(4999, 1),
+        seq(0, 5),
+        seq(1000, 300),
+        seq(16, 1),
+        seq(17, 130),
+        seq(300, 64),
+        seq(0, 1),
+        seq(599, 1),
+        PrefillSeq {
+            earlier: 600,
+            kept: Some(200),
+            new: 64,
+        },
+    ];
+    // A window of one key, windows ending inside a key tile, one wider than a 128-row tile,
+    // and one wider than every context (full attention).
+    for window in [1usize, 17, 100, 512, 8192] {
+        for (heads, kv_heads, hd) in shapes {
+            let dims = AttentionDims {
+                window_tokens: Some(window),
+                num_heads: heads,
+                num_kv_heads: kv_heads,
+                head_dim: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+            };
+            let label = format!("window {window} h{heads}/{kv_heads} d{hd}");
+            check_prefill_batch(&gpu, &cpu, &dims, &batch, &mut rng, &label);
+            let label = format!("window {window} decode batch 1 h{heads}/{kv_heads} d{hd}");
+            check_prefill_batch(&gpu, &cpu, &dims, &[seq(4999, 1)], &mut rng, &label);
+        }
     }
 }

@@ -18,6 +18,7 @@ use starling_kv::{KvCacheManager, SeqId};
 
 const BLOCK_TOKENS: usize = 4;
 const DIMS: AttentionDims = AttentionDims {
+    window_tokens: None,
     num_heads: 4,
     num_kv_heads: 2,
     head_dim: 8,

@@ -12,6 +12,11 @@
 //!
 //! Invariant: `block_ids.len() == ceil(physical_len_tokens / block_size)`.
 //!
+//! A model whose every layer attends over a sliding window never reads the
+//! slots its windows have moved past: those leading blocks are given back
+//! (`num_released_blocks`) and their entries hold [`BlockId::RELEASED`], so
+//! slot `i` keeps its address for the blocks still held.
+//!
 //! Prefix caching adds a third count, `num_hashed_blocks`: the leading full
 //! blocks whose hash chain has been processed — blocks reused from the cache
 //! plus blocks this sequence registered (or found registered already, by a
@@ -41,6 +46,8 @@ pub struct BlockTable {
     physical_len_tokens: usize,
     block_size_tokens: usize,
     num_hashed_blocks: usize,
+    /// Leading entries given back under a sliding window ([`BlockId::RELEASED`]).
+    num_released_blocks: usize,
     compacted: bool,
     /// First physical slot an announced compaction may rewrite
     /// ([`crate::KvCacheManager::prepare_rewrite`]), until `shrink_physical`.
@@ -56,6 +63,7 @@ impl BlockTable {
             physical_len_tokens: 0,
             block_size_tokens,
             num_hashed_blocks: 0,
+            num_released_blocks: 0,
             compacted: false,
             pending_rewrite_from_tokens: None,
         }
@@ -66,9 +74,21 @@ impl BlockTable {
         self.seq
     }
 
-    /// Held blocks, in token order.
+    /// One entry per block of the physical length, in token order: the
+    /// first [`Self::num_released_blocks`] are [`BlockId::RELEASED`], the
+    /// rest the blocks held.
     pub fn block_ids(&self) -> &[BlockId] {
         &self.block_ids
+    }
+
+    /// The blocks the table holds (the entries after the released ones).
+    pub fn held_block_ids(&self) -> &[BlockId] {
+        &self.block_ids[self.num_released_blocks..]
+    }
+
+    /// Leading blocks given back because no layer reads them again.
+    pub fn num_released_blocks(&self) -> usize {
+        self.num_released_blocks
     }
 
     /// Tokens the model has seen (next RoPE position).
@@ -234,9 +254,24 @@ impl BlockTable {
         dropped
     }
 
-    /// Consumes the table, giving up all blocks, last first.
+    /// Gives back the held blocks before entry `up_to_blocks` (clamped to
+    /// the table), leaving [`BlockId::RELEASED`] in their place; returns
+    /// them, last first (a prefix stays cached longest).
+    pub(crate) fn release_leading(&mut self, up_to_blocks: usize) -> Vec<BlockId> {
+        let end = up_to_blocks.min(self.block_ids.len());
+        let mut released = Vec::new();
+        for entry in self.block_ids[self.num_released_blocks.min(end)..end].iter_mut() {
+            released.push(std::mem::replace(entry, BlockId::RELEASED));
+        }
+        self.num_released_blocks = self.num_released_blocks.max(end);
+        released.reverse();
+        released
+    }
+
+    /// Consumes the table, giving up all held blocks, last first.
     pub(crate) fn into_blocks_reversed(self) -> Vec<BlockId> {
         let mut blocks = self.block_ids;
+        blocks.drain(..self.num_released_blocks);
         blocks.reverse();
         blocks
     }
@@ -288,6 +323,20 @@ mod tests {
         assert_eq!(t.blocks_needed(2), 0);
         assert_eq!(t.blocks_needed(3), 1);
         assert_eq!(t.blocks_needed(7), 2);
+    }
+
+    #[test]
+    fn released_leading_blocks_keep_the_later_slots_addresses() {
+        let mut t = table(&[3, 4, 5, 6], 14, 4);
+        assert_eq!(t.release_leading(2), vec![BlockId(4), BlockId(3)]);
+        // Again, or a shorter prefix: nothing more.
+        assert!(t.release_leading(2).is_empty() && t.release_leading(1).is_empty());
+        assert_eq!(t.num_released_blocks(), 2);
+        assert_eq!(t.held_block_ids(), &[BlockId(5), BlockId(6)]);
+        assert_eq!(t.block_ids()[..2], [BlockId::RELEASED; 2]);
+        assert_eq!(t.slot(9), Some(21));
+        assert_eq!(t.release_leading(9), vec![BlockId(6), BlockId(5)]);
+        assert!(t.into_blocks_reversed().is_empty());
     }
 
     #[test]

@@ -11,6 +11,11 @@ use std::fmt;
 pub struct BlockId(pub u32);
 
 impl BlockId {
+    /// The entry a block table keeps for a leading block it gave back because no layer reads
+    /// it again (every layer attends over a sliding window that has moved past it). Never a
+    /// pool block: a pool has fewer than `u32::MAX` blocks.
+    pub const RELEASED: BlockId = BlockId(u32::MAX);
+
     /// The id as an index into per-block arrays.
     pub fn index(self) -> usize {
         self.0 as usize

@@ -19,10 +19,8 @@ pub enum Architecture {
     /// (`q_norm`, `k_norm`, one `[head_dim]` weight each per layer) before RoPE.
     Qwen3,
     /// Mistral (`MistralForCausalLM`, HF directories): the Llama layout, whose attention may be
-    /// limited to a sliding window of the most recent `sliding_window` tokens. Windowed
-    /// attention is not built yet, so a windowed config loads with its context capped at the
-    /// window, where full attention computes exactly what the window does. (Mistral GGUF files
-    /// say `llama` and load as Llama.)
+    /// limited on every layer to a sliding window of the most recent `sliding_window` tokens
+    /// ([`SlidingWindow`]). (Mistral GGUF files say `llama` and load as Llama.)
     Mistral,
 }
 
@@ -125,6 +123,30 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// Tokens that end generation.
     pub eos_token_ids: Vec<u32>,
+    /// Layers whose attention sees only the most recent keys (Mistral, Gemma-3); `None`: every
+    /// layer attends over the whole context.
+    #[serde(default)]
+    pub sliding_window: Option<SlidingWindow>,
+}
+
+/// Sliding-window attention: which layers use it and how far back they see.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlidingWindow {
+    /// Keys a windowed layer's query attends to: its own and the `tokens - 1` before it
+    /// (HF's `sliding_window`).
+    pub tokens: usize,
+    /// Whether each layer (in order, one entry per layer) is windowed.
+    pub layers: Vec<bool>,
+}
+
+impl SlidingWindow {
+    /// Every one of `num_layers` layers windowed at `tokens` (Mistral).
+    pub fn every_layer(tokens: usize, num_layers: usize) -> Self {
+        Self {
+            tokens,
+            layers: vec![true; num_layers],
+        }
+    }
 }
 
 impl ModelConfig {
@@ -141,6 +163,23 @@ impl ModelConfig {
     /// How many query heads share one key/value head.
     pub fn num_queries_per_kv(&self) -> usize {
         self.num_attention_heads / self.num_kv_heads.max(1)
+    }
+
+    /// The window layer `index` attends over, `None` for a full-attention layer.
+    pub fn layer_window_tokens(&self, index: usize) -> Option<usize> {
+        let window = self.sliding_window.as_ref()?;
+        window
+            .layers
+            .get(index)
+            .copied()
+            .unwrap_or(false)
+            .then_some(window.tokens)
+    }
+
+    /// Whether every layer is windowed (then a sequence's blocks that fall out of the window
+    /// can be released: no layer reads them again).
+    pub fn every_layer_windowed(&self) -> bool {
+        (0..self.num_layers).all(|i| self.layer_window_tokens(i).is_some())
     }
 
     /// Number of parameters implied by the shapes (every tensor the config implies).
@@ -190,6 +229,18 @@ impl ModelConfig {
                 "rms_norm_eps {} must be positive",
                 self.rms_norm_eps
             )));
+        }
+        if let Some(window) = &self.sliding_window {
+            if window.tokens == 0 {
+                return Err(invalid("sliding window of 0 tokens".into()));
+            }
+            if window.layers.len() != self.num_layers {
+                return Err(invalid(format!(
+                    "sliding window names {} layers of {}",
+                    window.layers.len(),
+                    self.num_layers
+                )));
+            }
         }
         validate_rope(&self.rope, self.head_dim)
     }
@@ -337,6 +388,7 @@ impl ModelConfig {
             attention_bias: false,
             bos_token_id: Some(1),
             eos_token_ids: vec![2],
+            sliding_window: None,
         }
     }
 
@@ -358,6 +410,7 @@ impl ModelConfig {
             attention_bias: false,
             bos_token_id: Some(1),
             eos_token_ids: vec![2],
+            sliding_window: None,
         }
     }
 
@@ -443,6 +496,7 @@ impl ModelConfig {
             attention_bias: false,
             bos_token_id: Some(1),
             eos_token_ids: vec![2],
+            sliding_window: None,
         }
     }
 
@@ -473,6 +527,7 @@ impl ModelConfig {
             bos_token_id: Some(128_000),
             // <|end_of_text|> and the instruct models' <|eot_id|>.
             eos_token_ids: vec![128_001, 128_009],
+            sliding_window: None,
         }
     }
 
@@ -496,6 +551,7 @@ impl ModelConfig {
             // <|im_end|> both end generation.
             bos_token_id: Some(151_643),
             eos_token_ids: vec![151_645, 151_643],
+            sliding_window: None,
         }
     }
 }

@@ -13,7 +13,7 @@ pub mod loader;
 
 pub use config::{
     preset, rope_inv_freqs, Architecture, ModelConfig, RopeConfig, RopeScaling, RopeStyle,
-    PRESET_NAMES,
+    SlidingWindow, PRESET_NAMES,
 };
 pub use error::ModelError;
 pub use loader::{

@@ -11,7 +11,9 @@ use safetensors::SafeTensors;
 use serde::Deserialize;
 use starling_backend::cpu::CpuBackend;
 use starling_models::llama::LlamaModel;
-use starling_models::{load_model, Architecture, ModelConfig, ModelError, WeightMap};
+use starling_models::{
+    load_model, Architecture, ModelConfig, ModelError, SlidingWindow, WeightMap,
+};
 
 /// Mean |dlogit| allowed between Starling's f32 CPU backend and transformers' f32 CPU forward.
 /// Both compute in f32 and differ only in summation order and in `rsqrt` vs `1/sqrt`; over two
@@ -190,10 +192,31 @@ fn tiny_mistral_matches_transformers_logits_and_greedy_tokens() {
     assert_eq!(loaded.config.architecture, Architecture::Mistral);
     assert!(!loaded.config.tie_word_embeddings);
     assert!(!loaded.config.attention_bias);
-    // The fixture's 64-token window is shorter than its 512 positions: the context is capped
-    // at the window (windowed attention is not built), and every prompt fits inside it.
-    assert_eq!(loaded.config.max_position_embeddings, 64);
+    // Every layer attends over the last 5 tokens: shorter than two of the prompts, so the
+    // logits past position 4 are the window's (full attention gives others).
+    assert_eq!(loaded.config.max_position_embeddings, 512);
+    assert_eq!(
+        loaded.config.sliding_window,
+        Some(SlidingWindow::every_layer(5, 2))
+    );
     assert_matches_transformers(MISTRAL, &loaded.config, loaded.weights);
+}
+
+/// The same weights with full attention: the logits past the window must move clearly, or the
+/// test above could not see a window ignored or off by one.
+#[test]
+fn ignoring_the_mistral_window_is_detected() {
+    let loaded = load_model(fixture_dir(MISTRAL)).unwrap();
+    for window in [None, Some(SlidingWindow::every_layer(4, 2))] {
+        let mut config = loaded.config.clone();
+        config.sliding_window = window.clone();
+        let (mean, _) = compare(MISTRAL, &config, loaded.weights.clone());
+        println!("mistral_tiny with window {window:?}: mean |dlogit| = {mean:.3e}");
+        assert!(
+            mean > 100.0 * MEAN_ABS_DLOGIT_TOLERANCE,
+            "with window {window:?} the logits moved only {mean:.3e}"
+        );
+    }
 }
 
 #[test]

@@ -36,6 +36,9 @@ pub struct AttentionDims {
     pub head_dim: usize,
     /// Softmax scale, usually `1 / sqrt(head_dim)`.
     pub scale: f32,
+    /// A sliding-window layer's reach: each query attends to its own key and the
+    /// `window_tokens - 1` before it (in cache order); `None` attends over the whole context.
+    pub window_tokens: Option<usize>,
 }
 
 impl AttentionDims {

@@ -1,4 +1,5 @@
-//! Causal attention over a full paged K/V cache (CPU reference).
+//! Causal attention over a full paged K/V cache, optionally limited to a sliding window (CPU
+//! reference).
 
 use rayon::prelude::*;
 
@@ -7,6 +8,8 @@ use super::matrix_dims;
 use crate::{AttentionDims, BackendError, BatchMeta, HostTensor};
 
 /// Causal paged attention over the batch; the CPU reference for the decode and prefill kernels.
+/// A windowed layer (`dims.window_tokens`) sees, for a query in cache slot `i`, the slots
+/// `i + 1 - window ..= i` (the sequence's earlier slots need not hold anything).
 pub fn paged_attention(
     qkv: &HostTensor,
     cache: &CpuKvCache,
@@ -43,12 +46,13 @@ pub fn paged_attention(
             let (s, i) = row_seq[row];
             let meta = &batch.seqs[s];
             let visible = meta.context_len_tokens - meta.query_len + i + 1;
+            let first = first_visible_key(visible, dims.window_tokens);
             let q = &qkv.data()[row * width + head * hd..row * width + (head + 1) * hd];
             let kv_head = head / group;
             let slot_of = |j: usize| meta.block_table[j / bs] as usize * bs + j % bs;
             scores.clear();
             let mut max = f32::NEG_INFINITY;
-            for j in 0..visible {
+            for j in first..visible {
                 let k = cache.key(slot_of(j), kv_head);
                 let dot: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * dims.scale;
                 max = max.max(dot);
@@ -59,7 +63,7 @@ pub fn paged_attention(
                 *sc = (*sc - max).exp();
                 denom += *sc;
             }
-            for (j, p) in scores.iter().enumerate() {
+            for (j, p) in (first..visible).zip(scores.iter()) {
                 let v = cache.value(slot_of(j), kv_head);
                 let w = p / denom;
                 for (acc, x) in o.iter_mut().zip(v) {
@@ -71,7 +75,13 @@ pub fn paged_attention(
     HostTensor::new(vec![n, dims.q_size()], out)
 }
 
-/// Naive dense causal attention over contiguous `[t, heads, head_dim]` Q, K, V of one sequence:
+/// The first key a query seeing `visible` keys attends to: `visible - window` under a sliding
+/// window, 0 without one.
+pub fn first_visible_key(visible: usize, window_tokens: Option<usize>) -> usize {
+    window_tokens.map_or(0, |w| visible.saturating_sub(w))
+}
+
+/// Naive dense causal attention (sliding-window when `dims` says so) over contiguous `[t, heads, head_dim]` Q, K, V of one sequence:
 /// the reference the paged kernels are checked against.
 pub fn dense_causal_attention(
     q: &[f32],
@@ -87,7 +97,8 @@ pub fn dense_causal_attention(
         for h in 0..nh {
             let qv = &q[(t * nh + h) * hd..(t * nh + h + 1) * hd];
             let kvh = h / group;
-            let scores: Vec<f32> = (0..=t)
+            let first = first_visible_key(t + 1, dims.window_tokens);
+            let scores: Vec<f32> = (first..=t)
                 .map(|j| {
                     let kj = &k[(j * nkv + kvh) * hd..(j * nkv + kvh + 1) * hd];
                     qv.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * dims.scale
@@ -97,7 +108,7 @@ pub fn dense_causal_attention(
             let exps: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
             let denom: f32 = exps.iter().sum();
             let o = &mut out[(t * nh + h) * hd..(t * nh + h + 1) * hd];
-            for (j, e) in exps.iter().enumerate() {
+            for (j, e) in (first..=t).zip(&exps) {
                 let vj = &v[(j * nkv + kvh) * hd..(j * nkv + kvh + 1) * hd];
                 for (acc, x) in o.iter_mut().zip(vj) {
                     *acc += e / denom * x;
@@ -120,7 +131,15 @@ mod tests {
     /// query row must equal dense causal attention over the same tokens.
     #[test]
     fn paged_equals_dense_reference_across_chunks_and_sequences() {
+        // Full attention, and windows shorter than a block, than a chunk, than the sequences.
+        for window_tokens in [None, Some(1), Some(3), Some(5), Some(9)] {
+            paged_equals_dense_reference(window_tokens);
+        }
+    }
+
+    fn paged_equals_dense_reference(window_tokens: Option<usize>) {
         let dims = AttentionDims {
+            window_tokens,
             num_heads: 4,
             num_kv_heads: 2,
             head_dim: 8,
@@ -199,7 +218,7 @@ mod tests {
             let want = dense_causal_attention(&q, &k, &v, l, &dims);
             assert_eq!(last_out[s].len(), want.len());
             for (a, b) in last_out[s].iter().zip(&want) {
-                assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+                assert!((a - b).abs() < 1e-5, "window {window_tokens:?}: {a} vs {b}");
             }
         }
     }
@@ -207,6 +226,7 @@ mod tests {
     #[test]
     fn write_rejects_out_of_range_slot() {
         let dims = AttentionDims {
+            window_tokens: None,
             num_heads: 2,
             num_kv_heads: 1,
             head_dim: 2,

@@ -100,6 +100,7 @@ mod tests {
     fn labelled_cache() -> CpuKvCache {
         let mut cache = CpuKvCache::new(SPEC.spec()).unwrap();
         let dims = AttentionDims {
+            window_tokens: None,
             num_heads: SPEC.num_kv_heads,
             num_kv_heads: SPEC.num_kv_heads,
             head_dim: SPEC.head_dim,

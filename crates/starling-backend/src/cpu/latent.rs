@@ -271,6 +271,7 @@ mod tests {
     use starling_kv::{CacheDtype, LayerLayout};
 
     const DIMS: AttentionDims = AttentionDims {
+        window_tokens: None,
         num_heads: 6,
         num_kv_heads: 2,
         head_dim: 8,

@@ -80,6 +80,7 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
         (
             "MHA 32x128",
             AttentionDims {
+                window_tokens: None,
                 num_heads: 32,
                 num_kv_heads: 32,
                 head_dim: 128,
@@ -89,6 +90,7 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
         (
             "GQA 32/8x128",
             AttentionDims {
+                window_tokens: None,
                 num_heads: 32,
                 num_kv_heads: 8,
                 head_dim: 128,
@@ -203,6 +205,7 @@ struct LatentShape {
 /// Qwen2.5-Coder-1.5B at its balanced checkpoint's ranks and its aggressive profile's.
 fn latent_shapes() -> Result<Vec<LatentShape>> {
     let mha = AttentionDims {
+        window_tokens: None,
         num_heads: 32,
         num_kv_heads: 32,
         head_dim: 128,
@@ -210,6 +213,7 @@ fn latent_shapes() -> Result<Vec<LatentShape>> {
     };
     let qwen = preset("qwen2.5-coder-1.5b")?;
     let qwen_dims = AttentionDims {
+        window_tokens: None,
         num_heads: qwen.num_attention_heads,
         num_kv_heads: qwen.num_kv_heads,
         head_dim: qwen.head_dim,

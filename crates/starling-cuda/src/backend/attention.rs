@@ -172,6 +172,8 @@ impl CudaBackend {
             splits as i32,
             split_len as i32,
         );
+        // 0: the whole context (the kernels' convention for no window).
+        let window_i = window_param(dims.window_tokens)?;
         if decode_rows > 0 {
             let (function, threads, shared_bytes) = decode_kernel;
             let cfg = LaunchConfig {
@@ -201,6 +203,7 @@ impl CudaBackend {
                 &num_kv,
                 &group_i,
                 &dims.scale,
+                &window_i,
                 &splits_i,
                 &split_len_i,
                 &plan_ptr
@@ -233,6 +236,7 @@ impl CudaBackend {
                 &num_kv,
                 &group_i,
                 &dims.scale,
+                &window_i,
                 &splits_i,
                 &split_len_i
             )?;
@@ -258,6 +262,15 @@ impl CudaBackend {
             )?;
         }
         Ok(self.tensor(DeviceBuf::Bf16(out), vec![n, dims.q_size()]))
+    }
+}
+
+/// The attention kernels' `window` argument: a sliding window's reach in keys, 0 for none.
+fn window_param(window_tokens: Option<usize>) -> Result<i32, CudaError> {
+    match window_tokens {
+        None => Ok(0),
+        Some(w) if w >= 1 && w <= i32::MAX as usize => Ok(w as i32),
+        Some(w) => Err(CudaError::Shape(format!("sliding window of {w} tokens"))),
     }
 }
 

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use starling_backend::{BatchMeta, SeqBatchMeta};
-use starling_kv::{KvCacheManager, SeqId};
+use starling_kv::{BlockId, KvCacheManager, SeqId};
 
 use super::sequence::Sequence;
 use super::EngineError;
@@ -63,7 +63,13 @@ pub(crate) fn build(
             query_start,
             query_len: s.num_tokens,
             context_len_tokens: s.physical_start_index + s.num_tokens,
-            block_table: table.block_ids().iter().map(|b| b.0).collect(),
+            // A block released behind a sliding window is before every query's window, so no
+            // kernel reads its entry: block 0 keeps the table in the cache's range.
+            block_table: table
+                .block_ids()
+                .iter()
+                .map(|b| if *b == BlockId::RELEASED { 0 } else { b.0 })
+                .collect(),
         });
         if s.samples_next_token {
             meta.logits_rows

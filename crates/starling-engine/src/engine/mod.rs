@@ -20,6 +20,7 @@ mod row_sampling;
 mod sequence;
 mod star_kv;
 mod text;
+mod window;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -130,6 +131,9 @@ pub struct Engine<B: Backend> {
     compaction_step_budget: Option<usize>,
     /// Hashes full blocks under the cache's identity; `None` with prefix caching off.
     hasher: Option<BlockHasher>,
+    /// The window every layer attends over, when all do: blocks behind it are released after
+    /// each step (`window.rs`).
+    release_window_tokens: Option<usize>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -189,12 +193,20 @@ impl<B: Backend> Engine<B> {
                     .into(),
             ));
         }
+        window::check_eviction(model.config(), &kv_compression.eviction)?;
         let dtype = cache_dtype(kv_compression.kv_dtype, &backend);
         let layout = model.cache_layout(dtype);
         let sched = &config.scheduler;
         let max_len = sched.max_model_len_tokens;
         let eviction = kv_compression.eviction;
-        let peak = eviction_peak_tokens(&eviction, max_len, sched.max_num_batched_tokens);
+        let release_window_tokens = window::release_window_tokens(model.config());
+        let peak = match release_window_tokens {
+            Some(w) => {
+                let chunk = sched.max_num_batched_tokens;
+                window::window_footprint(w, sched.block_size_tokens, max_len, chunk).max_held_tokens
+            }
+            None => eviction_peak_tokens(&eviction, max_len, sched.max_num_batched_tokens),
+        };
         let preflight = preflight_with_peak(
             config.kv_cache_memory_bytes,
             &layout,
@@ -252,6 +264,7 @@ impl<B: Backend> Engine<B> {
             compactions: VecDeque::new(),
             compaction_step_budget: Some(DEFAULT_COMPACTION_STEP_BUDGET_TOKENS),
             hasher,
+            release_window_tokens,
             model,
         })
     }
@@ -404,6 +417,7 @@ impl<B: Backend> Engine<B> {
         };
         let compression_config = options.compression.as_ref().unwrap_or(&self.compression);
         compression_config.validate()?;
+        window::check_eviction(self.model.config(), compression_config)?;
         if let Some(q) = options.question_tokens {
             if q == 0 || q >= prompt_ids.len() {
                 return Err(EngineError::InvalidRequest(format!(
@@ -415,13 +429,18 @@ impl<B: Backend> Engine<B> {
         let compression = SeqCompression::new(compression_config, options.question_tokens);
         let seq_id = SeqId(self.next_seq_id);
         let total_tokens = prompt_ids.len() + max_output;
-        let footprint = match &compression {
-            None => Footprint::uncompressed(total_tokens),
-            Some(c) => Footprint::compressed(
-                c.peak_tokens(total_tokens),
+        let chunk_tokens = self.scheduler.config().max_num_batched_tokens;
+        let footprint = match (&compression, self.release_window_tokens) {
+            (None, Some(w)) => window::window_footprint(
+                w,
+                self.scheduler.config().block_size_tokens,
                 total_tokens,
-                self.scheduler.config().max_num_batched_tokens,
+                chunk_tokens,
             ),
+            (None, None) => Footprint::uncompressed(total_tokens),
+            (Some(c), _) => {
+                Footprint::compressed(c.peak_tokens(total_tokens), total_tokens, chunk_tokens)
+            }
         };
         self.scheduler
             .add_request_with_footprint(seq_id, prompt_ids.len(), footprint)?;
@@ -585,6 +604,9 @@ impl<B: Backend> Engine<B> {
         };
         self.counters.prefill_tokens += plan.stats.num_prefill_tokens as u64;
         self.register_computed_blocks(&plan);
+        if let Some(w) = self.release_window_tokens {
+            self.scheduler.release_behind_window(&plan, w);
+        }
         let mut outputs = self.sample_and_advance(&built.sampling_seqs, logits.as_ref());
         self.run_compactions(compactions, &mut outputs);
         Ok(outputs)

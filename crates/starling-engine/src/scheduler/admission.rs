@@ -94,7 +94,7 @@ impl Scheduler {
                 continue;
             };
             debug_assert_eq!(seq.status, SeqStatus::Running);
-            let held_blocks = self.kv.table(*id).map_or(0, |t| t.block_ids().len());
+            let held_blocks = self.kv.table(*id).map_or(0, |t| t.held_block_ids().len());
             let peak_blocks = seq.footprint.peak_tokens.div_ceil(block_tokens);
             reserve_blocks += peak_blocks.saturating_sub(held_blocks);
             any_compresses |= seq.footprint.compresses;

@@ -370,6 +370,22 @@ impl Scheduler {
         self.block_hashes.get(&seq_id).map_or(&[], Vec::as_slice)
     }
 
+    /// After a forward pass over a model whose every layer attends over the last
+    /// `window_tokens` tokens: gives back each scheduled sequence's leading blocks that the next
+    /// query's window (slots `n + 1 - window ..= n` for a sequence of `n` slots) no longer
+    /// reaches. A failure (a compacted table) only keeps the blocks, so it is logged.
+    pub fn release_behind_window(&mut self, plan: &StepPlan, window_tokens: usize) {
+        for s in &plan.scheduled {
+            let Some(table) = self.kv.table(s.seq_id) else {
+                continue;
+            };
+            let first_needed = (table.physical_len_tokens() + 1).saturating_sub(window_tokens);
+            if let Err(e) = self.kv.release_before(s.seq_id, first_needed) {
+                tracing::warn!("{:?}: blocks behind the window kept: {e}", s.seq_id);
+            }
+        }
+    }
+
     /// Registers in the prefix cache the full blocks of a running sequence whose K/V is now
     /// written: call after the forward pass that computed them. Returns the blocks newly
     /// registered (0 with caching off, for a compacted sequence, or a waiting one).

@@ -70,7 +70,8 @@ impl KvCacheManager {
             ));
         }
         let num_slots = num_blocks.checked_mul(block_size_tokens);
-        if num_slots.is_none_or(|n| n > u32::MAX as usize + 1) {
+        // Block ids stay below `BlockId::RELEASED`.
+        if num_blocks >= u32::MAX as usize || num_slots.is_none_or(|n| n > u32::MAX as usize + 1) {
             return Err(KvError::InvalidConfig(format!(
                 "{num_blocks} blocks of {block_size_tokens} tokens exceed the u32 slot index range"
             )));
@@ -212,6 +213,37 @@ impl KvCacheManager {
         self.release(table.into_blocks_reversed())
     }
 
+    /// Sliding-window release: gives back `seq`'s leading blocks that hold
+    /// only slots below `first_needed_token` (no layer of a model whose
+    /// every layer is windowed reads them again); their table entries
+    /// become [`BlockId::RELEASED`] and the lengths are unchanged. Returns
+    /// how many blocks were given back (a registered block waits on the
+    /// cached list, a shared one stays with its other holders).
+    ///
+    /// Refused for a compacted table ([`KvError::InvalidRange`]): its slot
+    /// index is no longer a position, so a window over slots would be wrong.
+    pub fn release_before(
+        &mut self,
+        seq: SeqId,
+        first_needed_token: usize,
+    ) -> Result<usize, KvError> {
+        let bs = self.block_size_tokens;
+        let table = self
+            .tables
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        if table.is_compacted() {
+            return Err(KvError::InvalidRange {
+                seq,
+                start: 0,
+                end: first_needed_token,
+                physical_len_tokens: table.physical_len_tokens(),
+            });
+        }
+        let released = table.release_leading(first_needed_token / bs);
+        self.release(released)
+    }
+
     /// Token-eviction compaction: after the caller moved the survivors to the
     /// front, keeps only `new_physical_len_tokens` slots of `seq` and returns
     /// the tail blocks beyond `ceil(new / block_size)` to the pool. The
@@ -300,7 +332,17 @@ impl KvCacheManager {
                     table.physical_len_tokens()
                 ));
             }
-            for (i, block) in table.block_ids().iter().enumerate() {
+            let released = table.num_released_blocks();
+            if table.block_ids()[..released]
+                .iter()
+                .any(|b| *b != BlockId::RELEASED)
+                || table.held_block_ids().contains(&BlockId::RELEASED)
+            {
+                return fail(format!(
+                    "{seq}: released entries are not exactly the first {released}"
+                ));
+            }
+            for (i, block) in (released..).zip(table.held_block_ids()) {
                 *holders.entry(*block).or_default() += 1;
                 if i >= hashed && self.pool.block_hash(*block).is_some() {
                     return fail(format!(

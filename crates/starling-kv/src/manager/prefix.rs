@@ -247,10 +247,12 @@ impl KvCacheManager {
             "{seq}: hashes disagree with the blocks registered before"
         );
         let mut registered = 0;
+        // A block a sliding window released before its hash was known is not held: skip it.
         let fresh = written_block_hashes
             .iter()
             .zip(table.block_ids())
-            .skip(done);
+            .skip(done)
+            .filter(|(_, block)| **block != BlockId::RELEASED);
         for (hash, block) in fresh {
             if self.pool.register(*block, *hash)? {
                 registered += 1;

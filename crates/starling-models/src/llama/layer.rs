@@ -8,6 +8,8 @@ use crate::ModelError;
 
 /// One decoder layer's weights in backend memory (Q/K/V and gate/up fused at load).
 pub(super) struct DecoderLayer<B: Backend> {
+    /// A sliding-window layer's reach ([`AttentionDims::window_tokens`]); `None`: full attention.
+    pub(super) window_tokens: Option<usize>,
     pub(super) input_norm: B::Tensor,
     /// `[W_q; W_k; W_v]`, or for a latent layer `[W_q; A_k; A_v]` (the key latents of every
     /// head, then the value latent).
@@ -92,7 +94,11 @@ impl<B: Backend> DecoderLayer<B> {
         ctx: &StepContext<'_, B>,
         queries: Option<&mut QueryCapture>,
     ) -> Result<B::Tensor, ModelError> {
-        let (dims, rope, batch, eps) = (ctx.dims, ctx.rope, ctx.batch, ctx.eps);
+        let (rope, batch, eps) = (ctx.rope, ctx.batch, ctx.eps);
+        let dims = &AttentionDims {
+            window_tokens: self.window_tokens,
+            ..*ctx.dims
+        };
         let mut qkv = backend.linear(x, &self.qkv_weight, self.qkv_bias.as_ref())?;
         if let Some(norms) = &self.head_norms {
             norms.apply(backend, &mut qkv, dims, eps)?;

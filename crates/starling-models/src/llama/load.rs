@@ -144,6 +144,14 @@ impl<B: Backend> LlamaModel<B> {
                 continue;
             };
             latent.ranks.validate(config, layer)?;
+            if let Some(window) = config.layer_window_tokens(layer) {
+                // The latent kernels attend over the whole context.
+                return Err(ModelError::InvalidConfig(format!(
+                    "layer {layer} attends over a sliding window of {window} tokens: STAR-KV \
+                     latents are built for full-attention layers only (keep this layer full in \
+                     the checkpoint, or serve the reference path)"
+                )));
+            }
             let p = format!("model.layers.{layer}.self_attn");
             let (d, kv) = (config.hidden_size, config.kv_size());
             weights.take(&format!("{p}.k_proj.weight"), &[kv, d])?;
@@ -309,6 +317,7 @@ impl<B: Backend> LlamaModel<B> {
                 (format!("{p}.mlp.up_proj.weight"), vec![f, d]),
             ];
             layers.push(DecoderLayer {
+                window_tokens: config.layer_window_tokens(l),
                 input_norm: weights.fused(
                     backend,
                     &one(format!("{p}.input_layernorm.weight"), vec![d]),
@@ -348,6 +357,7 @@ impl<B: Backend> LlamaModel<B> {
         };
         Ok(Self {
             dims: AttentionDims {
+                window_tokens: None,
                 num_heads: config.num_attention_heads,
                 num_kv_heads: config.num_kv_heads,
                 head_dim: config.head_dim,

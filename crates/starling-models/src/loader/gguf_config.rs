@@ -164,6 +164,7 @@ pub(crate) fn config_from_gguf(
     }
 
     let config = ModelConfig {
+        sliding_window: None,
         architecture,
         vocab_size,
         hidden_size,

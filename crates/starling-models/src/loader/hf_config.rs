@@ -6,7 +6,9 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::{Architecture, ModelConfig, ModelError, RopeConfig, RopeScaling, RopeStyle};
+use crate::{
+    Architecture, ModelConfig, ModelError, RopeConfig, RopeScaling, RopeStyle, SlidingWindow,
+};
 
 /// The subset of `config.json` Starling reads. Older and newer `transformers` spell RoPE
 /// settings differently (`rope_theta` + `rope_scaling` vs one `rope_parameters`); both parse.
@@ -142,24 +144,21 @@ pub(crate) fn parse_hf_config(text: &str) -> Result<ModelConfig, ModelError> {
         Architecture::Mistral => 131_072,
         Architecture::Qwen2 | Architecture::Qwen3 => 32_768,
     };
-    let max_position_embeddings = match (architecture, hf.sliding_window) {
-        (_, Some(0)) if architecture == Architecture::Mistral => {
+    let max_position_embeddings = hf.max_position_embeddings.unwrap_or(default_context);
+    let sliding_window = match (architecture, hf.sliding_window) {
+        (Architecture::Mistral, Some(0)) => {
             return Err(ModelError::InvalidConfig(
                 "mistral: `sliding_window` must be at least 1 (or null)".into(),
             ))
         }
-        (Architecture::Mistral, Some(window))
-            if window < hf.max_position_embeddings.unwrap_or(default_context) =>
-        {
-            tracing::warn!(
-                "mistral: attention over a sliding window of {window} tokens is not built yet; \
-                 contexts are capped at the window, where full attention is exact"
-            );
-            window
+        // A window as long as the context is full attention.
+        (Architecture::Mistral, Some(window)) if window < max_position_embeddings => {
+            Some(SlidingWindow::every_layer(window, hf.num_hidden_layers))
         }
-        _ => hf.max_position_embeddings.unwrap_or(default_context),
+        _ => None,
     };
     Ok(ModelConfig {
+        sliding_window,
         architecture,
         vocab_size: hf.vocab_size,
         hidden_size: hf.hidden_size,
@@ -310,25 +309,28 @@ mod tests {
         "bos_token_id": 1, "eos_token_id": 2}"#;
 
     #[test]
-    fn mistral_loads_as_the_llama_layout_with_its_context_capped_at_the_window() {
+    fn mistral_loads_as_the_llama_layout_with_every_layer_windowed() {
         let config = parse_hf_config(MISTRAL_7B_V01).unwrap();
         assert_eq!(config.architecture, Architecture::Mistral);
         assert_eq!((config.head_dim, config.num_kv_heads), (128, 8));
         assert!(!config.attention_bias && !config.architecture.has_qk_norm());
         assert_eq!(config.rope.style, RopeStyle::Neox);
-        // Windowed attention is not built: contexts up to the window are exact.
-        assert_eq!(config.max_position_embeddings, 4096);
+        assert_eq!(config.max_position_embeddings, 32_768);
+        assert_eq!(
+            config.sliding_window,
+            Some(SlidingWindow::every_layer(4096, 32))
+        );
+        assert_eq!(config.layer_window_tokens(31), Some(4096));
+        assert!(config.every_layer_windowed());
         // v0.3 has no window: the whole context.
         let v03 = MISTRAL_7B_V01.replace("\"sliding_window\": 4096", "\"sliding_window\": null");
-        assert_eq!(
-            parse_hf_config(&v03).unwrap().max_position_embeddings,
-            32_768
-        );
+        assert_eq!(parse_hf_config(&v03).unwrap().sliding_window, None);
         // A window at least as long as the context limits nothing.
         let wide = MISTRAL_7B_V01.replace("\"sliding_window\": 4096", "\"sliding_window\": 65536");
+        let wide = parse_hf_config(&wide).unwrap();
         assert_eq!(
-            parse_hf_config(&wide).unwrap().max_position_embeddings,
-            32_768
+            (wide.sliding_window, wide.max_position_embeddings),
+            (None, 32_768)
         );
         let zero = MISTRAL_7B_V01.replace("\"sliding_window\": 4096", "\"sliding_window\": 0");
         let err = parse_hf_config(&zero).unwrap_err();
