@@ -1,20 +1,21 @@
 #!/usr/bin/env python3
 """A tiny random model from HF transformers' own architecture code, and its reference logits.
 
-Builds `Qwen3ForCausalLM` (default) or `MistralForCausalLM` (`--arch mistral`) from a small
+Builds `Qwen3ForCausalLM` (default), `MistralForCausalLM` (`--arch mistral`) or
+`Gemma3ForCausalLM` (`--arch gemma3`, the text model) from a small
 config with a fixed seed (real architecture code, random weights), saves it as an HF directory
 (config.json + model.safetensors, float32), and records the float32 CPU logits at every position
 of a few fixed token-id prompts plus their greedy continuations. Starling's CPU tests
 (crates/starling-models/tests/hf_fixtures.rs) load the directories and compare;
 scripts/device/qwen3_hf_check.sh does the same on the GPU for Qwen3. The committed fixtures:
 tests/fixtures/qwen3_tiny (this script when it was make_qwen3_fixture.py) and
-tests/fixtures/mistral_tiny (`--arch mistral`).
+tests/fixtures/mistral_tiny (`--arch mistral`) and tests/fixtures/gemma3_tiny (`--arch gemma3`).
 
 Weights are drawn wider than transformers' default (std 0.02 gives near-uniform logits whose
 top-1 is decided by rounding), and every RMSNorm weight, q_norm and k_norm included, is drawn
 around 1 rather than left at ones, so a norm applied to the wrong head or skipped shows up.
 
-usage: make_hf_fixture.py OUT_DIR [--arch qwen3|mistral] [--check] [--head-dim N]
+usage: make_hf_fixture.py OUT_DIR [--arch qwen3|mistral|gemma3] [--check] [--head-dim N]
   --check: reload OUT_DIR and verify the stored logits reproduce (no files written).
   --head-dim N: heads of N (default 16, the committed CPU fixture; the CUDA attention kernels
     take 64, 128 and 256, so scripts/device/qwen3_hf_check.sh makes a 128-wide one).
@@ -25,7 +26,14 @@ import sys
 
 import torch
 import transformers
-from transformers import MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 SEED = 20261202
 # Token-id prompts (no tokenizer: the vocabulary is 256 ids). Lengths 1, 7 and 19, so the test
@@ -65,9 +73,32 @@ MISTRAL_CONFIG = {
     "sliding_window": 5,
     "tie_word_embeddings": False,
 }
+# Gemma-3 (text): three layers, two windowed (5 tokens, local RoPE base 1e4) and one full (base
+# 1e6), as Gemma-3's 5-of-6 pattern; one KV head as Gemma-3-270M; a query pre-attention scalar
+# that is not the head width, so the attention scale is checked; tied embeddings scaled by
+# sqrt(hidden); GeGLU; four norms a layer, stored as offsets from one.
+GEMMA3_CONFIG = {
+    **{
+        k: v
+        for k, v in CONFIG.items()
+        if k not in ("use_sliding_window", "rope_theta", "num_hidden_layers", "num_key_value_heads")
+    },
+    "num_hidden_layers": 3,
+    "num_key_value_heads": 1,
+    "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+    "sliding_window": 5,
+    "query_pre_attn_scalar": 24,
+    "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+    },
+    "hidden_activation": "gelu_pytorch_tanh",
+    "pad_token_id": 0,
+}
 ARCHES = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, CONFIG),
     "mistral": (MistralConfig, MistralForCausalLM, MISTRAL_CONFIG),
+    "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, GEMMA3_CONFIG),
 }
 
 
@@ -78,7 +109,13 @@ def build(arch: str, head_dim: int):
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+                # Gemma-3 scales by (1 + weight): its weights are drawn around 0.
+                offset = 0.0 if arch == "gemma3" else 1.0
+                p.copy_(offset + 0.2 * torch.randn_like(p))
+            elif arch == "gemma3" and name.endswith("embed_tokens.weight"):
+                # Scaled by sqrt(hidden) = 8 on the way in, embeddings as wide as the others'
+                # would drown the layers, and the tied head would echo the input token.
+                p.copy_(0.015 * torch.randn_like(p))
     return model
 
 

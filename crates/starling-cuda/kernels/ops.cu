@@ -184,12 +184,23 @@ extern "C" __global__ void add_bias_bf16(bf16* __restrict__ y, const bf16* __res
         y[i] = __float2bfloat16(__bfloat162float(y[i]) + __bfloat162float(b[i % cols]));
 }
 
-// cpu::elementwise::silu_mul: out[r, c] = silu(gu[r, c]) * gu[r, f + c].
+// The gating activations of the MLP: silu (SwiGLU) and GELU's tanh approximation (GeGLU).
+struct SiluAct {
+    static __device__ __forceinline__ float apply(float g) { return g / (1.f + __expf(-g)); }
+};
+struct GeluTanhAct {
+    // 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), PyTorch's gelu(approximate="tanh").
+    static __device__ __forceinline__ float apply(float g) {
+        return 0.5f * g * (1.f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g)));
+    }
+};
+
+// cpu::elementwise::silu_mul / gelu_tanh_mul: out[r, c] = act(gu[r, c]) * gu[r, f + c].
 // With f % 8 == 0 each thread computes a 16-byte chunk of outputs from one chunk of gate and one
 // of up (the host sizes the grid by chunks), as add_bias_bf16 and for the same reason.
-extern "C" __global__ void silu_mul_bf16(const bf16* __restrict__ gate_up, bf16* __restrict__ out,
-                                         size_t rows, int f) {
-    pdl_entry();
+template <typename Act>
+__device__ void gated_mul_impl(const bf16* __restrict__ gate_up, bf16* __restrict__ out,
+                               size_t rows, int f) {
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     if ((f & 7) == 0) {
         const unsigned f8 = (unsigned)f >> 3;
@@ -209,7 +220,7 @@ extern "C" __global__ void silu_mul_bf16(const bf16* __restrict__ gate_up, bf16*
             unpack8(gu8[r * 2 * f8 + c8], g);
             unpack8(gu8[r * 2 * f8 + f8 + c8], u);
 #pragma unroll
-            for (int e = 0; e < 8; e++) g[e] = g[e] / (1.f + __expf(-g[e])) * u[e];
+            for (int e = 0; e < 8; e++) g[e] = Act::apply(g[e]) * u[e];
             out8[i] = pack8(g);
         }
         return;
@@ -219,8 +230,28 @@ extern "C" __global__ void silu_mul_bf16(const bf16* __restrict__ gate_up, bf16*
         const size_t r = i / f, c = i % f;
         const float g = __bfloat162float(gate_up[r * 2 * f + c]);
         const float u = __bfloat162float(gate_up[r * 2 * f + f + c]);
-        out[i] = __float2bfloat16(g / (1.f + __expf(-g)) * u);
+        out[i] = __float2bfloat16(Act::apply(g) * u);
     }
+}
+
+extern "C" __global__ void silu_mul_bf16(const bf16* __restrict__ gate_up, bf16* __restrict__ out,
+                                         size_t rows, int f) {
+    pdl_entry();
+    gated_mul_impl<SiluAct>(gate_up, out, rows, f);
+}
+
+extern "C" __global__ void gelu_tanh_mul_bf16(const bf16* __restrict__ gate_up,
+                                              bf16* __restrict__ out, size_t rows, int f) {
+    pdl_entry();
+    gated_mul_impl<GeluTanhAct>(gate_up, out, rows, f);
+}
+
+// CpuBackend::scale_inplace: x[i] *= factor (Gemma's embedding scale).
+extern "C" __global__ void scale_bf16(bf16* __restrict__ x, size_t n, float factor) {
+    pdl_entry();
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += stride)
+        x[i] = __float2bfloat16(__bfloat162float(x[i]) * factor);
 }
 
 // cpu::elementwise::rope_qk: rotate the first `rot_heads` heads (Q then K) of each fused QKV row.

@@ -114,8 +114,9 @@ pub struct CudaBackend {
     /// Which latent score kernel decode rows use ([`LatentScoreKernel`]).
     latent_score_kernel: latent_scores::ScoreKernelFlag,
     name: String,
-    /// The last RoPE frequency table uploaded (every layer passes the same one).
-    rope_table: Mutex<Option<RopeTable>>,
+    /// The RoPE frequency tables uploaded so far: one for most models, two for Gemma-3 (its
+    /// windowed layers' local base), kept so a recorded decode graph never uploads.
+    rope_tables: Mutex<Vec<RopeTable>>,
     /// The latent kernels' cos/sin table: its frequencies, positions covered, device copy.
     latent_rope_table: Mutex<Option<LatentRopeTable>>,
     /// While a decode graph is recorded, the pool its passes allocate from
@@ -229,7 +230,7 @@ impl CudaBackend {
                 .unwrap_or(GEMV_PREFETCH_BYTES),
             num_sms,
             name,
-            rope_table: Mutex::new(None),
+            rope_tables: Mutex::new(Vec::new()),
             latent_rope_table: Mutex::new(None),
             recording_pool: Mutex::new(None),
             profiler: KernelProfiler::default(),
@@ -383,7 +384,15 @@ impl ModelOps for CudaBackend {
     }
 
     fn silu_mul(&self, gate_up: &CudaTensor) -> Result<CudaTensor, BackendError> {
-        self.silu_mul_impl(gate_up)
+        self.gated_mul_impl(gate_up, &self.kernels.silu_mul, "silu_mul")
+    }
+
+    fn gelu_tanh_mul(&self, gate_up: &CudaTensor) -> Result<CudaTensor, BackendError> {
+        self.gated_mul_impl(gate_up, &self.kernels.gelu_tanh_mul, "gelu_tanh_mul")
+    }
+
+    fn scale_inplace(&self, x: &mut CudaTensor, factor: f32) -> Result<(), BackendError> {
+        self.scale_inplace_impl(x, factor)
     }
 
     fn linear_swiglu(

@@ -111,6 +111,8 @@ mod names {
     pub(super) const ADD_INPLACE: &str = "add_inplace_bf16";
     pub(super) const ADD_BIAS: &str = "add_bias_bf16";
     pub(super) const SILU_MUL: &str = "silu_mul_bf16";
+    pub(super) const GELU_TANH_MUL: &str = "gelu_tanh_mul_bf16";
+    pub(super) const SCALE: &str = "scale_bf16";
     pub(super) const ROPE_QK: &str = "rope_qk_bf16";
     pub(super) const WRITE_KV: &str = "write_kv_bf16";
     pub(super) const ROPE_WRITE_KV: &str = "rope_write_kv_bf16";
@@ -212,6 +214,8 @@ pub fn kernel_modules() -> Vec<KernelModule> {
                 names::ADD_INPLACE,
                 names::ADD_BIAS,
                 names::SILU_MUL,
+                names::GELU_TANH_MUL,
+                names::SCALE,
                 names::ROPE_QK,
                 names::WRITE_KV,
                 names::ROPE_WRITE_KV,
@@ -316,6 +320,8 @@ pub(crate) struct Kernels {
     pub(crate) add_inplace: CudaFunction,
     pub(crate) add_bias: CudaFunction,
     pub(crate) silu_mul: CudaFunction,
+    pub(crate) gelu_tanh_mul: CudaFunction,
+    pub(crate) scale: CudaFunction,
     pub(crate) rope_qk: CudaFunction,
     pub(crate) write_kv: CudaFunction,
     pub(crate) rope_write_kv: CudaFunction,
@@ -468,6 +474,8 @@ impl Kernels {
             add_inplace: take(names::ADD_INPLACE)?,
             add_bias: take(names::ADD_BIAS)?,
             silu_mul: take(names::SILU_MUL)?,
+            gelu_tanh_mul: take(names::GELU_TANH_MUL)?,
+            scale: take(names::SCALE)?,
             rope_qk: take(names::ROPE_QK)?,
             write_kv: take(names::WRITE_KV)?,
             rope_write_kv: take(names::ROPE_WRITE_KV)?,

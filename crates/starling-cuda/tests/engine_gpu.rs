@@ -19,7 +19,9 @@ use starling_engine::{Engine, EngineConfig, RequestOptions};
 use starling_evict::{CompressionConfig, CompressionMethod};
 use starling_kv::CacheDtype;
 use starling_models::llama::LlamaModel;
-use starling_models::{synthetic_weights, ModelConfig, SlidingWindow, WeightMap};
+use starling_models::{
+    synthetic_weights, Architecture, ModelConfig, RopeConfig, SlidingWindow, WeightMap,
+};
 use starling_starkv::{
     latent_layers, AppliedSides, KvShape, LayerRanks, ModelFactors, ModelProjections,
     RankAllocation, UncompressedLayers,
@@ -31,6 +33,7 @@ const BLOCK_TOKENS: usize = 16;
 fn config() -> ModelConfig {
     ModelConfig {
         sliding_window: None,
+        attention_scale: None,
         head_dim: 64,
         max_position_embeddings: 1024,
         ..ModelConfig::tiny_llama_for_tests()
@@ -523,14 +526,61 @@ fn a_kernel_profile_times_every_launch_site_of_a_run_and_changes_no_output() {
     );
 }
 
-/// A sliding-window engine (window 48 over 16-token blocks) of the tiny model: every layer
-/// windowed (blocks released behind the window) or only the first (Gemma-3's mix: all kept).
-fn windowed_engine<B: Backend>(backend: B, layers: Vec<bool>, blocks: usize) -> Engine<B> {
-    let cfg = ModelConfig {
-        sliding_window: Some(SlidingWindow { tokens: 48, layers }),
+/// The tiny model with a window of 48 tokens over 16-token blocks on the layers named: every
+/// layer windowed (blocks released behind the window) or only the first (Gemma-3's mix: all
+/// kept).
+fn windowed_config(layers: Vec<bool>) -> ModelConfig {
+    ModelConfig {
+        sliding_window: Some(SlidingWindow {
+            tokens: 48,
+            layers,
+            rope: None,
+        }),
         ..config()
-    };
-    let model = LlamaModel::load(&backend, &cfg, weights(&cfg)).expect("model");
+    }
+}
+
+/// The tiny model shaped as Gemma-3: a windowed layer with its own RoPE base and a full one,
+/// q/k norms, sandwich norms, GeGLU, embeddings scaled by sqrt(hidden), its own softmax scale.
+fn gemma3_config() -> ModelConfig {
+    let mut cfg = windowed_config(vec![true, false]);
+    cfg.architecture = Architecture::Gemma3;
+    cfg.tie_word_embeddings = true;
+    cfg.attention_scale = Some(0.1);
+    if let Some(w) = cfg.sliding_window.as_mut() {
+        w.rope = Some(RopeConfig {
+            theta: 10_000.0,
+            ..cfg.rope.clone()
+        });
+    }
+    cfg.rope.theta = 1_000_000.0;
+    cfg
+}
+
+/// [`weights`], with a Gemma-shaped model's embeddings narrowed: scaled by sqrt(hidden) on the
+/// way in, embeddings as wide as the other matrices would drown the layers, and the tied head
+/// would echo the input token with probability ~1 (every log-probability ~0, so a wrong layer
+/// would go unseen).
+fn config_weights(cfg: &ModelConfig) -> WeightMap {
+    let mut w = weights(cfg);
+    if cfg.architecture.embedding_scale(cfg.hidden_size).is_some() {
+        w = w
+            .into_inner()
+            .into_iter()
+            .map(|(name, mut t)| {
+                if name == "model.embed_tokens.weight" {
+                    t.data_mut().iter_mut().for_each(|v| *v *= 0.05);
+                }
+                (name, t)
+            })
+            .collect();
+    }
+    w
+}
+
+/// An engine of `cfg` with `blocks` blocks of its own layout.
+fn config_engine<B: Backend>(backend: B, cfg: &ModelConfig, blocks: usize) -> Engine<B> {
+    let model = LlamaModel::load(&backend, cfg, config_weights(cfg)).expect("model");
     let bytes = Engine::cache_layout_of(&backend, &model).bytes_per_block(BLOCK_TOKENS);
     let engine_config = EngineConfig {
         scheduler: SchedulerConfig {
@@ -545,33 +595,40 @@ fn windowed_engine<B: Backend>(backend: B, layers: Vec<bool>, blocks: usize) -> 
         enable_prefix_caching: false,
         model_identity: None,
     };
-    Engine::new(backend, model, None, engine_config).expect("engine")
+    let mut engine = Engine::new(backend, model, None, engine_config).expect("engine");
+    // Recorded decode steps on the GPU, as a server runs them (`bench decode` checks that a
+    // windowed layer's own RoPE table lets them replay).
+    engine.enable_decode_graphs().expect("decode graphs");
+    engine
 }
 
-/// Sliding-window layers on the GPU give the CPU's probabilities over the whole trace (prompts
-/// of 30–400 tokens: most far past the window), with the same blocks in use: with every layer
-/// windowed the blocks behind the window are released on both, so far fewer are in use.
+/// Sliding-window layers, and the Gemma-3 layer, on the GPU give the CPU's probabilities over
+/// the whole trace (prompts of 30–400 tokens: most far past the window), with the same blocks in
+/// use: with every layer windowed the blocks behind the window are released on both, so far
+/// fewer are in use.
 #[test]
 #[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
 fn windowed_engine_on_the_gpu_matches_the_cpu() {
     let trace =
         trace(Arm::Full).with_options(|_, o: &mut RequestOptions| o.return_full_logprobs = true);
     let mut in_use = Vec::new();
-    for layers in [vec![true, true], vec![true, false]] {
-        let on_cpu = run(
-            &mut windowed_engine(CpuBackend::new(), layers.clone(), 400),
-            &trace,
-        );
+    let configs = [
+        ("every layer windowed", windowed_config(vec![true, true])),
+        ("one layer windowed", windowed_config(vec![true, false])),
+        ("gemma-3 shaped", gemma3_config()),
+    ];
+    for (what, cfg) in configs {
+        let on_cpu = run(&mut config_engine(CpuBackend::new(), &cfg, 400), &trace);
         let on_gpu = run(
-            &mut windowed_engine(gpu(), layers.clone(), 400),
+            &mut config_engine(gpu(), &cfg, 400),
             &trace.forced_to(&on_cpu),
         );
         println!(
-            "windowed layers {layers:?}: {} steps, max blocks in use {} (GPU) / {} (CPU)",
+            "{what}: {} steps, max blocks in use {} (GPU) / {} (CPU)",
             on_gpu.steps, on_gpu.max_blocks_in_use, on_cpu.max_blocks_in_use
         );
         assert_same_probabilities(
-            &format!("window {layers:?} GPU vs CPU"),
+            &format!("{what} GPU vs CPU"),
             SAME_CONTEXT,
             &on_gpu,
             &on_cpu,

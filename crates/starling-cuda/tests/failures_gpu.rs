@@ -65,6 +65,7 @@ struct Case {
 fn schedule(case: Case, poisoned: bool) -> (Vec<Vec<u32>>, bool) {
     let cfg = ModelConfig {
         sliding_window: None,
+        attention_scale: None,
         head_dim: 64,
         ..ModelConfig::tiny_llama_for_tests()
     };

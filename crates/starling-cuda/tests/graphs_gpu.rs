@@ -192,6 +192,7 @@ fn replay_matches_eager_with(
 fn tiny() -> ModelConfig {
     ModelConfig {
         sliding_window: None,
+        attention_scale: None,
         head_dim: 64,
         max_position_embeddings: 4096,
         ..ModelConfig::tiny_llama_for_tests()
@@ -203,6 +204,7 @@ fn tiny() -> ModelConfig {
 fn qwen2_shaped() -> ModelConfig {
     ModelConfig {
         sliding_window: None,
+        attention_scale: None,
         num_layers: 2,
         ..ModelConfig::qwen2_5_coder_1_5b()
     }
@@ -252,6 +254,7 @@ fn qwen2_shaped_replay_equals_eager() {
 fn replay_equals_eager_with_latent_layers() {
     let cfg = ModelConfig {
         sliding_window: None,
+        attention_scale: None,
         num_layers: 3,
         ..qwen2_shaped()
     };

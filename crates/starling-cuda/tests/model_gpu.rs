@@ -75,6 +75,7 @@ fn tiny_random_model_logits_match_cpu() {
     // The GPU attention kernels take head_dim 64/128/256; widen the tiny test model's heads.
     let cfg = ModelConfig {
         sliding_window: None,
+        attention_scale: None,
         head_dim: 64,
         ..ModelConfig::tiny_llama_for_tests()
     };
@@ -147,6 +148,10 @@ struct HfCase {
     greedy_ids: Vec<u32>,
     top5_ids: Vec<Vec<u32>>,
     top5_logits: Vec<Vec<f32>>,
+    /// HF's own bf16 run against its f32 one on this case (`--bf16-spread`): the noise a bf16
+    /// engine is judged against, when the fixture has it.
+    bf16_mean_abs: Option<f64>,
+    bf16_max_abs: Option<f32>,
 }
 
 #[derive(serde::Deserialize)]
@@ -155,9 +160,12 @@ struct HfFixture {
 }
 
 /// The GPU (bf16) logits of a real model against HF transformers' f32 logits on the same GGUF
-/// (fixture from scripts/hf_reference_fixture.py, made in the same device session): every
-/// position's top-1 agrees unless HF's own top-2 gap is a bf16-sized near-tie, and the top-5 logits
-/// stay within a bf16 tolerance. Set STARLING_TEST_GGUF and STARLING_HF_FIXTURE.
+/// (fixture from scripts/hf_reference_fixture.py): every position's top-1 agrees unless HF's own
+/// top-2 gap is a bf16-sized near-tie, and the top-5 logits stay within a bf16 tolerance: per
+/// case, twice HF's own bf16 spread (mean) and three times its worst position plus 0.5 (max)
+/// when the fixture records them, else mean 0.25 and max 1.5 overall (bf16 activations through
+/// 28 layers: logits of ~10-30 carry ~0.1 absolute noise). Set STARLING_TEST_GGUF and
+/// STARLING_HF_FIXTURE.
 #[test]
 #[ignore = "needs a CUDA GPU, a staged GGUF (STARLING_TEST_GGUF) and its HF fixture (STARLING_HF_FIXTURE)"]
 fn real_model_gpu_logits_match_hf_transformers() {
@@ -173,10 +181,11 @@ fn real_model_gpu_logits_match_hf_transformers() {
     let gpu = CudaBackend::new(0).unwrap();
     let model = LlamaModel::load(&gpu, &cfg, loaded.weights).unwrap();
     let (mut n, mut sum_abs, mut max_abs, mut top1_miss) = (0usize, 0f64, 0f32, 0usize);
-    for case in &fx.cases {
+    for (c, case) in fx.cases.iter().enumerate() {
         let mut ids = case.prompt_ids.clone();
         ids.extend(&case.greedy_ids);
         let logits = model.sequence_logits(&gpu, &ids).unwrap();
+        let (mut case_n, mut case_sum, mut case_max, mut worst_pos) = (0usize, 0f64, 0f32, 0);
         for (pos, (top_ids, top_logits)) in case.top5_ids.iter().zip(&case.top5_logits).enumerate()
         {
             let row = &logits[pos];
@@ -188,7 +197,7 @@ fn real_model_gpu_logits_match_hf_transformers() {
                 let hf_gap =
                     top_logits[0] - top_logits.get(1).copied().unwrap_or(f32::NEG_INFINITY);
                 println!(
-                    "pos {pos}: top-1 {ours} vs HF {} (HF top-2 gap {hf_gap:.3})",
+                    "case {c} pos {pos}: top-1 {ours} vs HF {} (HF top-2 gap {hf_gap:.3})",
                     top_ids[0]
                 );
                 assert!(
@@ -198,16 +207,34 @@ fn real_model_gpu_logits_match_hf_transformers() {
             }
             for (&id, &want) in top_ids.iter().zip(top_logits) {
                 let d = (row[id as usize] - want).abs();
-                sum_abs += d as f64;
-                max_abs = max_abs.max(d);
-                n += 1;
+                case_sum += d as f64;
+                case_n += 1;
+                if d > case_max {
+                    (case_max, worst_pos) = (d, pos);
+                }
             }
         }
+        let case_mean = case_sum / case_n.max(1) as f64;
+        println!(
+            "case {c} ({} prompt tokens): mean |Δ| {case_mean:.4}, max {case_max:.3} at pos \
+             {worst_pos}; HF's own bf16: mean {:?}, max {:?}",
+            case.prompt_ids.len(),
+            case.bf16_mean_abs,
+            case.bf16_max_abs
+        );
+        if let (Some(hf_mean), Some(hf_max)) = (case.bf16_mean_abs, case.bf16_max_abs) {
+            assert!(
+                case_mean <= 2.0 * hf_mean && case_max <= 3.0 * hf_max + 0.5,
+                "case {c}: mean {case_mean} (HF bf16 {hf_mean}), max {case_max} (HF bf16 {hf_max})"
+            );
+        }
+        (n, sum_abs, max_abs) = (n + case_n, sum_abs + case_sum, max_abs.max(case_max));
     }
     let mean = sum_abs / n as f64;
     println!("GPU bf16 vs HF f32: {n} top-5 logits, mean |Δ| {mean:.4}, max |Δ| {max_abs:.4}, top-1 misses {top1_miss}");
-    // bf16 activations through 28 layers: logits of magnitude ~10-30 carry ~0.1 absolute noise.
-    assert!(mean < 0.25 && max_abs < 1.5, "mean {mean}, max {max_abs}");
+    if fx.cases.iter().all(|c| c.bf16_max_abs.is_none()) {
+        assert!(mean < 0.25 && max_abs < 1.5, "mean {mean}, max {max_abs}");
+    }
 }
 
 /// Last-row logits of `prompt` prefilled in chunks of `chunk_tokens`, with the sequence's KV in
@@ -277,6 +304,7 @@ fn long_context_prefill_matches_cpu() {
     let base = ModelConfig::tiny_llama_for_tests();
     let cfg = ModelConfig {
         sliding_window: None,
+        attention_scale: None,
         hidden_size: 256,
         num_layers: 1,
         num_attention_heads: 12,
@@ -314,6 +342,7 @@ fn long_context_prefill_matches_cpu() {
 fn qwen2_long_context_config() -> ModelConfig {
     ModelConfig {
         sliding_window: None,
+        attention_scale: None,
         vocab_size: 4096,
         intermediate_size: 4096,
         num_layers: 4,

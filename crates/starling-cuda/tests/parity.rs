@@ -115,6 +115,17 @@ fn elementwise_ops_match_cpu() {
                 .unwrap(),
             &cpu.silu_mul(&gu).unwrap(),
         );
+        let gu_g = gpu.upload(&gu).unwrap();
+        check(
+            "gelu_tanh_mul",
+            &gpu.to_host(&gpu.gelu_tanh_mul(&gu_g).unwrap()).unwrap(),
+            &cpu.gelu_tanh_mul(&gu).unwrap(),
+        );
+
+        let (mut scaled_g, mut scaled_c) = (gpu.upload(&x).unwrap(), x.clone());
+        gpu.scale_inplace(&mut scaled_g, 25.3).unwrap();
+        cpu.scale_inplace(&mut scaled_c, 25.3).unwrap();
+        check("scale_inplace", &gpu.to_host(&scaled_g).unwrap(), &scaled_c);
 
         let rows: Vec<u32> = (0..n as u32).rev().step_by(2).collect();
         check(

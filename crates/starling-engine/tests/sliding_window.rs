@@ -23,6 +23,7 @@ fn windowed_config(layers: Vec<bool>) -> ModelConfig {
     cfg.sliding_window = Some(SlidingWindow {
         tokens: WINDOW_TOKENS,
         layers,
+        rope: None,
     });
     cfg
 }

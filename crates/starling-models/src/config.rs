@@ -22,6 +22,21 @@ pub enum Architecture {
     /// limited on every layer to a sliding window of the most recent `sliding_window` tokens
     /// ([`SlidingWindow`]). (Mistral GGUF files say `llama` and load as Llama.)
     Mistral,
+    /// Gemma-3 (`Gemma3ForCausalLM`, the text model; GGUF `gemma3`): per-head q/k norms, a
+    /// sliding window on most layers with its own RoPE base, embeddings scaled by
+    /// `sqrt(hidden_size)`, four RMSNorms a layer (after attention and after the MLP too), a
+    /// GeGLU MLP (tanh-approximated GELU), RMSNorms that scale by `1 + weight` (HF stores the
+    /// offset; loaders add the one, GGUF files already hold it).
+    Gemma3,
+}
+
+/// The MLP's gating activation: `act(gate) * up`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MlpActivation {
+    /// SiLU (SwiGLU): Llama, Qwen, Mistral.
+    Silu,
+    /// GELU, tanh approximation (GeGLU, HF `gelu_pytorch_tanh`): Gemma.
+    GeluTanh,
 }
 
 impl Architecture {
@@ -32,13 +47,41 @@ impl Architecture {
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
             Self::Mistral => "mistral",
+            Self::Gemma3 => "gemma3",
         }
+    }
+
+    /// The MLP's gating activation.
+    pub fn mlp_activation(self) -> MlpActivation {
+        match self {
+            Self::Gemma3 => MlpActivation::GeluTanh,
+            _ => MlpActivation::Silu,
+        }
+    }
+
+    /// Whether each layer also normalises the attention output and the MLP output before adding
+    /// them to the residual stream (Gemma's "sandwich" norms: `post_attention_layernorm`,
+    /// `post_feedforward_layernorm`; the MLP's input norm is then `pre_feedforward_layernorm`).
+    pub fn has_sandwich_norms(self) -> bool {
+        matches!(self, Self::Gemma3)
+    }
+
+    /// The factor the token embeddings are multiplied by on the way in (`sqrt(hidden)` for
+    /// Gemma; the tied LM head uses the unscaled matrix).
+    pub fn embedding_scale(self, hidden_size: usize) -> Option<f32> {
+        matches!(self, Self::Gemma3).then(|| (hidden_size as f32).sqrt())
+    }
+
+    /// Whether HF checkpoints store RMSNorm weights as offsets from one (`x * (1 + w)`): the
+    /// HF loader adds the one, so every backend scales by the stored weight alone.
+    pub fn hf_norm_weights_are_offsets(self) -> bool {
+        matches!(self, Self::Gemma3)
     }
 
     /// Whether every layer normalises each query and key head (RMSNorm over `head_dim`) before
     /// RoPE.
     pub fn has_qk_norm(self) -> bool {
-        matches!(self, Self::Qwen3)
+        matches!(self, Self::Qwen3 | Self::Gemma3)
     }
 }
 
@@ -127,16 +170,24 @@ pub struct ModelConfig {
     /// layer attends over the whole context.
     #[serde(default)]
     pub sliding_window: Option<SlidingWindow>,
+    /// The softmax scale when it is not `1 / sqrt(head_dim)` (Gemma-3:
+    /// `query_pre_attn_scalar^-0.5`).
+    #[serde(default)]
+    pub attention_scale: Option<f32>,
 }
 
-/// Sliding-window attention: which layers use it and how far back they see.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Sliding-window attention: which layers use it, how far back they see, and their RoPE.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SlidingWindow {
     /// Keys a windowed layer's query attends to: its own and the `tokens - 1` before it
     /// (HF's `sliding_window`).
     pub tokens: usize,
     /// Whether each layer (in order, one entry per layer) is windowed.
     pub layers: Vec<bool>,
+    /// The windowed layers' own RoPE when it differs from the model's (Gemma-3's local base
+    /// 10,000 against 1,000,000, and no long-context scaling); `None`: the model's.
+    #[serde(default)]
+    pub rope: Option<RopeConfig>,
 }
 
 impl SlidingWindow {
@@ -145,6 +196,7 @@ impl SlidingWindow {
         Self {
             tokens,
             layers: vec![true; num_layers],
+            rope: None,
         }
     }
 }
@@ -174,6 +226,25 @@ impl ModelConfig {
             .copied()
             .unwrap_or(false)
             .then_some(window.tokens)
+    }
+
+    /// The softmax scale of every layer's attention.
+    pub fn attention_softmax_scale(&self) -> f32 {
+        self.attention_scale
+            .unwrap_or_else(|| 1.0 / (self.head_dim as f32).sqrt())
+    }
+
+    /// The RoPE layer `index` rotates with: a windowed layer's own when the window has one.
+    pub fn layer_rope(&self, index: usize) -> &RopeConfig {
+        match (&self.sliding_window, self.layer_window_tokens(index)) {
+            (
+                Some(SlidingWindow {
+                    rope: Some(rope), ..
+                }),
+                Some(_),
+            ) => rope,
+            _ => &self.rope,
+        }
     }
 
     /// Whether every layer is windowed (then a sequence's blocks that fall out of the window
@@ -230,7 +301,15 @@ impl ModelConfig {
                 self.rms_norm_eps
             )));
         }
+        if let Some(scale) = self.attention_scale {
+            if !is_positive(scale) {
+                return Err(invalid(format!("attention scale {scale} must be positive")));
+            }
+        }
         if let Some(window) = &self.sliding_window {
+            if let Some(rope) = &window.rope {
+                validate_rope(rope, self.head_dim)?;
+            }
             if window.tokens == 0 {
                 return Err(invalid("sliding window of 0 tokens".into()));
             }
@@ -345,6 +424,8 @@ pub const PRESET_NAMES: &[&str] = &[
     "llama3-8b",
     "qwen2.5-7b",
     "qwen3-8b",
+    "gemma-3-270m",
+    "gemma-3-4b",
 ];
 
 /// Looks up a preset of real (or test) model shapes by name (case-insensitive, see
@@ -360,6 +441,8 @@ pub fn preset(name: &str) -> Result<ModelConfig, ModelError> {
         "llama3-8b" => Ok(ModelConfig::llama3_8b()),
         "qwen2.5-7b" => Ok(ModelConfig::qwen2_5_7b()),
         "qwen3-8b" => Ok(ModelConfig::qwen3_8b()),
+        "gemma-3-270m" => Ok(ModelConfig::gemma3_270m()),
+        "gemma-3-4b" => Ok(ModelConfig::gemma3_4b()),
         _ => Err(invalid(format!(
             "unknown model preset `{name}` (known: {})",
             PRESET_NAMES.join(", ")
@@ -389,6 +472,7 @@ impl ModelConfig {
             bos_token_id: Some(1),
             eos_token_ids: vec![2],
             sliding_window: None,
+            attention_scale: None,
         }
     }
 
@@ -411,6 +495,7 @@ impl ModelConfig {
             bos_token_id: Some(1),
             eos_token_ids: vec![2],
             sliding_window: None,
+            attention_scale: None,
         }
     }
 
@@ -478,6 +563,61 @@ impl ModelConfig {
         }
     }
 
+    /// Gemma-3-270M: 18 layers, d 640, 4 q / 1 kv head × 256, a 512-token window on 5 of 6
+    /// layers, vocab 262,144, 32k context, tied (its `config.json`).
+    pub fn gemma3_270m() -> Self {
+        Self::gemma3(262_144, 640, 2048, 18, (4, 1), 512, 32_768, None)
+    }
+
+    /// Gemma-3-4B's text model: 34 layers, d 2560, 8 q / 4 kv heads × 256, a 1024-token window
+    /// on 5 of 6 layers, linear RoPE scaling ×8 on the full layers, vocab 262,208, 128k
+    /// context, tied (its `config.json`).
+    pub fn gemma3_4b() -> Self {
+        let scaling = Some(RopeScaling::Linear { factor: 8.0 });
+        Self::gemma3(262_208, 2560, 10_240, 34, (8, 4), 1024, 131_072, scaling)
+    }
+
+    /// A Gemma-3 text model of the given shape (head width 256, `query_pre_attn_scalar` 256,
+    /// local RoPE base 1e4 without scaling, global 1e6 with `scaling`, every sixth layer full).
+    #[allow(clippy::too_many_arguments)]
+    fn gemma3(
+        vocab_size: usize,
+        hidden_size: usize,
+        intermediate_size: usize,
+        num_layers: usize,
+        (num_attention_heads, num_kv_heads): (usize, usize),
+        window_tokens: usize,
+        max_position_embeddings: usize,
+        scaling: Option<RopeScaling>,
+    ) -> Self {
+        Self {
+            architecture: Architecture::Gemma3,
+            vocab_size,
+            hidden_size,
+            intermediate_size,
+            num_layers,
+            num_attention_heads,
+            num_kv_heads,
+            head_dim: 256,
+            rms_norm_eps: 1e-6,
+            rope: RopeConfig {
+                scaling,
+                ..neox_rope(1_000_000.0)
+            },
+            max_position_embeddings,
+            tie_word_embeddings: true,
+            attention_bias: false,
+            bos_token_id: Some(2),
+            eos_token_ids: vec![1, 106],
+            sliding_window: Some(SlidingWindow {
+                tokens: window_tokens,
+                layers: (0..num_layers).map(|i| (i + 1) % 6 != 0).collect(),
+                rope: Some(neox_rope(10_000.0)),
+            }),
+            attention_scale: Some(1.0 / 16.0),
+        }
+    }
+
     /// Llama-2-7B: 32 layers, d 4096, 32 heads × 128 (MHA), 4k context.
     pub fn llama2_7b() -> Self {
         Self {
@@ -497,6 +637,7 @@ impl ModelConfig {
             bos_token_id: Some(1),
             eos_token_ids: vec![2],
             sliding_window: None,
+            attention_scale: None,
         }
     }
 
@@ -528,6 +669,7 @@ impl ModelConfig {
             // <|end_of_text|> and the instruct models' <|eot_id|>.
             eos_token_ids: vec![128_001, 128_009],
             sliding_window: None,
+            attention_scale: None,
         }
     }
 
@@ -552,6 +694,7 @@ impl ModelConfig {
             bos_token_id: Some(151_643),
             eos_token_ids: vec![151_645, 151_643],
             sliding_window: None,
+            attention_scale: None,
         }
     }
 }

@@ -12,8 +12,8 @@ pub mod llama;
 pub mod loader;
 
 pub use config::{
-    preset, rope_inv_freqs, Architecture, ModelConfig, RopeConfig, RopeScaling, RopeStyle,
-    SlidingWindow, PRESET_NAMES,
+    preset, rope_inv_freqs, Architecture, MlpActivation, ModelConfig, RopeConfig, RopeScaling,
+    RopeStyle, SlidingWindow, PRESET_NAMES,
 };
 pub use error::ModelError;
 pub use loader::{

@@ -217,7 +217,7 @@ fn wrongly_shaped_tensor_reports_both_shapes() {
 #[test]
 fn unknown_architecture_is_named() {
     let dir = tempfile::tempdir().unwrap();
-    for (arch, text) in [("mamba", "mamba"), ("gemma3", "planned")] {
+    for (arch, text) in [("mamba", "mamba"), ("gemma2", "gemma2")] {
         let bytes = gguf_bytes(&tiny_metadata(arch), &tiny_tensors(TinyOptions::llama()));
         let err = load_bytes(dir.path(), &bytes).unwrap_err();
         assert!(
@@ -413,6 +413,99 @@ fn qwen3_without_a_head_norm_names_it() {
     assert!(
         matches!(&err, ModelError::MissingTensor { name }
             if name == "model.layers.1.self_attn.k_norm.weight"),
+        "{err}"
+    );
+}
+
+/// The tiny model as llama.cpp writes a `gemma3` file: q/k norms, `post_attention_norm`,
+/// `ffn_norm` (the MLP's input norm) and `post_ffw_norm` in every layer, tied embeddings, and
+/// the window in `gemma3.attention.sliding_window`.
+fn tiny_gemma3_bytes(without: &[&str], window: Option<u32>) -> (Vec<u8>, Vec<common::TensorSpec>) {
+    let config = ModelConfig::tiny_llama_for_tests();
+    let mut tensors = tiny_tensors(TinyOptions {
+        architecture: "gemma3",
+        with_output: false,
+        with_bias: false,
+    });
+    let hidden = config.hidden_size;
+    for layer in 0..config.num_layers {
+        for (salt, (norm, width)) in [
+            ("attn_q_norm", config.head_dim),
+            ("attn_k_norm", config.head_dim),
+            ("post_attention_norm", hidden),
+            ("post_ffw_norm", hidden),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            tensors.push(common::TensorSpec {
+                name: format!("blk.{layer}.{norm}.weight"),
+                shape: vec![width],
+                values: common::pattern(width, 200 + 4 * layer + salt),
+                dtype: candle_core::quantized::GgmlDType::F32,
+            });
+        }
+    }
+    tensors.retain(|t| !without.contains(&t.name.as_str()));
+    let mut metadata = tiny_metadata("gemma3");
+    if let Some(tokens) = window {
+        metadata.push((
+            "gemma3.attention.sliding_window".to_owned(),
+            candle_core::quantized::gguf_file::Value::U32(tokens),
+        ));
+    }
+    (gguf_bytes(&metadata, &tensors), tensors)
+}
+
+#[test]
+fn gemma3_reads_its_window_norms_and_neox_rope() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bytes, tensors) = tiny_gemma3_bytes(&[], Some(8));
+    let model = load_bytes(dir.path(), &bytes).unwrap();
+    let config = &model.config;
+    assert_eq!(config.architecture, Architecture::Gemma3);
+    assert_eq!(config.rope.style, RopeStyle::Neox);
+    assert!(config.tie_word_embeddings);
+    // Two layers, both before the sixth: both windowed, at the local RoPE base.
+    assert_eq!(config.layer_window_tokens(1), Some(8));
+    assert_eq!(config.layer_rope(0).theta, 10_000.0);
+    assert_eq!(
+        config.attention_softmax_scale(),
+        1.0 / (config.head_dim as f32).sqrt()
+    );
+    // llama.cpp's `ffn_norm` is the MLP's input norm; the norms keep their stored values
+    // (the converter already added Gemma's one).
+    let pre = model
+        .weights
+        .get("model.layers.1.pre_feedforward_layernorm.weight")
+        .unwrap();
+    let written = tensors
+        .iter()
+        .find(|t| t.name == "blk.1.ffn_norm.weight")
+        .unwrap();
+    assert_eq!(pre.data(), written.values.as_slice());
+    assert!(model
+        .weights
+        .contains("model.layers.0.post_feedforward_layernorm.weight"));
+    let backend = starling_backend::cpu::CpuBackend::new();
+    let gemma = starling_models::llama::LlamaModel::load(&backend, &model.config, model.weights);
+    assert!(gemma.is_ok());
+}
+
+#[test]
+fn gemma3_without_its_window_or_a_sandwich_norm_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bytes, _) = tiny_gemma3_bytes(&[], None);
+    let err = load_bytes(dir.path(), &bytes).unwrap_err();
+    assert!(
+        err.to_string().contains("gemma3.attention.sliding_window"),
+        "{err}"
+    );
+    let (bytes, _) = tiny_gemma3_bytes(&["blk.0.post_ffw_norm.weight"], Some(8));
+    let err = load_bytes(dir.path(), &bytes).unwrap_err();
+    assert!(
+        matches!(&err, ModelError::MissingTensor { name }
+            if name == "model.layers.0.post_feedforward_layernorm.weight"),
         "{err}"
     );
 }

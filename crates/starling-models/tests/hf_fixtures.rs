@@ -1,6 +1,7 @@
 //! Tiny random models made by HF transformers' own architecture code — `Qwen3ForCausalLM`
-//! (`tests/fixtures/qwen3_tiny`) and `MistralForCausalLM` (`tests/fixtures/mistral_tiny`), both
-//! by `scripts/make_hf_fixture.py` — loaded from their HF directories and run on the CPU
+//! (`tests/fixtures/qwen3_tiny`), `MistralForCausalLM` (`tests/fixtures/mistral_tiny`) and
+//! `Gemma3ForCausalLM` (`tests/fixtures/gemma3_tiny`), all by `scripts/make_hf_fixture.py` —
+//! loaded from their HF directories and run on the CPU
 //! backend: logits at every position of each fixture's prompts and greedy continuations against
 //! transformers' float32 CPU logits.
 
@@ -40,6 +41,7 @@ struct Case {
 
 const QWEN3: &str = "qwen3_tiny";
 const MISTRAL: &str = "mistral_tiny";
+const GEMMA3: &str = "gemma3_tiny";
 
 fn fixture_dir(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -227,4 +229,67 @@ fn a_mistral_without_its_lm_head_is_named() {
         matches!(&err, ModelError::MissingTensor { name } if name == tensor),
         "{err}"
     );
+}
+
+/// Gemma-3: two windowed layers (5 tokens, local RoPE base 1e4) and a full one (1e6), one KV
+/// head, q/k norms, a softmax scale of 24^-0.5, embeddings scaled by 8, GeGLU, four norms a
+/// layer stored as offsets from one.
+#[test]
+fn tiny_gemma3_matches_transformers_logits_and_greedy_tokens() {
+    let loaded = load_model(fixture_dir(GEMMA3)).unwrap();
+    let config = &loaded.config;
+    assert_eq!(config.architecture, Architecture::Gemma3);
+    assert!(config.tie_word_embeddings);
+    assert_eq!(config.layer_window_tokens(0), Some(5));
+    assert_eq!(config.layer_window_tokens(2), None);
+    assert_eq!(config.layer_rope(1).theta, 10_000.0);
+    assert_eq!(config.layer_rope(2).theta, 1_000_000.0);
+    assert!(!config.every_layer_windowed());
+    assert_matches_transformers(GEMMA3, config, loaded.weights);
+}
+
+/// Each Gemma-3 ingredient left out moves the logits past ten times the tolerance (the faithful
+/// run is near 1e-6), so the test above sees every one of them. The local RoPE base moves them
+/// least: the fixture's positions stop at 25, where bases 1e4 and 1e6 differ little.
+#[test]
+fn each_gemma3_ingredient_is_detected() {
+    let loaded = load_model(fixture_dir(GEMMA3)).unwrap();
+    let mut variants: Vec<(&str, ModelConfig, WeightMap)> = Vec::new();
+    let mut no_window = loaded.config.clone();
+    no_window.sliding_window = None;
+    variants.push(("no window", no_window, loaded.weights.clone()));
+    let mut one_rope = loaded.config.clone();
+    if let Some(w) = one_rope.sliding_window.as_mut() {
+        w.rope = None;
+    }
+    variants.push(("global RoPE everywhere", one_rope, loaded.weights.clone()));
+    let mut default_scale = loaded.config.clone();
+    default_scale.attention_scale = None;
+    variants.push((
+        "1/sqrt(head_dim) scale",
+        default_scale,
+        loaded.weights.clone(),
+    ));
+    // The norms as stored by HF (offsets), without the one the loader adds.
+    let offsets: WeightMap = loaded
+        .weights
+        .clone()
+        .into_inner()
+        .into_iter()
+        .map(|(name, mut t)| {
+            if starling_models::loader::weight_names::is_norm_weight(&name) {
+                t.data_mut().iter_mut().for_each(|w| *w -= 1.0);
+            }
+            (name, t)
+        })
+        .collect();
+    variants.push(("norm offsets", loaded.config.clone(), offsets));
+    for (what, config, weights) in variants {
+        let (mean, _) = compare(GEMMA3, &config, weights);
+        println!("gemma3_tiny with {what}: mean |dlogit| = {mean:.3e}");
+        assert!(
+            mean > 10.0 * MEAN_ABS_DLOGIT_TOLERANCE,
+            "{what}: the logits moved only {mean:.3e}"
+        );
+    }
 }

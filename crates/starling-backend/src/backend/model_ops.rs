@@ -159,6 +159,13 @@ pub trait ModelOps: BackendCore {
     /// SwiGLU on a fused `[n, 2f]` gate|up tensor → `silu(gate) * up`, `[n, f]`.
     fn silu_mul(&self, gate_up: &Self::Tensor) -> Result<Self::Tensor, BackendError>;
 
+    /// GeGLU on a fused `[n, 2f]` gate|up tensor → `gelu(gate) * up` with GELU's tanh
+    /// approximation (HF `gelu_pytorch_tanh`: Gemma), `[n, f]`.
+    fn gelu_tanh_mul(&self, gate_up: &Self::Tensor) -> Result<Self::Tensor, BackendError>;
+
+    /// `x *= factor`, elementwise (Gemma's embedding scale).
+    fn scale_inplace(&self, x: &mut Self::Tensor, factor: f32) -> Result<(), BackendError>;
+
     /// The MLP's first half: `silu_mul(linear(x, gate_up, None))` for a fused `[2f, k]` gate|up
     /// weight, `[n, f]` out. A backend may fuse the two (the CUDA one does at decode batch sizes,
     /// saving a kernel and a round trip of the `[n, 2f]` activations per layer).

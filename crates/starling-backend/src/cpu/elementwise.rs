@@ -63,9 +63,30 @@ pub fn add_inplace(x: &mut HostTensor, delta: &HostTensor) -> Result<(), Backend
 
 /// `silu(gate) * up` on a fused `[n, 2f]` tensor.
 pub fn silu_mul(gate_up: &HostTensor) -> Result<HostTensor, BackendError> {
-    let (n, two_f) = matrix_dims(gate_up, "silu_mul input")?;
+    gated(gate_up, "silu_mul", |g| g / (1.0 + (-g).exp()))
+}
+
+/// `gelu(gate) * up` on a fused `[n, 2f]` tensor, GELU's tanh approximation (PyTorch's
+/// `gelu(approximate="tanh")`): `0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))`.
+pub fn gelu_tanh_mul(gate_up: &HostTensor) -> Result<HostTensor, BackendError> {
+    gated(gate_up, "gelu_tanh_mul", gelu_tanh)
+}
+
+/// GELU, tanh approximation.
+pub fn gelu_tanh(g: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * g * (1.0 + (SQRT_2_OVER_PI * (g + 0.044_715 * g * g * g)).tanh())
+}
+
+/// `act(gate) * up` on a fused `[n, 2f]` gate|up tensor.
+fn gated(
+    gate_up: &HostTensor,
+    what: &str,
+    act: impl Fn(f32) -> f32 + Sync,
+) -> Result<HostTensor, BackendError> {
+    let (n, two_f) = matrix_dims(gate_up, what)?;
     if two_f % 2 != 0 {
-        return Err(BackendError::Shape(format!("silu_mul: odd width {two_f}")));
+        return Err(BackendError::Shape(format!("{what}: odd width {two_f}")));
     }
     let f = two_f / 2;
     let mut out = vec![0.0f32; n * f];
@@ -74,7 +95,7 @@ pub fn silu_mul(gate_up: &HostTensor) -> Result<HostTensor, BackendError> {
         .for_each(|(o, gu)| {
             let (gate, up) = gu.split_at(f);
             for ((o, g), u) in o.iter_mut().zip(gate).zip(up) {
-                *o = g / (1.0 + (-g).exp()) * u;
+                *o = act(*g) * u;
             }
         });
     HostTensor::new(vec![n, f], out)
@@ -135,6 +156,27 @@ mod tests {
         let y = silu_mul(&gu).unwrap();
         let silu1 = 1.0 / (1.0 + (-1.0f32).exp());
         assert!((y.data()[0] - 3.0 * silu1).abs() < 1e-6);
+    }
+
+    /// PyTorch's `gelu(x, approximate="tanh")` at a few points (values from torch 2.11, f32).
+    #[test]
+    fn gelu_tanh_matches_pytorch() {
+        for (x, want) in [
+            (-3.0f32, -0.003_637_433),
+            (-0.5, -0.154_286),
+            (0.0, 0.0),
+            (1.0, 0.841_192),
+            (2.5, 2.484_915_7),
+        ] {
+            assert!(
+                (gelu_tanh(x) - want).abs() < 1e-6,
+                "gelu_tanh({x}) = {}",
+                gelu_tanh(x)
+            );
+        }
+        let gu = HostTensor::new(vec![1, 2], vec![1.0, 3.0]).unwrap();
+        let y = gelu_tanh_mul(&gu).unwrap();
+        assert!((y.data()[0] - 3.0 * 0.841_192).abs() < 1e-5);
     }
 
     #[test]

@@ -61,6 +61,15 @@ impl ModelOps for CpuBackend {
         elementwise::silu_mul(gate_up)
     }
 
+    fn gelu_tanh_mul(&self, gate_up: &HostTensor) -> Result<HostTensor, BackendError> {
+        elementwise::gelu_tanh_mul(gate_up)
+    }
+
+    fn scale_inplace(&self, x: &mut HostTensor, factor: f32) -> Result<(), BackendError> {
+        x.data_mut().iter_mut().for_each(|v| *v *= factor);
+        Ok(())
+    }
+
     fn gather_rows(&self, x: &HostTensor, rows: &[u32]) -> Result<HostTensor, BackendError> {
         elementwise::gather_rows(x, rows)
     }

@@ -49,21 +49,26 @@ pub(super) fn rope_grid(tokens: usize, items_per_token: usize) -> LaunchConfig {
 }
 
 impl CudaBackend {
-    /// The device copy of a RoPE frequency table, uploaded once while every layer passes the same
-    /// one.
+    /// The device copy of a RoPE frequency table, uploaded the first time it is passed and kept
+    /// (a model passes one or two: Gemma-3's windowed layers rotate with their own base). Eager
+    /// steps run before any graph is recorded, so a recording finds every table already there.
     pub(super) fn rope_freqs(&self, inv_freqs: &[f32]) -> Result<Arc<CudaSlice<f32>>, CudaError> {
-        let mut guard = self
-            .rope_table
+        /// More distinct tables than any model has: a caller passing fresh ones each step
+        /// (a bug) then recycles the oldest instead of growing without bound.
+        const MAX_TABLES: usize = 8;
+        let mut tables = self
+            .rope_tables
             .lock()
             .map_err(|_| CudaError::Shape("rope table lock poisoned".into()))?;
-        if let Some((host, dev)) = guard.as_ref() {
-            if host.as_slice() == inv_freqs {
-                return Ok(dev.clone());
-            }
+        if let Some((_, dev)) = tables.iter().find(|(host, _)| host.as_slice() == inv_freqs) {
+            return Ok(dev.clone());
         }
         self.check_not_recording("the RoPE table")?;
         let dev = Arc::new(self.stream.clone_htod(inv_freqs)?);
-        *guard = Some((inv_freqs.to_vec(), dev.clone()));
+        if tables.len() == MAX_TABLES {
+            tables.remove(0);
+        }
+        tables.push((inv_freqs.to_vec(), dev.clone()));
         Ok(dev)
     }
 

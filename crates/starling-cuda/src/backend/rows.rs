@@ -2,6 +2,7 @@
 //! fused add + RMSNorm, the residual add, SwiGLU. One block per row where a row is the unit,
 //! grid-stride loops for the elementwise ones.
 
+use cudarc::driver::CudaFunction;
 use starling_backend::{BackendError, ModelOps};
 
 use super::{err, grid_for, row_chunk_threads, rows_config, CudaBackend, CudaBatch};
@@ -152,18 +153,24 @@ impl CudaBackend {
         launch!(self, &self.kernels.add_inplace, grid_for(n), xb, db, &n).map_err(err)
     }
 
-    /// [`ModelOps::silu_mul`].
-    pub(super) fn silu_mul_impl(&self, gate_up: &CudaTensor) -> Result<CudaTensor, BackendError> {
+    /// [`ModelOps::silu_mul`] and [`ModelOps::gelu_tanh_mul`]: `kernel` is the activation's
+    /// gated-multiply kernel (ops.cu).
+    pub(super) fn gated_mul_impl(
+        &self,
+        gate_up: &CudaTensor,
+        kernel: &CudaFunction,
+        what: &str,
+    ) -> Result<CudaTensor, BackendError> {
         let (rows, two_f) = gate_up.matrix_dims().map_err(err)?;
         if two_f % 2 != 0 {
-            return Err(BackendError::Shape(format!("silu_mul: odd width {two_f}")));
+            return Err(BackendError::Shape(format!("{what}: odd width {two_f}")));
         }
         let f = two_f / 2;
         let mut out = self.alloc_bf16(rows * f).map_err(err)?;
         let f_i = f as i32;
         launch!(
             self,
-            &self.kernels.silu_mul,
+            kernel,
             // One thread per 16-byte chunk of outputs where the rows are chunked (ops.cu).
             grid_for(if f % 8 == 0 { rows * f / 8 } else { rows * f }),
             gate_up.bf16().map_err(err)?,
@@ -173,6 +180,17 @@ impl CudaBackend {
         )
         .map_err(err)?;
         Ok(self.tensor(DeviceBuf::Bf16(out), vec![rows, f]))
+    }
+
+    /// [`ModelOps::scale_inplace`].
+    pub(super) fn scale_inplace_impl(
+        &self,
+        x: &mut CudaTensor,
+        factor: f32,
+    ) -> Result<(), BackendError> {
+        let n = x.numel();
+        let xb = x.bf16_mut().map_err(err)?;
+        launch!(self, &self.kernels.scale, grid_for(n), xb, &n, &factor).map_err(err)
     }
 
     /// [`ModelOps::gather_rows`].

@@ -48,6 +48,13 @@ impl<B: Backend> LlamaModel<B> {
             eps: self.config.rms_norm_eps,
         };
         let mut residual = backend.embedding_for_batch(&self.embed_tokens, token_ids, batch)?;
+        if let Some(scale) = self
+            .config
+            .architecture
+            .embedding_scale(self.config.hidden_size)
+        {
+            backend.scale_inplace(&mut residual, scale)?;
+        }
         let mut pending_delta: Option<B::Tensor> = None;
         for (index, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
             let x = layer.input_norm(backend, &mut residual, pending_delta.take(), ctx.eps)?;

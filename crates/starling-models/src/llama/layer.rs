@@ -1,15 +1,21 @@
 //! One decoder layer: its weights in backend memory and its step (input norm, attention over
-//! the paged cache, the MLP).
+//! the paged cache, the MLP; Gemma's norms of the attention and MLP outputs where it has them).
 
 use starling_backend::{AttentionDims, Backend, HeadSpan, RopeSpec};
 
 use super::{LatentLayer, QueryCapture};
-use crate::ModelError;
+use crate::{MlpActivation, ModelError};
 
 /// One decoder layer's weights in backend memory (Q/K/V and gate/up fused at load).
 pub(super) struct DecoderLayer<B: Backend> {
     /// A sliding-window layer's reach ([`AttentionDims::window_tokens`]); `None`: full attention.
     pub(super) window_tokens: Option<usize>,
+    /// The layer's own RoPE when it differs from the model's (Gemma-3's windowed layers).
+    pub(super) rope: Option<RopeSpec>,
+    /// The MLP's gating activation.
+    pub(super) activation: MlpActivation,
+    /// Gemma's norms of the attention and MLP outputs; `None` for the Llama layout.
+    pub(super) sandwich_norms: Option<SandwichNorms<B>>,
     pub(super) input_norm: B::Tensor,
     /// `[W_q; W_k; W_v]`, or for a latent layer `[W_q; A_k; A_v]` (the key latents of every
     /// head, then the value latent).
@@ -20,9 +26,18 @@ pub(super) struct DecoderLayer<B: Backend> {
     /// A STAR-KV latent layer's ranks and up-projections; `None` for full K/V.
     pub(super) latent: Option<LatentLayer<B>>,
     pub(super) o_proj: B::Tensor,
-    pub(super) post_attention_norm: B::Tensor,
+    /// The MLP's input norm (HF `post_attention_layernorm` in the Llama layout,
+    /// `pre_feedforward_layernorm` in Gemma's).
+    pub(super) pre_mlp_norm: B::Tensor,
     pub(super) gate_up_proj: B::Tensor,
     pub(super) down_proj: B::Tensor,
+}
+
+/// Gemma's extra norms: of the attention output (before it joins the residual stream) and of
+/// the MLP output (likewise).
+pub(super) struct SandwichNorms<B: Backend> {
+    pub(super) post_attention: B::Tensor,
+    pub(super) post_feedforward: B::Tensor,
 }
 
 /// One layer's query and key head norms (`[head_dim]` weights, shared by the heads).
@@ -94,7 +109,8 @@ impl<B: Backend> DecoderLayer<B> {
         ctx: &StepContext<'_, B>,
         queries: Option<&mut QueryCapture>,
     ) -> Result<B::Tensor, ModelError> {
-        let (rope, batch, eps) = (ctx.rope, ctx.batch, ctx.eps);
+        let (batch, eps) = (ctx.batch, ctx.eps);
+        let rope = self.rope.as_ref().unwrap_or(ctx.rope);
         let dims = &AttentionDims {
             window_tokens: self.window_tokens,
             ..*ctx.dims
@@ -117,9 +133,21 @@ impl<B: Backend> DecoderLayer<B> {
                 backend.latent_attention(&qkv, cache, &latent.factors(), dims, rope, batch)?
             }
         };
-        let attn_out = backend.linear(&attn, &self.o_proj, None)?;
-        let x = backend.add_rms_norm(residual, &attn_out, &self.post_attention_norm, eps)?;
-        let act = backend.linear_swiglu(&x, &self.gate_up_proj)?;
-        Ok(backend.linear(&act, &self.down_proj, None)?)
+        let mut attn_out = backend.linear(&attn, &self.o_proj, None)?;
+        if let Some(norms) = &self.sandwich_norms {
+            attn_out = backend.rms_norm(&attn_out, &norms.post_attention, eps)?;
+        }
+        let x = backend.add_rms_norm(residual, &attn_out, &self.pre_mlp_norm, eps)?;
+        let act = match self.activation {
+            MlpActivation::Silu => backend.linear_swiglu(&x, &self.gate_up_proj)?,
+            MlpActivation::GeluTanh => {
+                backend.gelu_tanh_mul(&backend.linear(&x, &self.gate_up_proj, None)?)?
+            }
+        };
+        let out = backend.linear(&act, &self.down_proj, None)?;
+        Ok(match &self.sandwich_norms {
+            Some(norms) => backend.rms_norm(&out, &norms.post_feedforward, eps)?,
+            None => out,
+        })
     }
 }

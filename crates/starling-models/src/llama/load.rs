@@ -5,9 +5,9 @@
 use starling_backend::{AttentionDims, Backend, HostTensor, RopeSpec, RopeStyle as OpRopeStyle};
 
 use super::latent::{latent_tensor_name, LatentLayer};
-use super::layer::{DecoderLayer, HeadNorms};
+use super::layer::{DecoderLayer, HeadNorms, SandwichNorms};
 use super::{LatentLayerWeights, LatentRanks, LlamaModel};
-use crate::config::{rope_inv_freqs, ModelConfig, RopeStyle};
+use crate::config::{rope_inv_freqs, ModelConfig, RopeConfig, RopeStyle};
 use crate::loader::WeightMap;
 use crate::ModelError;
 
@@ -43,6 +43,17 @@ fn concat_rows(parts: &[HostTensor]) -> Result<HostTensor, ModelError> {
         vec![rows, cols]
     };
     Ok(HostTensor::new(shape, data)?)
+}
+
+/// The backend's form of a RoPE config: its inverse frequencies and pairing.
+fn rope_spec(rope: &RopeConfig, head_dim: usize) -> RopeSpec {
+    RopeSpec {
+        inv_freqs: rope_inv_freqs(rope, head_dim),
+        style: match rope.style {
+            RopeStyle::Interleaved => OpRopeStyle::Interleaved,
+            RopeStyle::Neox => OpRopeStyle::Neox,
+        },
+    }
 }
 
 /// Where a model's tensors come from: a checkpoint on the host, or synthetic values made on the
@@ -316,8 +327,35 @@ impl<B: Backend> LlamaModel<B> {
                 (format!("{p}.mlp.gate_proj.weight"), vec![f, d]),
                 (format!("{p}.mlp.up_proj.weight"), vec![f, d]),
             ];
+            let norm = |name: &str| one(format!("{p}.{name}"), vec![d]);
+            let (pre_mlp_norm, sandwich_norms) = if config.architecture.has_sandwich_norms() {
+                let sandwich = SandwichNorms {
+                    post_attention: weights.fused(
+                        backend,
+                        &norm("post_attention_layernorm.weight"),
+                        true,
+                    )?,
+                    post_feedforward: weights.fused(
+                        backend,
+                        &norm("post_feedforward_layernorm.weight"),
+                        true,
+                    )?,
+                };
+                let pre =
+                    weights.fused(backend, &norm("pre_feedforward_layernorm.weight"), true)?;
+                (pre, Some(sandwich))
+            } else {
+                let pre = weights.fused(backend, &norm("post_attention_layernorm.weight"), true)?;
+                (pre, None)
+            };
+            let layer_rope = config.layer_rope(l);
+            let rope = (layer_rope != &config.rope).then(|| rope_spec(layer_rope, config.head_dim));
             layers.push(DecoderLayer {
                 window_tokens: config.layer_window_tokens(l),
+                rope,
+                activation: config.architecture.mlp_activation(),
+                sandwich_norms,
+                pre_mlp_norm,
                 input_norm: weights.fused(
                     backend,
                     &one(format!("{p}.input_layernorm.weight"), vec![d]),
@@ -328,11 +366,6 @@ impl<B: Backend> LlamaModel<B> {
                 head_norms,
                 latent,
                 o_proj: weights.fused(backend, &one(attn("o_proj.weight"), vec![d, q]), false)?,
-                post_attention_norm: weights.fused(
-                    backend,
-                    &one(format!("{p}.post_attention_layernorm.weight"), vec![d]),
-                    true,
-                )?,
                 gate_up_proj: weights.fused(backend, &gate_up, false)?,
                 down_proj: weights.fused(
                     backend,
@@ -351,22 +384,15 @@ impl<B: Backend> LlamaModel<B> {
                 false,
             )?)
         };
-        let style = match config.rope.style {
-            RopeStyle::Interleaved => OpRopeStyle::Interleaved,
-            RopeStyle::Neox => OpRopeStyle::Neox,
-        };
         Ok(Self {
             dims: AttentionDims {
                 window_tokens: None,
                 num_heads: config.num_attention_heads,
                 num_kv_heads: config.num_kv_heads,
                 head_dim: config.head_dim,
-                scale: 1.0 / (config.head_dim as f32).sqrt(),
+                scale: config.attention_softmax_scale(),
             },
-            rope: RopeSpec {
-                inv_freqs: rope_inv_freqs(&config.rope, config.head_dim),
-                style,
-            },
+            rope: rope_spec(&config.rope, config.head_dim),
             embed_tokens,
             layers,
             final_norm,

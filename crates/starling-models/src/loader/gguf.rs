@@ -47,7 +47,7 @@ pub(crate) fn load_gguf(path: &Path) -> Result<GgufModel, ModelError> {
             config.rope.scaling = Some(RopeScaling::PerDimFactors(tensor.into_data()));
             continue;
         }
-        match canonical_name(&name) {
+        match canonical_name(&name, config.architecture) {
             Some(canonical) => weights.insert(canonical, tensor),
             None => {
                 tracing::warn!(tensor = %name, "unknown GGUF tensor kept under its own name");
@@ -70,7 +70,10 @@ pub(crate) fn check_directory(
 ) -> Result<(), ModelError> {
     let shapes: HashMap<String, &[usize]> = tensors
         .iter()
-        .filter_map(|info| Some((canonical_name(&info.name)?, info.shape.as_slice())))
+        .filter_map(|info| {
+            let name = canonical_name(&info.name, config.architecture)?;
+            Some((name, info.shape.as_slice()))
+        })
         .collect();
     for (name, expected) in expected_weights(config) {
         match shapes.get(&name) {

@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use candle_core::quantized::gguf_file::Value;
 
 use super::gguf_header::GgufTensorInfo;
-use crate::{Architecture, ModelConfig, ModelError, RopeConfig, RopeScaling, RopeStyle};
+use crate::{
+    Architecture, ModelConfig, ModelError, RopeConfig, RopeScaling, RopeStyle, SlidingWindow,
+};
 
 /// llama.cpp's default when `{arch}.rope.freq_base` is absent.
 const DEFAULT_ROPE_THETA: f32 = 10_000.0;
@@ -108,9 +110,7 @@ pub(crate) fn architecture(metadata: &Metadata<'_>) -> Result<Architecture, Mode
         "llama" => Ok(Architecture::Llama),
         "qwen2" => Ok(Architecture::Qwen2),
         "qwen3" => Ok(Architecture::Qwen3),
-        "gemma3" => Err(ModelError::UnsupportedArchitecture(
-            "gemma3 (support is planned)".to_owned(),
-        )),
+        "gemma3" => Ok(Architecture::Gemma3),
         other => Err(ModelError::UnsupportedArchitecture(other.to_owned())),
     }
 }
@@ -163,13 +163,25 @@ pub(crate) fn config_from_gguf(
         }
     }
 
+    let num_layers = metadata.required_usize(&key("block_count"))?;
+    let (sliding_window, attention_scale) = match architecture {
+        Architecture::Gemma3 => gemma3_parts(
+            metadata,
+            num_layers,
+            hidden_size,
+            num_attention_heads,
+            head_dim,
+        )?,
+        _ => (None, None),
+    };
     let config = ModelConfig {
-        sliding_window: None,
+        sliding_window,
+        attention_scale,
         architecture,
         vocab_size,
         hidden_size,
         intermediate_size: metadata.required_usize(&key("feed_forward_length"))?,
-        num_layers: metadata.required_usize(&key("block_count"))?,
+        num_layers,
         num_attention_heads,
         num_kv_heads,
         head_dim,
@@ -185,7 +197,7 @@ pub(crate) fn config_from_gguf(
                 // rotation an adjacent-pair rotation on the stored weights; qwen2 and qwen3 are
                 // not permuted. (GGUF has no `mistral` architecture: such files say `llama`.)
                 Architecture::Llama | Architecture::Mistral => RopeStyle::Interleaved,
-                Architecture::Qwen2 | Architecture::Qwen3 => RopeStyle::Neox,
+                Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Gemma3 => RopeStyle::Neox,
             },
             scaling: rope_scaling(metadata, arch)?,
         },
@@ -196,6 +208,53 @@ pub(crate) fn config_from_gguf(
         eos_token_ids: eos_token_ids(metadata)?,
     };
     Ok(config)
+}
+
+/// Gemma-3's RoPE base of the sliding-window layers: llama.cpp does not store it (its loader
+/// hard-codes the same value), the model card documents 10,000.
+const GEMMA3_LOCAL_ROPE_THETA: f32 = 10_000.0;
+/// Every sixth Gemma-3 layer attends over the whole context (llama.cpp's `set_swa_pattern(6)`,
+/// used when the file has no `gemma3.attention.sliding_window_pattern`).
+const GEMMA3_SLIDING_WINDOW_PATTERN: usize = 6;
+/// Gemma-3-27B's layer count: its softmax scale is `(hidden / heads)^-0.5` (HF's
+/// `query_pre_attn_scalar` 168), every other size's `head_dim^-0.5` (256).
+const GEMMA3_27B_LAYERS: usize = 62;
+
+/// Gemma-3's window (layers `i` with `(i + 1) % 6 != 0`, local RoPE without scaling) and
+/// softmax scale, as llama.cpp's loader derives them.
+fn gemma3_parts(
+    metadata: &Metadata<'_>,
+    num_layers: usize,
+    hidden_size: usize,
+    num_heads: usize,
+    head_dim: usize,
+) -> Result<(Option<SlidingWindow>, Option<f32>), ModelError> {
+    let window_key = "gemma3.attention.sliding_window";
+    let tokens = metadata
+        .usize(window_key)?
+        .ok_or_else(|| missing(window_key))?;
+    if tokens == 0 {
+        return Err(ModelError::InvalidConfig(format!("{window_key} is 0")));
+    }
+    let pattern = metadata
+        .usize("gemma3.attention.sliding_window_pattern")?
+        .unwrap_or(GEMMA3_SLIDING_WINDOW_PATTERN)
+        .max(1);
+    let window = SlidingWindow {
+        tokens,
+        layers: (0..num_layers).map(|i| (i + 1) % pattern != 0).collect(),
+        rope: Some(RopeConfig {
+            theta: GEMMA3_LOCAL_ROPE_THETA,
+            style: RopeStyle::Neox,
+            scaling: None,
+        }),
+    };
+    let scalar = if num_layers == GEMMA3_27B_LAYERS && num_heads > 0 {
+        hidden_size / num_heads
+    } else {
+        head_dim
+    };
+    Ok((Some(window), Some((scalar as f32).powf(-0.5))))
 }
 
 /// Starling rotates whole heads; partial rotary models would be silently wrong.

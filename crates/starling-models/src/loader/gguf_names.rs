@@ -1,13 +1,18 @@
 //! llama.cpp tensor names → canonical HF names (see [`super::weight_names`]).
 
 use super::weight_names::{LayerTensor, EMBED_TOKENS, FINAL_NORM, LM_HEAD};
+use crate::Architecture;
 
 /// The llama.cpp name of the per-dimension RoPE divisors (Llama 3.1 scaling), which becomes
 /// part of the config rather than a weight.
 pub(crate) const ROPE_FREQS: &str = "rope_freqs.weight";
 
-/// The canonical name of GGUF tensor `name`, or `None` when the name is not one Starling knows.
-pub(crate) fn canonical_name(name: &str) -> Option<String> {
+/// The canonical name of GGUF tensor `name` in a file of `architecture`, or `None` when the name
+/// is not one Starling knows. llama.cpp's `ffn_norm` is the MLP's input norm everywhere, which
+/// HF calls `post_attention_layernorm` in Llama-style models and `pre_feedforward_layernorm` in
+/// Gemma (whose `post_attention_layernorm` is llama.cpp's `post_attention_norm`).
+pub(crate) fn canonical_name(name: &str, architecture: Architecture) -> Option<String> {
+    let sandwich = architecture.has_sandwich_norms();
     match name {
         "token_embd.weight" => return Some(EMBED_TOKENS.to_owned()),
         "output_norm.weight" => return Some(FINAL_NORM.to_owned()),
@@ -28,7 +33,10 @@ pub(crate) fn canonical_name(name: &str) -> Option<String> {
         "attn_q_norm.weight" => LayerTensor::QNorm,
         "attn_k_norm.weight" => LayerTensor::KNorm,
         "attn_output.weight" => LayerTensor::OProj,
+        "ffn_norm.weight" if sandwich => LayerTensor::PreFeedforwardNorm,
         "ffn_norm.weight" => LayerTensor::PostAttentionNorm,
+        "post_attention_norm.weight" if sandwich => LayerTensor::PostAttentionNorm,
+        "post_ffw_norm.weight" if sandwich => LayerTensor::PostFeedforwardNorm,
         "ffn_gate.weight" => LayerTensor::GateProj,
         "ffn_up.weight" => LayerTensor::UpProj,
         "ffn_down.weight" => LayerTensor::DownProj,
@@ -40,6 +48,29 @@ pub(crate) fn canonical_name(name: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gemma3_norms_map_to_hf_gemma_names() {
+        let gemma = |n| canonical_name(n, Architecture::Gemma3);
+        let layer = |t: &str| Some(format!("model.layers.4.{t}"));
+        assert_eq!(
+            gemma("blk.4.ffn_norm.weight"),
+            layer("pre_feedforward_layernorm.weight")
+        );
+        assert_eq!(
+            gemma("blk.4.post_attention_norm.weight"),
+            layer("post_attention_layernorm.weight")
+        );
+        assert_eq!(
+            gemma("blk.4.post_ffw_norm.weight"),
+            layer("post_feedforward_layernorm.weight")
+        );
+        // Not a Llama tensor.
+        assert_eq!(
+            canonical_name("blk.4.post_ffw_norm.weight", Architecture::Llama),
+            None
+        );
+    }
 
     #[test]
     fn maps_global_and_layer_tensors() {
@@ -77,7 +108,11 @@ mod tests {
             ),
         ];
         for (gguf, hf) in cases {
-            assert_eq!(canonical_name(gguf).as_deref(), Some(hf), "{gguf}");
+            assert_eq!(
+                canonical_name(gguf, Architecture::Qwen2).as_deref(),
+                Some(hf),
+                "{gguf}"
+            );
         }
     }
 
@@ -88,7 +123,7 @@ mod tests {
             "blk.0.attn_q_norm.bias",
             "rope_freqs.weight",
         ] {
-            assert_eq!(canonical_name(name), None, "{name}");
+            assert_eq!(canonical_name(name, Architecture::Llama), None, "{name}");
         }
     }
 }

@@ -1,6 +1,8 @@
 //! Reading a Hugging Face `config.json` (plus `generation_config.json`'s stop tokens) into a
-//! [`ModelConfig`], with `transformers`' defaults for `LlamaConfig`, `Qwen2Config` and
-//! `Qwen3Config`.
+//! [`ModelConfig`], with `transformers`' defaults for `LlamaConfig`, `Qwen2Config`,
+//! `Qwen3Config`, `MistralConfig` and `Gemma3TextConfig` (Gemma-3's parts: [`gemma3`]).
+
+mod gemma3;
 
 use std::path::Path;
 
@@ -25,7 +27,9 @@ struct HfConfig {
     rms_norm_eps: Option<f32>,
     rope_theta: Option<f32>,
     rope_scaling: Option<HfRopeParameters>,
-    rope_parameters: Option<HfRopeParameters>,
+    /// One parameter set (newer Llama / Qwen), or one per layer type (Gemma-3:
+    /// `full_attention`, `sliding_attention`).
+    rope_parameters: Option<serde_json::Value>,
     max_position_embeddings: Option<usize>,
     tie_word_embeddings: Option<bool>,
     attention_bias: Option<bool>,
@@ -34,12 +38,28 @@ struct HfConfig {
     /// The attention window (Mistral applies it whenever it is set; Qwen only under
     /// `use_sliding_window`).
     sliding_window: Option<usize>,
+    /// Gemma-3: each layer's kind, `sliding_attention` or `full_attention`.
+    layer_types: Option<Vec<String>>,
+    /// Gemma-3's older spelling of the layer kinds: every n-th layer is full.
+    sliding_window_pattern: Option<usize>,
+    /// Gemma-3's older spelling of the windowed layers' RoPE base.
+    rope_local_base_freq: Option<f32>,
+    /// Gemma-3: the softmax scale is `query_pre_attn_scalar^-0.5`.
+    query_pre_attn_scalar: Option<f32>,
+    /// Soft-capping of the logits (Gemma-2; null in Gemma-3): refused when set.
+    final_logit_softcapping: Option<f32>,
+    /// Soft-capping of the attention scores (Gemma-2; null in Gemma-3): refused when set.
+    attn_logit_softcapping: Option<f32>,
+    /// The MLP activation's HF name (Gemma: `gelu_pytorch_tanh`).
+    hidden_activation: Option<String>,
+    /// EmbeddingGemma's bidirectional attention: refused.
+    use_bidirectional_attention: Option<bool>,
     bos_token_id: Option<u32>,
     eos_token_id: Option<OneOrMany>,
 }
 
 /// `rope_scaling` / `rope_parameters`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize)]
 struct HfRopeParameters {
     rope_type: Option<String>,
     #[serde(rename = "type")]
@@ -108,11 +128,15 @@ pub(crate) fn parse_hf_config(text: &str) -> Result<ModelConfig, ModelError> {
         "qwen2" => Architecture::Qwen2,
         "qwen3" => Architecture::Qwen3,
         "mistral" => Architecture::Mistral,
-        "gemma3" | "gemma3_text" => {
-            return Err(ModelError::UnsupportedArchitecture(format!(
-                "{} (support is planned)",
-                hf.model_type
-            )))
+        // `gemma3` is the multimodal wrapper: its text model's config sits under
+        // `text_config`, with the tensors under other names.
+        "gemma3_text" => Architecture::Gemma3,
+        "gemma3" => {
+            return Err(ModelError::UnsupportedArchitecture(
+                "gemma3 (the multimodal Gemma3ForConditionalGeneration; its text model, \
+                 model_type gemma3_text, is supported)"
+                    .into(),
+            ))
         }
         other => return Err(ModelError::UnsupportedArchitecture(other.to_owned())),
     };
@@ -124,27 +148,68 @@ pub(crate) fn parse_hf_config(text: &str) -> Result<ModelConfig, ModelError> {
     }
     let head_dim = match hf.head_dim {
         Some(dim) => dim,
-        // `Qwen3Config` defaults `head_dim` to 128 whatever the hidden size.
+        // `Qwen3Config` defaults `head_dim` to 128 whatever the hidden size, Gemma-3 to 256.
         None if architecture == Architecture::Qwen3 => 128,
+        None if architecture == Architecture::Gemma3 => 256,
         None => hf
             .hidden_size
             .checked_div(hf.num_attention_heads)
             .unwrap_or(0),
     };
     // `rope_parameters` (newer) carries theta and scaling together; `rope_scaling` (older)
-    // only the scaling, with theta at the top level.
-    let rope_parameters = hf.rope_parameters.or(hf.rope_scaling).unwrap_or_default();
+    // only the scaling, with theta at the top level. Gemma-3's has one set per layer type.
+    let rope_sets = gemma3::RopeSets::parse(hf.rope_parameters.as_ref())?;
+    let rope_parameters = rope_sets
+        .full
+        .clone()
+        .or_else(|| hf.rope_scaling.clone())
+        .unwrap_or_default();
+    let default_theta = match architecture {
+        Architecture::Gemma3 => gemma3::DEFAULT_GLOBAL_ROPE_THETA,
+        _ => 10_000.0,
+    };
     let theta = rope_parameters
         .rope_theta
         .or(hf.rope_theta)
-        .unwrap_or(10_000.0);
+        .unwrap_or(default_theta);
+    // HF checkpoints keep the original Q/K layout, rotated by `rotate_half`.
+    let rope = RopeConfig {
+        theta,
+        style: RopeStyle::Neox,
+        scaling: rope_scaling(&rope_parameters)?,
+    };
     let default_context = match architecture {
         Architecture::Llama => 2048,
-        // MistralConfig's default: 4096 * 32.
-        Architecture::Mistral => 131_072,
+        // MistralConfig's default: 4096 * 32; Gemma3TextConfig's 131,072.
+        Architecture::Mistral | Architecture::Gemma3 => 131_072,
         Architecture::Qwen2 | Architecture::Qwen3 => 32_768,
     };
     let max_position_embeddings = hf.max_position_embeddings.unwrap_or(default_context);
+    if architecture == Architecture::Gemma3 {
+        let parts = gemma3::parts(&hf, &rope_sets, max_position_embeddings)?;
+        return Ok(ModelConfig {
+            sliding_window: parts.sliding_window,
+            attention_scale: parts.attention_scale,
+            architecture,
+            vocab_size: hf.vocab_size,
+            hidden_size: hf.hidden_size,
+            intermediate_size: hf.intermediate_size,
+            num_layers: hf.num_hidden_layers,
+            num_attention_heads: hf.num_attention_heads,
+            num_kv_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
+            head_dim,
+            rms_norm_eps: hf.rms_norm_eps.unwrap_or(1e-6),
+            rope,
+            max_position_embeddings,
+            tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(true),
+            attention_bias: hf.attention_bias.unwrap_or(false),
+            bos_token_id: hf.bos_token_id.or(Some(2)),
+            eos_token_ids: hf
+                .eos_token_id
+                .map(OneOrMany::into_vec)
+                .unwrap_or_else(|| vec![1]),
+        });
+    }
     let sliding_window = match (architecture, hf.sliding_window) {
         (Architecture::Mistral, Some(0)) => {
             return Err(ModelError::InvalidConfig(
@@ -159,6 +224,7 @@ pub(crate) fn parse_hf_config(text: &str) -> Result<ModelConfig, ModelError> {
     };
     Ok(ModelConfig {
         sliding_window,
+        attention_scale: None,
         architecture,
         vocab_size: hf.vocab_size,
         hidden_size: hf.hidden_size,
@@ -168,12 +234,7 @@ pub(crate) fn parse_hf_config(text: &str) -> Result<ModelConfig, ModelError> {
         num_kv_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
         head_dim,
         rms_norm_eps: hf.rms_norm_eps.unwrap_or(1e-6),
-        rope: RopeConfig {
-            theta,
-            // HF checkpoints keep the original Q/K layout, rotated by `rotate_half`.
-            style: RopeStyle::Neox,
-            scaling: rope_scaling(&rope_parameters)?,
-        },
+        rope,
         max_position_embeddings,
         tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
         // Qwen2 always has Q/K/V biases and has no flag for them.

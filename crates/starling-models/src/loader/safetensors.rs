@@ -9,6 +9,7 @@ use starling_backend::HostTensor;
 
 use super::float_decode::{decode_floats, FloatEncoding};
 use super::hf_config::read_hf_config;
+use super::weight_names::is_norm_weight;
 use super::WeightMap;
 use crate::{ModelConfig, ModelError};
 
@@ -20,7 +21,12 @@ pub(crate) fn load_hf_dir(dir: &Path) -> Result<(ModelConfig, WeightMap), ModelE
     let mut weights = WeightMap::new();
     // One shard in memory at a time bounds peak memory to one shard plus the f32 weights.
     for shard in &shards {
-        for (name, tensor) in read_shard(shard)? {
+        for (name, mut tensor) in read_shard(shard)? {
+            if config.architecture.hf_norm_weights_are_offsets() && is_norm_weight(&name) {
+                // Gemma's RMSNorm scales by `1 + weight`; llama.cpp's converter adds the one
+                // too, so every loader hands the model the scale itself.
+                tensor.data_mut().iter_mut().for_each(|w| *w += 1.0);
+            }
             weights.insert(name, tensor);
         }
     }

@@ -34,8 +34,13 @@ pub enum LayerTensor {
     KNorm,
     /// Attention output projection, `[hidden, q_size]`.
     OProj,
-    /// RMSNorm before the MLP, `[hidden]`.
+    /// RMSNorm before the MLP, `[hidden]`; with sandwich norms (Gemma) the norm of the
+    /// attention output instead (HF names them alike).
     PostAttentionNorm,
+    /// RMSNorm before the MLP, `[hidden]` (only with sandwich norms: Gemma).
+    PreFeedforwardNorm,
+    /// RMSNorm of the MLP output, `[hidden]` (only with sandwich norms: Gemma).
+    PostFeedforwardNorm,
     /// MLP gate projection, `[intermediate, hidden]`.
     GateProj,
     /// MLP up projection, `[intermediate, hidden]`.
@@ -46,7 +51,7 @@ pub enum LayerTensor {
 
 impl LayerTensor {
     /// Every layer tensor, in checkpoint order.
-    pub const ALL: [LayerTensor; 14] = [
+    pub const ALL: [LayerTensor; 16] = [
         Self::InputNorm,
         Self::QProj,
         Self::QBias,
@@ -58,9 +63,11 @@ impl LayerTensor {
         Self::KNorm,
         Self::OProj,
         Self::PostAttentionNorm,
+        Self::PreFeedforwardNorm,
         Self::GateProj,
         Self::UpProj,
         Self::DownProj,
+        Self::PostFeedforwardNorm,
     ];
 
     /// The name's part after `model.layers.{layer}.`.
@@ -77,6 +84,8 @@ impl LayerTensor {
             Self::KNorm => "self_attn.k_norm.weight",
             Self::OProj => "self_attn.o_proj.weight",
             Self::PostAttentionNorm => "post_attention_layernorm.weight",
+            Self::PreFeedforwardNorm => "pre_feedforward_layernorm.weight",
+            Self::PostFeedforwardNorm => "post_feedforward_layernorm.weight",
             Self::GateProj => "mlp.gate_proj.weight",
             Self::UpProj => "mlp.up_proj.weight",
             Self::DownProj => "mlp.down_proj.weight",
@@ -93,6 +102,9 @@ impl LayerTensor {
         match self {
             Self::QBias | Self::KBias | Self::VBias => config.attention_bias,
             Self::QNorm | Self::KNorm => config.architecture.has_qk_norm(),
+            Self::PreFeedforwardNorm | Self::PostFeedforwardNorm => {
+                config.architecture.has_sandwich_norms()
+            }
             _ => true,
         }
     }
@@ -102,7 +114,10 @@ impl LayerTensor {
         let hidden = config.hidden_size;
         let ffn = config.intermediate_size;
         match self {
-            Self::InputNorm | Self::PostAttentionNorm => vec![hidden],
+            Self::InputNorm
+            | Self::PostAttentionNorm
+            | Self::PreFeedforwardNorm
+            | Self::PostFeedforwardNorm => vec![hidden],
             Self::QProj => vec![config.q_size(), hidden],
             Self::QBias => vec![config.q_size()],
             Self::KProj | Self::VProj => vec![config.kv_size(), hidden],
@@ -118,7 +133,12 @@ impl LayerTensor {
     pub fn is_norm(self) -> bool {
         matches!(
             self,
-            Self::InputNorm | Self::PostAttentionNorm | Self::QNorm | Self::KNorm
+            Self::InputNorm
+                | Self::PostAttentionNorm
+                | Self::PreFeedforwardNorm
+                | Self::PostFeedforwardNorm
+                | Self::QNorm
+                | Self::KNorm
         )
     }
 }

@@ -172,6 +172,7 @@ fn weights_of(model: TestModel) -> (ModelConfig, WeightMap) {
         TestModel::Tiny => {
             let tiny = ModelConfig {
                 sliding_window: None,
+                attention_scale: None,
                 vocab_size: config.vocab_size,
                 max_position_embeddings: 4096,
                 eos_token_ids: config.eos_token_ids.clone(),
