@@ -426,6 +426,7 @@ pub const PRESET_NAMES: &[&str] = &[
     "qwen3-8b",
     "gemma-3-270m",
     "gemma-3-4b",
+    "mistral-7b",
 ];
 
 /// Looks up a preset of real (or test) model shapes by name (case-insensitive, see
@@ -443,6 +444,7 @@ pub fn preset(name: &str) -> Result<ModelConfig, ModelError> {
         "qwen3-8b" => Ok(ModelConfig::qwen3_8b()),
         "gemma-3-270m" => Ok(ModelConfig::gemma3_270m()),
         "gemma-3-4b" => Ok(ModelConfig::gemma3_4b()),
+        "mistral-7b" => Ok(ModelConfig::mistral_7b()),
         _ => Err(invalid(format!(
             "unknown model preset `{name}` (known: {})",
             PRESET_NAMES.join(", ")
@@ -560,6 +562,30 @@ impl ModelConfig {
             tie_word_embeddings: false,
             attention_bias: false,
             ..Self::qwen2_base()
+        }
+    }
+
+    /// Mistral-7B-v0.1: 32 layers, d 4096, 32 q / 8 kv heads × 128, every layer attending over
+    /// a 4096-token window, 32k positions, vocab 32,000, untied (its `config.json`).
+    pub fn mistral_7b() -> Self {
+        Self {
+            architecture: Architecture::Mistral,
+            vocab_size: 32_000,
+            hidden_size: 4096,
+            intermediate_size: 14_336,
+            num_layers: 32,
+            num_attention_heads: 32,
+            num_kv_heads: 8,
+            head_dim: 128,
+            rms_norm_eps: 1e-5,
+            rope: neox_rope(10_000.0),
+            max_position_embeddings: 32_768,
+            tie_word_embeddings: false,
+            attention_bias: false,
+            bos_token_id: Some(1),
+            eos_token_ids: vec![2],
+            sliding_window: Some(SlidingWindow::every_layer(4096, 32)),
+            attention_scale: None,
         }
     }
 

@@ -156,6 +156,9 @@ pub fn run(args: InfoArgs) -> Result<()> {
     // Whether the cache the flags configure boots: the exit status says it, so a script can
     // ask `starling info` before it starts a server.
     let mut refusal = pf.as_ref().err().map(|e| format!("full K/V: {e}"));
+    if let Some(windowed) = print_window_fit(&engine, &full, c) {
+        refusal = windowed.err();
+    }
     if let Some(evicting) = print_eviction_fit(&engine, &full, c) {
         refusal = evicting.err();
     }
@@ -264,6 +267,68 @@ fn print_synthetic_latent_row(
 /// held), within the model's window.
 fn longest_context(capacity_tokens: usize, config: &ModelConfig) -> usize {
     capacity_tokens.min(config.max_position_embeddings)
+}
+
+/// A sliding-window model's line: the window, which layers use it, and what a `max_model_len`
+/// sequence holds — the window, a block and a chunk when every layer is windowed (its blocks
+/// behind the window released), every slot when some layer is full. `None` without a window;
+/// else whether the budget boots it (the refusal as text), as the engine's preflight decides.
+fn print_window_fit(
+    engine: &starling_engine::EngineConfig,
+    layout: &starling_kv::CacheLayout,
+    config: &ModelConfig,
+) -> Option<std::result::Result<(), String>> {
+    let window = config.sliding_window.as_ref()?;
+    let windowed = window.layers.iter().filter(|w| **w).count();
+    let local_rope = window
+        .rope
+        .as_ref()
+        .map_or(String::new(), |r| format!(", RoPE θ {} there", r.theta));
+    let sched = &engine.scheduler;
+    let max_len = sched.max_model_len_tokens;
+    let head = format!(
+        "sliding window: {} tokens on {windowed} of {} layers{local_rope}",
+        window.tokens, config.num_layers
+    );
+    let Some(peak) = starling_engine::engine::window_peak_tokens(
+        config,
+        sched.block_size_tokens,
+        max_len,
+        sched.max_num_batched_tokens,
+    ) else {
+        println!(
+            "{head}; the {} full layers read every slot, so blocks are kept: a {max_len}-token \
+             sequence holds {} (separate block pools per layer kind are not built)",
+            config.num_layers - windowed,
+            format_bytes(layout.bytes_per_token() * max_len as u64)
+        );
+        return None;
+    };
+    Some(
+        match preflight_with_peak(
+            engine.kv_cache_memory_bytes,
+            layout,
+            sched.block_size_tokens,
+            max_len,
+            peak,
+        ) {
+            Ok(pf) => {
+                println!(
+                    "{head}; every layer windowed: a {max_len}-token sequence holds at most {peak} \
+                     tokens ({}: the window, a block and one {}-token chunk; blocks behind the \
+                     window are released) → boots; max concurrency {:.2}",
+                    format_bytes(layout.bytes_per_token() * peak as u64),
+                    sched.max_num_batched_tokens,
+                    pf.max_concurrency
+                );
+                Ok(())
+            }
+            Err(e) => {
+                println!("{head}: {e}");
+                Err(format!("sliding window: {e}"))
+            }
+        },
+    )
 }
 
 /// Under an evicting `--kv-compression`, what one `max_model_len` sequence holds at its peak

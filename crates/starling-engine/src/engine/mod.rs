@@ -46,6 +46,7 @@ pub use star_kv::{load_model, StarKvInfo};
 
 pub use compression::{eviction_peak_tokens, longest_evicting_context};
 pub use text::{TextDecoder, TextStream, TokenizerText};
+pub use window::window_peak_tokens;
 
 use compaction::Compaction;
 use compression::SeqCompression;
@@ -200,13 +201,9 @@ impl<B: Backend> Engine<B> {
         let max_len = sched.max_model_len_tokens;
         let eviction = kv_compression.eviction;
         let release_window_tokens = window::release_window_tokens(model.config());
-        let peak = match release_window_tokens {
-            Some(w) => {
-                let chunk = sched.max_num_batched_tokens;
-                window::window_footprint(w, sched.block_size_tokens, max_len, chunk).max_held_tokens
-            }
-            None => eviction_peak_tokens(&eviction, max_len, sched.max_num_batched_tokens),
-        };
+        let chunk = sched.max_num_batched_tokens;
+        let peak = window_peak_tokens(model.config(), sched.block_size_tokens, max_len, chunk)
+            .unwrap_or_else(|| eviction_peak_tokens(&eviction, max_len, chunk));
         let preflight = preflight_with_peak(
             config.kv_cache_memory_bytes,
             &layout,

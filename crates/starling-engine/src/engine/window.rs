@@ -29,6 +29,20 @@ pub(crate) fn release_window_tokens(config: &ModelConfig) -> Option<usize> {
     }
 }
 
+/// The most token slots one sequence of `total_tokens` holds when every layer of `config` is
+/// windowed (blocks released behind the window; one prefill chunk of `chunk_tokens` in flight):
+/// what the preflight and `starling info` count. `None` when some layer attends over the whole
+/// context (every slot is kept).
+pub fn window_peak_tokens(
+    config: &ModelConfig,
+    block_size_tokens: usize,
+    total_tokens: usize,
+    chunk_tokens: usize,
+) -> Option<usize> {
+    release_window_tokens(config)
+        .map(|w| window_footprint(w, block_size_tokens, total_tokens, chunk_tokens).max_held_tokens)
+}
+
 /// What a sequence of `total_tokens` holds at most when its blocks are released behind a window
 /// of `window_tokens`: the window plus the partial block before it, and one prefill chunk of
 /// `chunk_tokens` written before the step's release.

@@ -383,6 +383,7 @@ mod tests {
         );
         assert_eq!(config.layer_window_tokens(31), Some(4096));
         assert!(config.every_layer_windowed());
+        assert_eq!(config, ModelConfig::mistral_7b());
         // v0.3 has no window: the whole context.
         let v03 = MISTRAL_7B_V01.replace("\"sliding_window\": 4096", "\"sliding_window\": null");
         assert_eq!(parse_hf_config(&v03).unwrap().sliding_window, None);
