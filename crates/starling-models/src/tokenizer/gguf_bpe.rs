@@ -72,7 +72,7 @@ fn parse_merges(rules: &[String]) -> Result<Merges, TokenizerError> {
 }
 
 /// (special, plain) added tokens: control tokens and user-defined tokens respectively.
-fn added_tokens(md: &GgufTokenizerMetadata) -> (Vec<AddedToken>, Vec<AddedToken>) {
+pub(crate) fn added_tokens(md: &GgufTokenizerMetadata) -> (Vec<AddedToken>, Vec<AddedToken>) {
     let mut special = Vec::new();
     let mut plain = Vec::new();
     for (id, token) in md.tokens.iter().enumerate() {

@@ -39,6 +39,14 @@ pub(crate) struct GgufTokenizerMetadata {
     pub(crate) padding_token_id: Option<u32>,
     /// Whether encoding with special tokens prepends BOS.
     pub(crate) add_bos_token: bool,
+    /// `tokenizer.ggml.scores`: each piece's score (SentencePiece vocabularies); empty when
+    /// absent.
+    pub(crate) scores: Vec<f32>,
+    /// `tokenizer.ggml.unknown_token_id`.
+    pub(crate) unknown_token_id: Option<u32>,
+    /// `tokenizer.ggml.add_space_prefix`: whether SentencePiece prepends a space to the text
+    /// (llama.cpp's default when absent: yes).
+    pub(crate) add_space_prefix: bool,
     /// The Jinja chat template.
     pub(crate) chat_template: Option<String>,
 }
@@ -57,6 +65,10 @@ impl GgufTokenizerMetadata {
             None => Vec::new(),
         };
         let merges = string_array(md, "tokenizer.ggml.merges")?.unwrap_or_default();
+        let scores = match md.get("tokenizer.ggml.scores") {
+            Some(value) => float_array(value, "tokenizer.ggml.scores")?,
+            None => Vec::new(),
+        };
         let vocab_size = tokens.len();
         let id = |key: &str| token_id(md, key, vocab_size);
         Ok(GgufTokenizerMetadata {
@@ -67,6 +79,9 @@ impl GgufTokenizerMetadata {
             eom_token_id: id("tokenizer.ggml.eom_token_id")?,
             padding_token_id: id("tokenizer.ggml.padding_token_id")?,
             add_bos_token: optional_bool(md, "tokenizer.ggml.add_bos_token")?.unwrap_or(false),
+            unknown_token_id: id("tokenizer.ggml.unknown_token_id")?,
+            add_space_prefix: optional_bool(md, "tokenizer.ggml.add_space_prefix")?.unwrap_or(true),
+            scores,
             chat_template: optional_string(md, "tokenizer.chat_template")?,
             model,
             tokens,
@@ -140,6 +155,20 @@ fn integer_array(value: &Value, key: &str) -> Result<Vec<i64>, TokenizerError> {
     items
         .iter()
         .map(|item| integer(item).ok_or_else(|| wrong_type(key, "an array of integers")))
+        .collect()
+}
+
+fn float_array(value: &Value, key: &str) -> Result<Vec<f32>, TokenizerError> {
+    let Value::Array(items) = value else {
+        return Err(wrong_type(key, "an array of floats"));
+    };
+    items
+        .iter()
+        .map(|item| match item {
+            Value::F32(v) => Ok(*v),
+            Value::F64(v) => Ok(*v as f32),
+            _ => Err(wrong_type(key, "an array of floats")),
+        })
         .collect()
 }
 

@@ -3,14 +3,17 @@
 //!
 //! GGUF support covers `tokenizer.ggml.model = "gpt2"` (byte-level BPE) with the pre-tokenizer
 //! regexes of llama.cpp for `smollm`, `qwen2`, `llama-bpe`, `gpt2` and `default` (see
-//! `pre_tokenizer.rs`). SentencePiece GGUF vocabularies (`llama`, e.g. Gemma) are refused with
-//! [`TokenizerError::Unsupported`] for now. Ids match Hugging Face transformers exactly on the
-//! fixture strings in `tests/fixtures/tokenizer/`.
+//! `pre_tokenizer.rs`), and `llama` (SentencePiece BPE: Gemma, Llama-2; `gguf_spm.rs`, merges
+//! derived from the pieces' scores). Other models are refused with
+//! [`TokenizerError::Unsupported`]. Ids match Hugging Face transformers exactly on the fixture
+//! strings in `tests/fixtures/tokenizer/` and on the Gemma-3 fixture's prompts
+//! (`starling-engine/tests/hf_parity.rs`).
 
 mod end_of_generation;
 mod error;
 mod gguf_bpe;
 mod gguf_metadata;
+mod gguf_spm;
 mod hf_dir;
 mod incremental;
 mod pre_tokenizer;
@@ -52,7 +55,11 @@ impl Tokenizer {
     /// `candle_core::quantized::gguf_file::Content::read`).
     pub fn from_gguf_metadata(md: &HashMap<String, GgufValue>) -> Result<Self, TokenizerError> {
         let md = GgufTokenizerMetadata::read(md)?;
-        let inner = gguf_bpe::build(&md)?;
+        let inner = if md.model == gguf_spm::SENTENCEPIECE_MODEL {
+            gguf_spm::build(&md)?
+        } else {
+            gguf_bpe::build(&md)?
+        };
         let named_eos = [md.eot_token_id, md.eom_token_id].into_iter().flatten();
         let eos_token_ids = collect_end_of_generation_ids(md.eos_token_id, named_eos, |text| {
             inner.token_to_id(text)

@@ -111,15 +111,24 @@ fn add_bos_token_prepends_bos_only_with_special_tokens() {
 }
 
 #[test]
-fn sentencepiece_and_unknown_pre_tokenizers_are_refused_clearly() {
+fn unknown_models_pre_tokenizers_and_scoreless_sentencepiece_are_refused_clearly() {
+    let mut md = metadata();
+    md.insert(
+        "tokenizer.ggml.model".to_owned(),
+        Value::String("rwkv".to_owned()),
+    );
+    let err = Tokenizer::from_gguf_metadata(&md).unwrap_err();
+    assert!(matches!(err, TokenizerError::Unsupported { .. }), "{err}");
+    assert!(err.to_string().contains("`rwkv`"), "{err}");
+
+    // A SentencePiece vocabulary needs its scores (they are its merge order).
     let mut md = metadata();
     md.insert(
         "tokenizer.ggml.model".to_owned(),
         Value::String("llama".to_owned()),
     );
     let err = Tokenizer::from_gguf_metadata(&md).unwrap_err();
-    assert!(matches!(err, TokenizerError::Unsupported { .. }), "{err}");
-    assert!(err.to_string().contains("`llama`"), "{err}");
+    assert!(err.to_string().contains("tokenizer.ggml.scores"), "{err}");
 
     let mut md = metadata();
     md.insert(
@@ -131,6 +140,58 @@ fn sentencepiece_and_unknown_pre_tokenizers_are_refused_clearly() {
         matches!(err, TokenizerError::UnknownPreTokenizer { .. }),
         "{err}"
     );
+}
+
+/// A tiny SentencePiece vocabulary: spaces become `▁`, pairs join by their piece's score,
+/// a character without a piece falls back to its UTF-8 bytes, and decoding undoes all three.
+#[test]
+fn sentencepiece_vocabularies_merge_by_score_and_fall_back_to_bytes() {
+    let mut pieces: Vec<(String, f32, i64)> = vec![
+        ("<unk>".into(), 0.0, 2),
+        ("<s>".into(), 0.0, 3),
+        ("\u{2581}".into(), -1.0, 1),
+        ("a".into(), -2.0, 1),
+        ("b".into(), -3.0, 1),
+        ("ab".into(), -4.0, 1),
+        ("\u{2581}ab".into(), -5.0, 1),
+        ("\u{2581}a".into(), -6.0, 1),
+    ];
+    pieces.extend((0..=255u8).map(|b| (format!("<0x{b:02X}>"), 0.0, 6)));
+    let id = |text: &str| pieces.iter().position(|p| p.0 == text).unwrap() as u32;
+    let md: HashMap<String, Value> = HashMap::from([
+        (
+            "tokenizer.ggml.model".to_owned(),
+            Value::String("llama".into()),
+        ),
+        (
+            "tokenizer.ggml.tokens".to_owned(),
+            Value::Array(pieces.iter().map(|p| Value::String(p.0.clone())).collect()),
+        ),
+        (
+            "tokenizer.ggml.scores".to_owned(),
+            Value::Array(pieces.iter().map(|p| Value::F32(p.1)).collect()),
+        ),
+        (
+            "tokenizer.ggml.token_type".to_owned(),
+            Value::Array(pieces.iter().map(|p| Value::I32(p.2 as i32)).collect()),
+        ),
+        ("tokenizer.ggml.bos_token_id".to_owned(), Value::U32(1)),
+        ("tokenizer.ggml.unknown_token_id".to_owned(), Value::U32(0)),
+        ("tokenizer.ggml.add_bos_token".to_owned(), Value::Bool(true)),
+        (
+            "tokenizer.ggml.add_space_prefix".to_owned(),
+            Value::Bool(false),
+        ),
+    ]);
+    let tok = Tokenizer::from_gguf_metadata(&md).unwrap();
+    // "ab" (-4) joins before "▁a" (-6) could: "ab ab" is ab, ▁ab.
+    let ids = tok.encode("ab ab", true).unwrap();
+    assert_eq!(ids, [1, id("ab"), id("\u{2581}ab")]);
+    assert_eq!(tok.decode(&ids[1..], false).unwrap(), "ab ab");
+    // "é" has no piece: its two UTF-8 bytes.
+    let ids = tok.encode("a\u{e9}", false).unwrap();
+    assert_eq!(ids, [id("a"), id("<0xC3>"), id("<0xA9>")]);
+    assert_eq!(tok.decode(&ids, false).unwrap(), "a\u{e9}");
 }
 
 #[test]
