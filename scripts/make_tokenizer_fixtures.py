@@ -96,7 +96,8 @@ def main():
         )
 
     chats = []
-    for messages in CONVERSATIONS:
+    # A base model without a chat template (Gemma-3-270M) records no chats.
+    for messages in CONVERSATIONS if tok.chat_template else []:
         rendered = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         chats.append({"messages": messages, "add_generation_prompt": True, "rendered": rendered})
 

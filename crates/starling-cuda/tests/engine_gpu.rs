@@ -125,7 +125,19 @@ fn engine_with_prefix_caching<B: Backend>(
             Engine::cache_layout_of(&backend, &model).bytes_per_block(BLOCK_TOKENS) * n as u64
         }
     };
-    let engine_config = EngineConfig {
+    Engine::new(
+        backend,
+        model,
+        None,
+        engine_config(bytes, enable_prefix_caching),
+    )
+    .expect("engine")
+}
+
+/// The test engines' scheduler (8 sequences, 96-token chunks, 512-token contexts) over `bytes`
+/// of KV memory.
+fn engine_config(bytes: u64, enable_prefix_caching: bool) -> EngineConfig {
+    EngineConfig {
         scheduler: SchedulerConfig {
             max_num_seqs: 8,
             max_num_batched_tokens: 96,
@@ -137,8 +149,7 @@ fn engine_with_prefix_caching<B: Backend>(
         kv_compression: Default::default(),
         enable_prefix_caching,
         model_identity: None,
-    };
-    Engine::new(backend, model, None, engine_config).expect("engine")
+    }
 }
 
 /// Ten requests of 30–400 prompt tokens (several 96-token chunks each) arriving over 8 steps;
@@ -582,20 +593,8 @@ fn config_weights(cfg: &ModelConfig) -> WeightMap {
 fn config_engine<B: Backend>(backend: B, cfg: &ModelConfig, blocks: usize) -> Engine<B> {
     let model = LlamaModel::load(&backend, cfg, config_weights(cfg)).expect("model");
     let bytes = Engine::cache_layout_of(&backend, &model).bytes_per_block(BLOCK_TOKENS);
-    let engine_config = EngineConfig {
-        scheduler: SchedulerConfig {
-            max_num_seqs: 8,
-            max_num_batched_tokens: 96,
-            max_model_len_tokens: 512,
-            block_size_tokens: BLOCK_TOKENS,
-            admission: AdmissionPolicy::Optimistic,
-        },
-        kv_cache_memory_bytes: bytes * blocks as u64,
-        kv_compression: Default::default(),
-        enable_prefix_caching: false,
-        model_identity: None,
-    };
-    let mut engine = Engine::new(backend, model, None, engine_config).expect("engine");
+    let config = engine_config(bytes * blocks as u64, false);
+    let mut engine = Engine::new(backend, model, None, config).expect("engine");
     // Recorded decode steps on the GPU, as a server runs them (`bench decode` checks that a
     // windowed layer's own RoPE table lets them replay).
     engine.enable_decode_graphs().expect("decode graphs");

@@ -60,6 +60,46 @@ fn fixture_named(name: &str) -> Fixture {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
+/// Runs every fixture case (prompt and greedy continuation) through `model` on the CPU: each
+/// recorded top-5 logit within `tolerance` of HF's, and our top-1 HF's unless the two are a
+/// near-tie inside the tolerance. Returns the largest and the mean |Δlogit|.
+fn assert_top5_within(model: &LlamaModel<CpuBackend>, fx: &Fixture, tolerance: f32) -> (f32, f64) {
+    let (mut worst, mut sum, mut n) = (0.0f32, 0.0f64, 0usize);
+    for case in &fx.cases {
+        let mut ids = case.prompt_ids.clone();
+        ids.extend(&case.greedy_ids);
+        let logits = model.sequence_logits(&CpuBackend::new(), &ids).unwrap();
+        let what = format!("{} prompt tokens", case.prompt_ids.len());
+        for (pos, (top_ids, top_logits)) in case.top5_ids.iter().zip(&case.top5_logits).enumerate()
+        {
+            let row = &logits[pos];
+            let ours_top1 = (0..row.len())
+                .max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a)))
+                .unwrap() as u32;
+            if ours_top1 != top_ids[0] {
+                let gap = (top_logits[0] - row[ours_top1 as usize]).abs();
+                assert!(
+                    gap < tolerance,
+                    "{what}, pos {pos}: top-1 {ours_top1} vs HF {}",
+                    top_ids[0]
+                );
+            }
+            for (&id, &want) in top_ids.iter().zip(top_logits) {
+                let diff = (row[id as usize] - want).abs();
+                worst = worst.max(diff);
+                sum += f64::from(diff);
+                n += 1;
+                assert!(
+                    diff < tolerance,
+                    "{what}, pos {pos} token {id}: ours {} vs HF {want}",
+                    row[id as usize]
+                );
+            }
+        }
+    }
+    (worst, sum / n.max(1) as f64)
+}
+
 fn smollm2() -> LoadedModel {
     let options = FetchOptions::from_env().unwrap();
     let path =
@@ -74,7 +114,6 @@ fn smollm2_logits_and_greedy_tokens_match_hf_transformers() {
     let tokenizer = Tokenizer::from_gguf_metadata(loaded.gguf_metadata.as_ref().unwrap()).unwrap();
     let config = loaded.config.clone();
     let model = LlamaModel::load(&CpuBackend::new(), &config, loaded.weights).unwrap();
-    let mut worst = 0.0f32;
     for case in &fx.cases {
         assert_eq!(
             tokenizer.encode(&case.prompt, true).unwrap(),
@@ -82,37 +121,8 @@ fn smollm2_logits_and_greedy_tokens_match_hf_transformers() {
             "tokenisation of {:?}",
             case.prompt
         );
-        let mut ids = case.prompt_ids.clone();
-        ids.extend(&case.greedy_ids);
-        let logits = model.sequence_logits(&CpuBackend::new(), &ids).unwrap();
-        for (pos, (top_ids, top_logits)) in case.top5_ids.iter().zip(&case.top5_logits).enumerate()
-        {
-            let row = &logits[pos];
-            let ours_top1 = (0..row.len())
-                .max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a)))
-                .unwrap() as u32;
-            // A top-1 disagreement is only acceptable on an exact-tolerance near tie.
-            if ours_top1 != top_ids[0] {
-                let gap = (top_logits[0] - row[ours_top1 as usize]).abs();
-                assert!(
-                    gap < LOGIT_TOLERANCE,
-                    "{:?} pos {pos}: top-1 {ours_top1} vs HF {}",
-                    case.prompt,
-                    top_ids[0]
-                );
-            }
-            for (&id, &want) in top_ids.iter().zip(top_logits) {
-                let diff = (row[id as usize] - want).abs();
-                worst = worst.max(diff);
-                assert!(
-                    diff < LOGIT_TOLERANCE,
-                    "{:?} pos {pos} token {id}: ours {} vs HF {want}",
-                    case.prompt,
-                    row[id as usize]
-                );
-            }
-        }
     }
+    let (worst, _) = assert_top5_within(&model, &fx, LOGIT_TOLERANCE);
     eprintln!("max |Δlogit| vs HF over all fixture positions: {worst:.2e}");
 }
 
@@ -221,42 +231,6 @@ fn gemma3_270m_logits_and_greedy_tokens_match_hf_transformers() {
         "full attention moved the long prompt's logits only {moved}"
     );
     drop(unwindowed);
-    let (mut worst, mut sum, mut n) = (0.0f32, 0.0f64, 0usize);
-    for case in &fx.cases {
-        let mut ids = case.prompt_ids.clone();
-        ids.extend(&case.greedy_ids);
-        let logits = model.sequence_logits(&CpuBackend::new(), &ids).unwrap();
-        for (pos, (top_ids, top_logits)) in case.top5_ids.iter().zip(&case.top5_logits).enumerate()
-        {
-            let row = &logits[pos];
-            let ours_top1 = (0..row.len())
-                .max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a)))
-                .unwrap() as u32;
-            if ours_top1 != top_ids[0] {
-                let gap = (top_logits[0] - row[ours_top1 as usize]).abs();
-                assert!(
-                    gap < GEMMA3_LOGIT_TOLERANCE,
-                    "{} tokens, pos {pos}: top-1 {ours_top1} vs HF {}",
-                    case.prompt_ids.len(),
-                    top_ids[0]
-                );
-            }
-            for (&id, &want) in top_ids.iter().zip(top_logits) {
-                let diff = (row[id as usize] - want).abs();
-                worst = worst.max(diff);
-                sum += f64::from(diff);
-                n += 1;
-                assert!(
-                    diff < GEMMA3_LOGIT_TOLERANCE,
-                    "{} tokens, pos {pos} token {id}: ours {} vs HF {want}",
-                    case.prompt_ids.len(),
-                    row[id as usize]
-                );
-            }
-        }
-    }
-    eprintln!(
-        "gemma3-270m: {n} top-5 logits, mean |Δlogit| {:.2e}, max {worst:.2e}",
-        sum / n as f64
-    );
+    let (worst, mean) = assert_top5_within(&model, &fx, GEMMA3_LOGIT_TOLERANCE);
+    eprintln!("gemma3-270m: mean |Δlogit| {mean:.2e}, max {worst:.2e} over the top-5 logits");
 }

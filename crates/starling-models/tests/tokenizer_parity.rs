@@ -1,8 +1,8 @@
 //! Starling's tokenizer and chat templates against Hugging Face transformers, on real models.
 //!
 //! Fixtures come from scripts/make_tokenizer_fixtures.py. SmolLM2 is fetched into the model
-//! cache when absent (CI fetches it beforehand); Qwen2.5-Coder-0.5B is checked only when it is
-//! already cached, since it is 491 MB.
+//! cache when absent (CI fetches it beforehand); Qwen2.5-Coder-0.5B and Gemma-3-270M are checked
+//! only when already cached (491 and 253 MB).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -173,19 +173,22 @@ fn qwen2_5_coder_matches_transformers_when_cached() {
     check_chats(&tokenizer, &fixture);
 }
 
+/// Gemma-3's SentencePiece vocabulary (262,144 pieces, byte fallback, no space prefix) built from
+/// the GGUF: transformers' ids and decodings on every fixture string, incremental decoding that
+/// never splits a character. Checked when gemma3-270m is cached (253 MB; the HF parity test of
+/// crates/starling-engine fetches it).
 #[test]
-fn gemma3_sentencepiece_is_refused_clearly_when_cached() {
+fn gemma3_sentencepiece_matches_transformers_when_cached() {
+    let fixture = load_fixture("gemma3-270m");
     let Some(path) = model_path("gemma3-270m", false) else {
         let _ = std::io::stderr()
             .write_all(b"skipped: gemma3-270m is not in the model cache; run `starling model fetch gemma3-270m` to include this check\n");
         return;
     };
-    let err = Tokenizer::from_gguf_file(&path).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            starling_models::tokenizer::TokenizerError::Unsupported { .. }
-        ),
-        "{err}"
-    );
+    let tokenizer = Tokenizer::from_gguf_file(&path).unwrap();
+    assert_eq!(tokenizer.vocab_size(), 262_144);
+    assert_eq!(tokenizer.bos_token(), fixture.bos_token.as_deref());
+    assert_eq!(tokenizer.eos_token(), fixture.eos_token.as_deref());
+    check_cases(&tokenizer, &fixture);
+    check_incremental_decoding(&tokenizer, &fixture);
 }

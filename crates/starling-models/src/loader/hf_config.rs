@@ -185,46 +185,20 @@ pub(crate) fn parse_hf_config(text: &str) -> Result<ModelConfig, ModelError> {
         Architecture::Qwen2 | Architecture::Qwen3 => 32_768,
     };
     let max_position_embeddings = hf.max_position_embeddings.unwrap_or(default_context);
-    if architecture == Architecture::Gemma3 {
+    // Gemma3TextConfig's defaults: tied embeddings, BOS 2, EOS 1.
+    let gemma = architecture == Architecture::Gemma3;
+    let (sliding_window, attention_scale) = if gemma {
         let parts = gemma3::parts(&hf, &rope_sets, max_position_embeddings)?;
-        return Ok(ModelConfig {
-            sliding_window: parts.sliding_window,
-            attention_scale: parts.attention_scale,
-            architecture,
-            vocab_size: hf.vocab_size,
-            hidden_size: hf.hidden_size,
-            intermediate_size: hf.intermediate_size,
-            num_layers: hf.num_hidden_layers,
-            num_attention_heads: hf.num_attention_heads,
-            num_kv_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
-            head_dim,
-            rms_norm_eps: hf.rms_norm_eps.unwrap_or(1e-6),
-            rope,
-            max_position_embeddings,
-            tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(true),
-            attention_bias: hf.attention_bias.unwrap_or(false),
-            bos_token_id: hf.bos_token_id.or(Some(2)),
-            eos_token_ids: hf
-                .eos_token_id
-                .map(OneOrMany::into_vec)
-                .unwrap_or_else(|| vec![1]),
-        });
-    }
-    let sliding_window = match (architecture, hf.sliding_window) {
-        (Architecture::Mistral, Some(0)) => {
-            return Err(ModelError::InvalidConfig(
-                "mistral: `sliding_window` must be at least 1 (or null)".into(),
-            ))
-        }
-        // A window as long as the context is full attention.
-        (Architecture::Mistral, Some(window)) if window < max_position_embeddings => {
-            Some(SlidingWindow::every_layer(window, hf.num_hidden_layers))
-        }
-        _ => None,
+        (parts.sliding_window, parts.attention_scale)
+    } else {
+        (
+            mistral_window(&hf, architecture, max_position_embeddings)?,
+            None,
+        )
     };
     Ok(ModelConfig {
         sliding_window,
-        attention_scale: None,
+        attention_scale,
         architecture,
         vocab_size: hf.vocab_size,
         hidden_size: hf.hidden_size,
@@ -236,12 +210,36 @@ pub(crate) fn parse_hf_config(text: &str) -> Result<ModelConfig, ModelError> {
         rms_norm_eps: hf.rms_norm_eps.unwrap_or(1e-6),
         rope,
         max_position_embeddings,
-        tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
+        tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(gemma),
         // Qwen2 always has Q/K/V biases and has no flag for them.
         attention_bias: architecture == Architecture::Qwen2 || hf.attention_bias.unwrap_or(false),
-        bos_token_id: hf.bos_token_id,
-        eos_token_ids: hf.eos_token_id.map(OneOrMany::into_vec).unwrap_or_default(),
+        bos_token_id: hf.bos_token_id.or(gemma.then_some(2)),
+        eos_token_ids: hf.eos_token_id.map(OneOrMany::into_vec).unwrap_or_else(|| {
+            if gemma {
+                vec![1]
+            } else {
+                Vec::new()
+            }
+        }),
     })
+}
+
+/// Mistral's window: on every layer when it is shorter than the context (a window as long as
+/// the context is full attention); `None` for the other Llama-layout models.
+fn mistral_window(
+    hf: &HfConfig,
+    architecture: Architecture,
+    max_position_embeddings: usize,
+) -> Result<Option<SlidingWindow>, ModelError> {
+    match (architecture, hf.sliding_window) {
+        (Architecture::Mistral, Some(0)) => Err(ModelError::InvalidConfig(
+            "mistral: `sliding_window` must be at least 1 (or null)".into(),
+        )),
+        (Architecture::Mistral, Some(window)) if window < max_position_embeddings => Ok(Some(
+            SlidingWindow::every_layer(window, hf.num_hidden_layers),
+        )),
+        _ => Ok(None),
+    }
 }
 
 fn rope_scaling(parameters: &HfRopeParameters) -> Result<Option<RopeScaling>, ModelError> {
