@@ -127,6 +127,16 @@ impl BlockTable {
         self.compacted
     }
 
+    /// The error for a range of this table's slots ending at `end` that it cannot serve.
+    pub(crate) fn range_error(&self, end: usize) -> KvError {
+        KvError::InvalidRange {
+            seq: self.seq,
+            start: 0,
+            end,
+            physical_len_tokens: self.physical_len_tokens,
+        }
+    }
+
     /// Flat slot index of physical token `physical_index`, if it is held.
     pub fn slot(&self, physical_index: usize) -> Option<u32> {
         if physical_index >= self.physical_len_tokens {

@@ -228,17 +228,9 @@ impl KvCacheManager {
         first_needed_token: usize,
     ) -> Result<usize, KvError> {
         let bs = self.block_size_tokens;
-        let table = self
-            .tables
-            .get_mut(&seq)
-            .ok_or(KvError::UnknownSequence(seq))?;
+        let table = table_mut(&mut self.tables, seq)?;
         if table.is_compacted() {
-            return Err(KvError::InvalidRange {
-                seq,
-                start: 0,
-                end: first_needed_token,
-                physical_len_tokens: table.physical_len_tokens(),
-            });
+            return Err(table.range_error(first_needed_token));
         }
         let released = table.release_leading(first_needed_token / bs);
         self.release(released)
@@ -266,17 +258,9 @@ impl KvCacheManager {
         new_physical_len_tokens: usize,
     ) -> Result<usize, KvError> {
         let bs = self.block_size_tokens;
-        let table = self
-            .tables
-            .get_mut(&seq)
-            .ok_or(KvError::UnknownSequence(seq))?;
+        let table = table_mut(&mut self.tables, seq)?;
         if new_physical_len_tokens > table.physical_len_tokens() {
-            return Err(KvError::InvalidRange {
-                seq,
-                start: 0,
-                end: new_physical_len_tokens,
-                physical_len_tokens: table.physical_len_tokens(),
-            });
+            return Err(table.range_error(new_physical_len_tokens));
         }
         if self.prefix_caching {
             let from_tokens = table
@@ -388,6 +372,15 @@ impl KvCacheManager {
         }
         Ok(n)
     }
+}
+
+/// `seq`'s table in `tables`: a free function, so that the borrow is of the map alone and the
+/// caller may touch the pool while it holds the table.
+pub(super) fn table_mut(
+    tables: &mut HashMap<SeqId, BlockTable>,
+    seq: SeqId,
+) -> Result<&mut BlockTable, KvError> {
+    tables.get_mut(&seq).ok_or(KvError::UnknownSequence(seq))
 }
 
 #[cfg(test)]

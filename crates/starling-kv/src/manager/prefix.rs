@@ -296,10 +296,7 @@ impl KvCacheManager {
         first_rewritten_token: usize,
     ) -> Result<usize, KvError> {
         let bs = self.block_size_tokens;
-        let table = self
-            .tables
-            .get_mut(&seq)
-            .ok_or(KvError::UnknownSequence(seq))?;
+        let table = super::table_mut(&mut self.tables, seq)?;
         check_rewrite_start(table, first_rewritten_token)?;
         let dropped = if self.prefix_caching {
             let rewritten = first_rewritten_token / bs..table.block_ids().len();

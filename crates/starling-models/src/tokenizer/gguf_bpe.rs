@@ -25,12 +25,7 @@ pub(crate) fn build(md: &GgufTokenizerMetadata) -> Result<tokenizers::Tokenizer,
     }
     let spec = spec_for(md.pre.as_deref())?;
 
-    let vocab: Vocab = md
-        .tokens
-        .iter()
-        .enumerate()
-        .map(|(id, token)| (token.clone(), id as u32))
-        .collect();
+    let vocab = vocab(md);
     let merges = parse_merges(&md.merges)?;
     let bpe = BPE::builder()
         .vocab_and_merges(vocab, merges)
@@ -49,6 +44,15 @@ pub(crate) fn build(md: &GgufTokenizerMetadata) -> Result<tokenizers::Tokenizer,
     tokenizer.add_special_tokens(&special);
     tokenizer.add_tokens(&plain);
     Ok(tokenizer)
+}
+
+/// Each token text with its id (the position in `tokenizer.ggml.tokens`).
+pub(crate) fn vocab(md: &GgufTokenizerMetadata) -> Vocab {
+    md.tokens
+        .iter()
+        .enumerate()
+        .map(|(id, token)| (token.clone(), id as u32))
+        .collect()
 }
 
 /// `left right` rules as pairs. Byte-level token texts never contain a space (it is spelled

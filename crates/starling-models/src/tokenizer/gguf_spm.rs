@@ -20,7 +20,7 @@ use tokenizers::models::bpe::{Merges, Vocab, BPE};
 use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
 use tokenizers::{DecoderWrapper, NormalizerWrapper};
 
-use super::gguf_bpe::added_tokens;
+use super::gguf_bpe::{added_tokens, vocab};
 use super::gguf_metadata::GgufTokenizerMetadata;
 use super::TokenizerError;
 
@@ -42,12 +42,7 @@ pub(crate) fn build(md: &GgufTokenizerMetadata) -> Result<tokenizers::Tokenizer,
             ),
         });
     }
-    let vocab: Vocab = md
-        .tokens
-        .iter()
-        .enumerate()
-        .map(|(id, token)| (token.clone(), id as u32))
-        .collect();
+    let vocab = vocab(md);
     let merges = merges_from_scores(&md.tokens, &md.scores, &vocab);
     let mut builder = BPE::builder()
         .vocab_and_merges(vocab, merges)
