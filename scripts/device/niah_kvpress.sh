@@ -20,7 +20,8 @@
 #   Gemma-3-270M, transformers against Starling with no press (issue 18):
 #   GGUF_NAME=g.gguf GGUF_SHA256=a5fd3b62... D=.device/niah RATIOS= METHODS= PROTOCOL=whole-prompt
 #   CONTEXTS=8k,16k,32k KVPRESS_ARGS="--dtype float32" bash scripts/device/niah_kvpress.sh
-#   (KVPRESS_ARGS: extra flags for scripts/niah_kvpress.py.)
+#   (KVPRESS_ARGS: extra flags for scripts/niah_kvpress.py; STARLING_ARGS: for Starling's run,
+#   e.g. "--kv-cache-memory 768MiB" to show what a small cache holds at once.)
 set -euo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONUNBUFFERED=1
@@ -50,7 +51,7 @@ if [ "$PART" != starling ]; then
     | grep -v -i warning | tee -a "$work/kvpress.log"
 fi
 if [ "$PART" != kvpress ]; then
-  "$D/starling" bench niah "${common[@]}" --methods "$list" \
+  "$D/starling" bench niah "${common[@]}" --methods "$list" ${STARLING_ARGS:-} \
     --compare-kvpress "$work/kvpress_answers.json" 2>&1 | tee "$work/niah.log" | tail -40
   cp "$work/niah_summary.md" "$work/accuracy_vs_ratio.png" "$OUT/" 2>/dev/null || true
   # Which cells generate the same greedy tokens in both systems.

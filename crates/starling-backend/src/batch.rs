@@ -34,6 +34,20 @@ pub struct BatchMeta {
     pub logits_rows: Vec<u32>,
     /// Tokens per cache block.
     pub block_size_tokens: usize,
+    /// The block tables and slots of cache groups `1..` (a hybrid sliding-window model keeps
+    /// its windowed layers' blocks in their own tables: `starling_kv::CacheGroups`); empty
+    /// when every layer reads group 0's, which are `slot_mapping` and each sequence's
+    /// `block_table`. A layer's [`crate::AttentionDims::cache_group`] picks its group.
+    pub cache_groups: Vec<GroupBatchMeta>,
+}
+
+/// One cache group's view of a step (groups `1..`, see [`BatchMeta::cache_groups`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupBatchMeta {
+    /// Flat cache slot of each token of the batch in this group's blocks.
+    pub slot_mapping: Vec<u32>,
+    /// Each sequence's block table in this group, in [`BatchMeta::seqs`] order.
+    pub block_tables: Vec<Vec<u32>>,
 }
 
 impl BatchMeta {
@@ -59,7 +73,74 @@ impl BatchMeta {
             }],
             logits_rows,
             block_size_tokens,
+            cache_groups: Vec::new(),
         }
+    }
+
+    /// Gives the batch `groups` cache groups, groups `1..` copies of group 0 whose blocks are
+    /// shifted by `g * blocks_per_group` (group `g` owns blocks `g * blocks_per_group ..`): how
+    /// a single-sequence pass or a benchmark lays out a hybrid model's cache.
+    pub fn replicate_groups(&mut self, groups: usize, blocks_per_group: usize) {
+        let shift = |g: usize| (g * blocks_per_group) as u32;
+        let slot_shift = |g: usize| shift(g) * self.block_size_tokens as u32;
+        self.cache_groups = (1..groups)
+            .map(|g| GroupBatchMeta {
+                slot_mapping: self
+                    .slot_mapping
+                    .iter()
+                    .map(|s| s + slot_shift(g))
+                    .collect(),
+                block_tables: self
+                    .seqs
+                    .iter()
+                    .map(|s| s.block_table.iter().map(|b| b + shift(g)).collect())
+                    .collect(),
+            })
+            .collect();
+    }
+
+    /// Cache groups the batch describes (1 plus [`Self::cache_groups`]).
+    pub fn num_cache_groups(&self) -> usize {
+        1 + self.cache_groups.len()
+    }
+
+    /// The slot of each token in cache group `group` (group 0: [`Self::slot_mapping`]).
+    pub fn group_slot_mapping(&self, group: usize) -> Result<&[u32], BackendError> {
+        match group {
+            0 => Ok(&self.slot_mapping),
+            g => self
+                .cache_groups
+                .get(g - 1)
+                .map(|m| m.slot_mapping.as_slice())
+                .ok_or_else(|| self.missing_group(g)),
+        }
+    }
+
+    /// Sequence `seq`'s block table in cache group `group` (group 0: its `block_table`).
+    pub fn group_block_table(&self, seq: usize, group: usize) -> Result<&[u32], BackendError> {
+        let table = match group {
+            0 => self.seqs.get(seq).map(|s| s.block_table.as_slice()),
+            g => self
+                .cache_groups
+                .get(g - 1)
+                .ok_or_else(|| self.missing_group(g))?
+                .block_tables
+                .get(seq)
+                .map(Vec::as_slice),
+        };
+        table.ok_or_else(|| {
+            BackendError::Shape(format!(
+                "sequence {seq} of a batch of {} in cache group {group}",
+                self.seqs.len()
+            ))
+        })
+    }
+
+    fn missing_group(&self, group: usize) -> BackendError {
+        BackendError::Shape(format!(
+            "cache group {group} of a batch describing {}",
+            self.num_cache_groups()
+        ))
     }
 
     /// Number of token rows in the batch.
@@ -96,21 +177,20 @@ impl BatchMeta {
                 )));
             }
             let blocks_needed = s.context_len_tokens.div_ceil(self.block_size_tokens);
-            if s.block_table.len() < blocks_needed {
-                return Err(BackendError::Shape(format!(
-                    "sequence {i}: {} blocks for {} tokens",
-                    s.block_table.len(),
-                    s.context_len_tokens
-                )));
-            }
-            if let Some(b) = s
-                .block_table
-                .iter()
-                .find(|&&b| b as usize >= num_cache_blocks)
-            {
-                return Err(BackendError::Shape(format!(
-                    "sequence {i}: block {b} outside a cache of {num_cache_blocks} blocks"
-                )));
+            for group in 0..self.num_cache_groups() {
+                let table = self.group_block_table(i, group)?;
+                if table.len() < blocks_needed {
+                    return Err(BackendError::Shape(format!(
+                        "sequence {i}: {} blocks for {} tokens in cache group {group}",
+                        table.len(),
+                        s.context_len_tokens
+                    )));
+                }
+                if let Some(b) = table.iter().find(|&&b| b as usize >= num_cache_blocks) {
+                    return Err(BackendError::Shape(format!(
+                        "sequence {i}: block {b} outside a cache of {num_cache_blocks} blocks"
+                    )));
+                }
             }
         }
         if next_row != n {
@@ -119,10 +199,27 @@ impl BatchMeta {
             )));
         }
         let num_slots = num_cache_blocks * self.block_size_tokens;
-        if let Some(s) = self.slot_mapping.iter().find(|&&s| s as usize >= num_slots) {
-            return Err(BackendError::Shape(format!(
-                "slot {s} outside a cache of {num_slots} slots"
-            )));
+        for (g, group) in self.cache_groups.iter().enumerate() {
+            if group.slot_mapping.len() != n || group.block_tables.len() != self.seqs.len() {
+                return Err(BackendError::Shape(format!(
+                    "cache group {}: {} slots and {} tables for {n} tokens of {} sequences",
+                    g + 1,
+                    group.slot_mapping.len(),
+                    group.block_tables.len(),
+                    self.seqs.len()
+                )));
+            }
+        }
+        for group in 0..self.num_cache_groups() {
+            if let Some(s) = self
+                .group_slot_mapping(group)?
+                .iter()
+                .find(|&&s| s as usize >= num_slots)
+            {
+                return Err(BackendError::Shape(format!(
+                    "slot {s} outside a cache of {num_slots} slots"
+                )));
+            }
         }
         if let Some(r) = self.logits_rows.iter().find(|&&r| r as usize >= n) {
             return Err(BackendError::Shape(format!(

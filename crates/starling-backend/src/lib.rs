@@ -19,7 +19,7 @@ pub use backend::{
     AttentionDims, Backend, BackendCore, DeviceSampling, HeadSpan, KeyScoreKind, KvCacheOps,
     KvCacheSpec, KvRows, LatentFactors, ModelOps, RopeSpec, RopeStyle, WindowScoreSpec,
 };
-pub use batch::{BatchMeta, SeqBatchMeta};
+pub use batch::{BatchMeta, GroupBatchMeta, SeqBatchMeta};
 pub use error::BackendError;
 pub use graphs::{DecodeGraphConfig, DecodeGraphs, DecodeStep, DeviceForward, GraphCapture};
 pub use host_tensor::HostTensor;

@@ -603,8 +603,10 @@ fn config_engine<B: Backend>(backend: B, cfg: &ModelConfig, blocks: usize) -> En
 
 /// Sliding-window layers, and the Gemma-3 layer, on the GPU give the CPU's probabilities over
 /// the whole trace (prompts of 30–400 tokens: most far past the window), with the same blocks in
-/// use: with every layer windowed the blocks behind the window are released on both, so far
-/// fewer are in use.
+/// use: the blocks behind the window are released on both — with every layer windowed in the
+/// one table, with one layer windowed (Gemma's mix) in that layer's own block table — so fewer
+/// bytes are in use than with full attention, fewest with every layer windowed. Decode steps
+/// replay recorded graphs, whose batch carries both groups' tables.
 #[test]
 #[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
 fn windowed_engine_on_the_gpu_matches_the_cpu() {
@@ -615,15 +617,22 @@ fn windowed_engine_on_the_gpu_matches_the_cpu() {
         ("every layer windowed", windowed_config(vec![true, true])),
         ("one layer windowed", windowed_config(vec![true, false])),
         ("gemma-3 shaped", gemma3_config()),
+        ("full attention", config()),
     ];
     for (what, cfg) in configs {
+        let block_bytes = {
+            let backend = CpuBackend::new();
+            let model = LlamaModel::load(&backend, &cfg, config_weights(&cfg)).expect("model");
+            Engine::cache_layout_of(&backend, &model).bytes_per_block(BLOCK_TOKENS)
+        };
         let on_cpu = run(&mut config_engine(CpuBackend::new(), &cfg, 400), &trace);
-        let on_gpu = run(
-            &mut config_engine(gpu(), &cfg, 400),
-            &trace.forced_to(&on_cpu),
-        );
+        let mut gpu_engine = config_engine(gpu(), &cfg, 400);
+        let on_gpu = run(&mut gpu_engine, &trace.forced_to(&on_cpu));
+        // The decode steps replayed their graphs (a recording that failed would run eagerly).
+        let replayed = gpu_engine.stats().counters.replayed_steps;
+        assert!(replayed > 0, "{what}: no decode step replayed a graph");
         println!(
-            "{what}: {} steps, max blocks in use {} (GPU) / {} (CPU)",
+            "{what}: {} steps ({replayed} replayed), max blocks in use {} (GPU) / {} (CPU)",
             on_gpu.steps, on_gpu.max_blocks_in_use, on_cpu.max_blocks_in_use
         );
         assert_same_probabilities(
@@ -633,7 +642,10 @@ fn windowed_engine_on_the_gpu_matches_the_cpu() {
             &on_cpu,
         );
         assert_eq!(on_gpu.max_blocks_in_use, on_cpu.max_blocks_in_use);
-        in_use.push(on_gpu.max_blocks_in_use);
+        in_use.push(on_gpu.max_blocks_in_use as u64 * block_bytes);
     }
-    assert!(in_use[0] < in_use[1], "released blocks: {in_use:?}");
+    assert!(
+        in_use[0] < in_use[1] && in_use[1] < in_use[3] && in_use[2] < in_use[3],
+        "bytes in use at the peak (all windowed, one windowed, gemma, full): {in_use:?}"
+    );
 }

@@ -564,6 +564,7 @@ fn zero_row_ops_leave_neighbouring_device_memory_intact() {
         .upload(&HostTensor::new(vec![64, d], vec![0.5; 64 * d]).unwrap())
         .unwrap();
     let dims = AttentionDims {
+        cache_group: 0,
         window_tokens: None,
         num_heads: 12,
         num_kv_heads: 2,

@@ -267,6 +267,7 @@ fn rope_write_kv_and_paged_attention_match_cpu() {
     ];
     for (heads, kv_heads, hd, style) in shapes {
         let dims = AttentionDims {
+            cache_group: 0,
             window_tokens: None,
             num_heads: heads,
             num_kv_heads: kv_heads,
@@ -450,6 +451,7 @@ fn filled_caches(
 ) {
     let (heads, head_dim) = spec.full_heads().expect("a full layout");
     let dims = AttentionDims {
+        cache_group: 0,
         window_tokens: None,
         num_heads: heads,
         num_kv_heads: heads,
@@ -1158,6 +1160,7 @@ fn prefill_attention_matches_cpu() {
     ];
     for (heads, kv_heads, hd) in shapes {
         let dims = AttentionDims {
+            cache_group: 0,
             window_tokens: None,
             num_heads: heads,
             num_kv_heads: kv_heads,
@@ -1208,6 +1211,7 @@ fn gqa_decode_attention_matches_cpu() {
     };
     for (heads, kv_heads, hd) in shapes {
         let dims = AttentionDims {
+            cache_group: 0,
             window_tokens: None,
             num_heads: heads,
             num_kv_heads: kv_heads,
@@ -1278,6 +1282,7 @@ fn windowed_attention_matches_cpu() {
     for window in [1usize, 17, 100, 512, 8192] {
         for (heads, kv_heads, hd) in shapes {
             let dims = AttentionDims {
+                cache_group: 0,
                 window_tokens: Some(window),
                 num_heads: heads,
                 num_kv_heads: kv_heads,

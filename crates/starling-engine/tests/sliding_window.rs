@@ -1,7 +1,8 @@
 //! Sliding-window models through the engine: the same greedy tokens as the reference path
 //! (one private cache per step, every slot kept), blocks released behind the window when every
-//! layer is windowed (so a context the full-attention preflight refuses boots and serves), all
-//! blocks kept when some layer attends over everything, and eviction refused.
+//! layer is windowed (so a context the full-attention preflight refuses boots and serves), and
+//! in the windowed layers' own block tables when some layers attend over everything (hybrid
+//! cache groups), and eviction refused.
 
 mod common;
 
@@ -32,15 +33,30 @@ fn model(cfg: &ModelConfig) -> LlamaModel<CpuBackend> {
     LlamaModel::load(&CpuBackend::new(), cfg, tiny_weights(cfg, 11)).unwrap()
 }
 
+/// An engine over `kv_blocks` of the model's blocks (a hybrid model's block holds one group's
+/// layers).
 fn engine(
     cfg: &ModelConfig,
     kv_blocks: usize,
     max_model_len_tokens: usize,
     eviction: CompressionConfig,
 ) -> Result<Engine<CpuBackend>, starling_engine::EngineError> {
+    let bytes = block_bytes(cfg) * kv_blocks as u64;
+    engine_of_bytes(cfg, bytes, max_model_len_tokens, eviction)
+}
+
+/// Bytes of one of `cfg`'s cache blocks.
+fn block_bytes(cfg: &ModelConfig) -> u64 {
+    Engine::cache_layout_of(&CpuBackend::new(), &model(cfg)).bytes_per_block(BLOCK_TOKENS)
+}
+
+fn engine_of_bytes(
+    cfg: &ModelConfig,
+    kv_cache_memory_bytes: u64,
+    max_model_len_tokens: usize,
+    eviction: CompressionConfig,
+) -> Result<Engine<CpuBackend>, starling_engine::EngineError> {
     let model = model(cfg);
-    let bytes_per_block =
-        Engine::cache_layout_of(&CpuBackend::new(), &model).bytes_per_block(BLOCK_TOKENS);
     let config = EngineConfig {
         scheduler: SchedulerConfig {
             max_num_seqs: 8,
@@ -49,7 +65,7 @@ fn engine(
             block_size_tokens: BLOCK_TOKENS,
             admission: AdmissionPolicy::Optimistic,
         },
-        kv_cache_memory_bytes: bytes_per_block * kv_blocks as u64,
+        kv_cache_memory_bytes,
         kv_compression: KvCompression {
             eviction,
             ..Default::default()
@@ -145,23 +161,93 @@ fn a_context_the_full_preflight_refuses_boots_and_serves_under_a_window() {
     assert_matches_reference(&cfg, &trace, &outcome);
 }
 
-/// One windowed layer and one full one (Gemma-3's mix): the full layer reads every slot, so no
-/// block is released, and the tokens still equal the reference's.
+/// Gemma-3's mix (three windowed layers, one full; Gemma-3-270M has five and one): the
+/// windowed layers keep their blocks in tables of their own, which give blocks back behind the
+/// window, so a request holds its whole length in the full layer and about one window in the
+/// others, and the tokens still equal the reference's.
 #[test]
-fn mixed_layers_keep_every_block_and_match_the_reference() {
-    let cfg = windowed_config(vec![true, false]);
-    let trace = Trace::seeded_greedy(3, 3, cfg.vocab_size, 60..120, 6..12, 3);
-    let mut engine = engine(&cfg, 256, 512, CompressionConfig::default()).unwrap();
+fn mixed_layers_release_the_windowed_layers_blocks_and_match_the_reference() {
+    let cfg = hybrid_config();
+    let trace = Trace::seeded_greedy(3, 3, cfg.vocab_size, 150..300, 6..12, 3);
+    let mut engine = engine(&cfg, 512, 512, CompressionConfig::default()).unwrap();
     let outcome = EngineTester::default().run(&mut engine, &trace).unwrap();
     assert_matches_reference(&cfg, &trace, &outcome);
-    let longest = trace
+    let window_blocks = (WINDOW_TOKENS + BLOCK_TOKENS + CHUNK_TOKENS).div_ceil(BLOCK_TOKENS) + 1;
+    let lengths: Vec<usize> = trace
         .requests
         .iter()
         .zip(&outcome.requests)
-        .map(|(t, r)| t.prompt_ids.len() + r.token_ids.len() - 1)
-        .max()
-        .unwrap();
-    assert!(outcome.max_blocks_in_use >= longest.div_ceil(BLOCK_TOKENS));
+        .map(|(t, r)| t.prompt_ids.len() + r.token_ids.len())
+        .collect();
+    // Each request: its length in the full layer's group, a window in each windowed group.
+    let bound: usize = lengths
+        .iter()
+        .map(|len| len.div_ceil(BLOCK_TOKENS) + 3 * window_blocks)
+        .sum();
+    let every_slot: usize = lengths
+        .iter()
+        .map(|len| 4 * len.div_ceil(BLOCK_TOKENS))
+        .sum();
+    assert!(
+        outcome.max_blocks_in_use <= bound && bound < every_slot,
+        "{} blocks in use; at most {bound} when windowed layers release, {every_slot} when not",
+        outcome.max_blocks_in_use
+    );
+    let longest = lengths.iter().max().copied().unwrap_or(0);
+    assert!(outcome.max_blocks_in_use >= (longest - 1).div_ceil(BLOCK_TOKENS));
+}
+
+/// The same mix at a budget full attention refuses: a 512-token sequence needs 4 x 128 layer
+/// blocks (of 4 tokens) with every slot kept, but 128 + 3 x 15 with the windowed layers'
+/// blocks released, so 200 layer blocks boot the hybrid model, serve a 440-token request as the
+/// reference decodes it, and refuse the all-full one.
+#[test]
+fn a_hybrid_model_boots_where_keeping_every_slot_is_refused() {
+    let cfg = hybrid_config();
+    let layer_block_bytes = block_bytes(&cfg);
+    let mut full = cfg.clone();
+    full.sliding_window = None;
+    assert_eq!(block_bytes(&full), 4 * layer_block_bytes);
+    let window_blocks = (WINDOW_TOKENS + BLOCK_TOKENS + CHUNK_TOKENS).div_ceil(BLOCK_TOKENS);
+    assert_eq!((512 / BLOCK_TOKENS, window_blocks), (128, 15));
+    let budget = 200 * layer_block_bytes;
+    let err = engine_of_bytes(&full, budget, 512, CompressionConfig::default())
+        .err()
+        .expect("full attention does not fit");
+    assert!(err.to_string().contains("512"), "{err}");
+    let mut engine = engine_of_bytes(&cfg, budget, 512, CompressionConfig::default()).unwrap();
+    assert_eq!(engine.preflight().sizing.num_blocks, 200);
+    let trace = Trace::seeded_greedy(4, 1, cfg.vocab_size, 400..401, 40..41, 1);
+    let outcome = EngineTester::default().run(&mut engine, &trace).unwrap();
+    assert_eq!(outcome.preemptions, 0);
+    let held = 440usize.div_ceil(BLOCK_TOKENS) + 3 * window_blocks;
+    assert!(
+        outcome.max_blocks_in_use <= held,
+        "{}",
+        outcome.max_blocks_in_use
+    );
+    assert_matches_reference(&cfg, &trace, &outcome);
+}
+
+/// The mix under memory pressure: six requests in a cache that holds about two of them are
+/// preempted and recomputed (every group's blocks freed and taken again) and still give the
+/// reference's tokens, with the pool's accounting checked after every step.
+#[test]
+fn a_hybrid_cache_under_pressure_preempts_and_still_matches_the_reference() {
+    let cfg = hybrid_config();
+    let trace = Trace::seeded_greedy(8, 6, cfg.vocab_size, 100..180, 10..20, 6);
+    let mut engine = engine(&cfg, 150, 256, CompressionConfig::default()).unwrap();
+    let outcome = EngineTester::default().run(&mut engine, &trace).unwrap();
+    assert!(outcome.preemptions > 0, "the cache was not under pressure");
+    assert!(outcome.max_blocks_in_use <= 150);
+    assert_matches_reference(&cfg, &trace, &outcome);
+}
+
+/// Four layers, the last attending over everything, the others over [`WINDOW_TOKENS`].
+fn hybrid_config() -> ModelConfig {
+    let mut cfg = windowed_config(vec![true, true, true, false]);
+    cfg.num_layers = 4;
+    cfg
 }
 
 /// Eviction on a windowed model is refused, engine-wide at start and per request.

@@ -18,6 +18,7 @@ use starling_kv::CacheDtype;
 fn random_sequence(rng: &mut ChaCha8Rng, spec: &KvCacheSpec, len: usize) -> (CpuKvCache, Vec<u32>) {
     let (heads, head_dim) = spec.full_heads().expect("a full layout");
     let dims = AttentionDims {
+        cache_group: 0,
         window_tokens: None,
         num_heads: heads,
         num_kv_heads: heads,

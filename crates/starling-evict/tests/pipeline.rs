@@ -18,6 +18,7 @@ use starling_kv::{KvCacheManager, SeqId};
 
 const BLOCK_TOKENS: usize = 4;
 const DIMS: AttentionDims = AttentionDims {
+    cache_group: 0,
     window_tokens: None,
     num_heads: 4,
     num_kv_heads: 2,
@@ -119,6 +120,7 @@ fn keydiff_eviction_frees_blocks_and_attention_reads_only_kept_tokens() {
     let qkv = random_rows(&mut rng, 1);
     let table: Vec<u32> = t.block_ids().iter().map(|b| b.0).collect();
     let meta = BatchMeta {
+        cache_groups: Vec::new(),
         positions: vec![n as u32],
         slot_mapping: vec![0],
         seqs: vec![SeqBatchMeta {

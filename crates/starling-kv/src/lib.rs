@@ -15,6 +15,8 @@
 //!   automatic prefix caching ([`KvCacheConfig::enable_prefix_caching`]).
 //! - [`BlockHash`], [`CacheIdentity`], [`BlockHasher`]: stable content
 //!   addresses of full blocks.
+//! - [`CacheGroups`]: which layers share a block table (hybrid sliding-window
+//!   models keep one table per group, so windowed layers free their old blocks).
 //! - [`CacheLayout`]: bytes per token, per layer (full or low-rank latents).
 //! - [`CacheSizing`], [`preflight`]: budget to block count, and the refusal
 //!   to start when one max-length sequence cannot fit.
@@ -27,6 +29,7 @@ mod block_pool;
 mod block_table;
 mod bytes;
 mod error;
+mod groups;
 mod ids;
 mod layout;
 mod manager;
@@ -37,6 +40,7 @@ pub use block_pool::{BlockCounts, BlockPool};
 pub use block_table::BlockTable;
 pub use bytes::format_bytes;
 pub use error::KvError;
+pub use groups::{group_blocks_for_tokens, group_held_tokens, CacheGroup, CacheGroups};
 pub use ids::{BlockId, SeqId};
 pub use layout::{
     stored_rank, CacheDtype, CacheLayout, LayerLayout, LATENT_RANK_MULTIPLE, POSITION_BYTES,
@@ -44,4 +48,4 @@ pub use layout::{
 pub use manager::{
     CompactedPrefixQuery, KvCacheConfig, KvCacheManager, PrefixCacheStats, PrefixHit, PrefixQuery,
 };
-pub use sizing::{preflight, preflight_with_peak, CacheSizing, Preflight};
+pub use sizing::{preflight, preflight_grouped, preflight_with_peak, CacheSizing, Preflight};

@@ -128,6 +128,38 @@ pub fn preflight_with_peak(
     })
 }
 
+/// [`preflight`] for a cache of several block-table groups ([`crate::CacheGroups`]): `layout`
+/// is what one block holds (one entry per cache tensor), and one `max_model_len` sequence
+/// holds `blocks_per_seq` blocks at its peak over all groups. Refuses as [`preflight`] does;
+/// [`Preflight::peak_tokens`] is the length, and the concurrency counts blocks.
+pub fn preflight_grouped(
+    budget_bytes: u64,
+    layout: &CacheLayout,
+    block_size_tokens: usize,
+    max_model_len_tokens: usize,
+    blocks_per_seq: usize,
+) -> Result<Preflight, KvError> {
+    if max_model_len_tokens == 0 || blocks_per_seq == 0 {
+        return Err(KvError::InvalidConfig(
+            "max_model_len must be > 0 tokens".into(),
+        ));
+    }
+    let sizing = CacheSizing::from_budget(budget_bytes, layout, block_size_tokens)?;
+    if blocks_per_seq > sizing.num_blocks {
+        return Err(KvError::InsufficientMemory {
+            needed_bytes: (blocks_per_seq as u64).saturating_mul(sizing.bytes_per_block),
+            available_bytes: budget_bytes,
+            max_model_len_tokens,
+            peak_tokens: max_model_len_tokens,
+        });
+    }
+    Ok(Preflight {
+        sizing,
+        peak_tokens: max_model_len_tokens,
+        max_concurrency: sizing.num_blocks as f64 / blocks_per_seq as f64,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

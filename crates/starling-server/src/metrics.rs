@@ -547,6 +547,7 @@ mod tests {
             block_size_tokens: 16,
             num_blocks: 100,
             capacity_tokens: 1600,
+            cache_groups: 1,
             cache_bytes: 32_000_000,
             num_layers: 30,
             latent_layers: 27,

@@ -39,6 +39,10 @@ pub struct AttentionDims {
     /// A sliding-window layer's reach: each query attends to its own key and the
     /// `window_tokens - 1` before it (in cache order); `None` attends over the whole context.
     pub window_tokens: Option<usize>,
+    /// The cache group whose block tables and slots the layer reads and writes
+    /// ([`crate::BatchMeta::cache_groups`]): 0 unless a hybrid sliding-window model keeps
+    /// this layer's blocks in a table of their own.
+    pub cache_group: usize,
 }
 
 impl AttentionDims {

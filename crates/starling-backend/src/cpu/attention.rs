@@ -35,8 +35,10 @@ pub fn paged_attention(
     let bs = batch.block_size_tokens;
     // Row → (sequence, index of the row among the sequence's new tokens).
     let mut row_seq = Vec::with_capacity(n);
+    let mut tables = Vec::with_capacity(batch.seqs.len());
     for (s, meta) in batch.seqs.iter().enumerate() {
         row_seq.extend((0..meta.query_len).map(|i| (s, i)));
+        tables.push(batch.group_block_table(s, dims.cache_group)?);
     }
     let mut out = vec![0.0f32; n * dims.q_size()];
     out.par_chunks_mut(hd).enumerate().for_each_init(
@@ -49,7 +51,8 @@ pub fn paged_attention(
             let first = first_visible_key(visible, dims.window_tokens);
             let q = &qkv.data()[row * width + head * hd..row * width + (head + 1) * hd];
             let kv_head = head / group;
-            let slot_of = |j: usize| meta.block_table[j / bs] as usize * bs + j % bs;
+            let table = tables[s];
+            let slot_of = |j: usize| table[j / bs] as usize * bs + j % bs;
             scores.clear();
             let mut max = f32::NEG_INFINITY;
             for j in first..visible {
@@ -139,6 +142,7 @@ mod tests {
 
     fn paged_equals_dense_reference(window_tokens: Option<usize>) {
         let dims = AttentionDims {
+            cache_group: 0,
             window_tokens,
             num_heads: 4,
             num_kv_heads: 2,
@@ -226,6 +230,7 @@ mod tests {
     #[test]
     fn write_rejects_out_of_range_slot() {
         let dims = AttentionDims {
+            cache_group: 0,
             window_tokens: None,
             num_heads: 2,
             num_kv_heads: 1,

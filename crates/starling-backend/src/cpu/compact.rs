@@ -107,6 +107,7 @@ mod tests {
     fn random_cache(rng: &mut ChaCha8Rng) -> CpuKvCache {
         let mut cache = CpuKvCache::new(SPEC.spec()).unwrap();
         let dims = AttentionDims {
+            cache_group: 0,
             window_tokens: None,
             num_heads: SPEC.num_kv_heads,
             num_kv_heads: SPEC.num_kv_heads,

@@ -150,6 +150,7 @@ mod tests {
     fn cache_with(keys: &[[f32; 4]]) -> CpuKvCache {
         let mut cache = CpuKvCache::new(SPEC.spec()).unwrap();
         let dims = AttentionDims {
+            cache_group: 0,
             window_tokens: None,
             num_heads: 2,
             num_kv_heads: 2,

@@ -271,6 +271,7 @@ mod tests {
     use starling_kv::{CacheDtype, LayerLayout};
 
     const DIMS: AttentionDims = AttentionDims {
+        cache_group: 0,
         window_tokens: None,
         num_heads: 6,
         num_kv_heads: 2,

@@ -91,7 +91,7 @@ impl ModelOps for CpuBackend {
         dims: &AttentionDims,
         batch: &BatchMeta,
     ) -> Result<(), BackendError> {
-        cache.write(qkv, dims, &batch.slot_mapping)
+        cache.write(qkv, dims, batch.group_slot_mapping(dims.cache_group)?)
     }
 
     fn paged_attention(

@@ -40,9 +40,11 @@ pub struct NiahCell {
     pub kv_tokens_peak: usize,
     /// KV slots held after the last step, tokens.
     pub kv_tokens_final: usize,
-    /// `kv_tokens_peak` × bytes per token (all layers).
+    /// Most bytes of cache blocks the request held after any of its steps (all layers and
+    /// cache groups, partly filled blocks whole: a hybrid sliding-window model's windowed
+    /// layers hold about one window).
     pub kv_bytes_peak: u64,
-    /// `kv_tokens_final` × bytes per token (all layers).
+    /// Bytes of cache blocks held after the last step.
     pub kv_bytes_final: u64,
 }
 

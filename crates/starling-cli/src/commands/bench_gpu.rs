@@ -80,6 +80,7 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
         (
             "MHA 32x128",
             AttentionDims {
+                cache_group: 0,
                 window_tokens: None,
                 num_heads: 32,
                 num_kv_heads: 32,
@@ -90,6 +91,7 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
         (
             "GQA 32/8x128",
             AttentionDims {
+                cache_group: 0,
                 window_tokens: None,
                 num_heads: 32,
                 num_kv_heads: 8,
@@ -205,6 +207,7 @@ struct LatentShape {
 /// Qwen2.5-Coder-1.5B at its balanced checkpoint's ranks and its aggressive profile's.
 fn latent_shapes() -> Result<Vec<LatentShape>> {
     let mha = AttentionDims {
+        cache_group: 0,
         window_tokens: None,
         num_heads: 32,
         num_kv_heads: 32,
@@ -213,6 +216,7 @@ fn latent_shapes() -> Result<Vec<LatentShape>> {
     };
     let qwen = preset("qwen2.5-coder-1.5b")?;
     let qwen_dims = AttentionDims {
+        cache_group: 0,
         window_tokens: None,
         num_heads: qwen.num_attention_heads,
         num_kv_heads: qwen.num_kv_heads,
@@ -386,8 +390,13 @@ pub fn decode(args: DecodeArgs) -> Result<()> {
                 }
                 let block_size = 16;
                 // One new token per sequence after `ctx` cached ones.
-                let meta = attention_meta(batch, ctx + 1, 1, block_size);
-                let num_blocks = batch * (ctx + 1).div_ceil(block_size);
+                let mut meta = attention_meta(batch, ctx + 1, 1, block_size);
+                // A hybrid model's windowed layers read tables of their own (every slot kept
+                // here: the kernels read only the window).
+                let groups = model.cache_groups().num_groups();
+                let blocks_per_group = batch * (ctx + 1).div_ceil(block_size);
+                meta.replicate_groups(groups, blocks_per_group);
+                let num_blocks = groups * blocks_per_group;
                 let mut caches = model.alloc_kv_caches(&gpu, num_blocks, block_size)?;
                 for (l, c) in caches.iter_mut().enumerate() {
                     fill_cache(&gpu, c, l as u64)?;

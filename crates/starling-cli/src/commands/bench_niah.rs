@@ -196,7 +196,9 @@ fn niah<B: Backend + 'static>(backend: B, args: NiahArgs) -> Result<()> {
             return Ok(());
         }
     }
-    let bytes_per_token = session.engine.preflight().sizing.bytes_per_token;
+    // Every layer's bytes of one token kept in full (a hybrid model's sizing counts one cache
+    // group's layers per block; the cells report the blocks really held).
+    let bytes_per_token = session.engine.cache_report().bytes_per_token;
     let mut cells = Vec::with_capacity(prompts.len() * methods.len());
     for (spec, config) in methods.iter().zip(&configs) {
         cells.extend(run_method(
@@ -206,7 +208,6 @@ fn niah<B: Backend + 'static>(backend: B, args: NiahArgs) -> Result<()> {
             &prompts,
             RunSettings {
                 max_new_tokens: args.max_new_tokens,
-                bytes_per_token,
                 protocol: args.protocol,
             },
         )?);
@@ -375,6 +376,8 @@ struct RunState {
     output_ids: Vec<u32>,
     kv_tokens_peak: usize,
     kv_tokens_final: usize,
+    kv_bytes_peak: u64,
+    kv_bytes_final: u64,
     finish_reason: Option<&'static str>,
 }
 
@@ -382,7 +385,6 @@ struct RunState {
 #[derive(Clone, Copy)]
 struct RunSettings {
     max_new_tokens: usize,
-    bytes_per_token: u64,
     protocol: NiahProtocol,
 }
 
@@ -397,7 +399,6 @@ fn run_method<B: Backend>(
 ) -> Result<Vec<NiahCell>> {
     let RunSettings {
         max_new_tokens,
-        bytes_per_token,
         protocol,
     } = settings;
     let params = SamplingParams {
@@ -427,6 +428,8 @@ fn run_method<B: Backend>(
             state.output_ids.extend(out.token_id);
             state.kv_tokens_peak = state.kv_tokens_peak.max(out.kv_physical_tokens);
             state.kv_tokens_final = out.kv_physical_tokens;
+            state.kv_bytes_peak = state.kv_bytes_peak.max(out.kv_held_bytes);
+            state.kv_bytes_final = out.kv_held_bytes;
             if let Some(finished) = out.finished {
                 state.finish_reason = Some(finished.reason.as_str());
                 bar.inc(1);
@@ -463,8 +466,8 @@ fn run_method<B: Backend>(
                 finish_reason: finish_reason.to_owned(),
                 kv_tokens_peak: state.kv_tokens_peak,
                 kv_tokens_final: state.kv_tokens_final,
-                kv_bytes_peak: state.kv_tokens_peak as u64 * bytes_per_token,
-                kv_bytes_final: state.kv_tokens_final as u64 * bytes_per_token,
+                kv_bytes_peak: state.kv_bytes_peak,
+                kv_bytes_final: state.kv_bytes_final,
             })
         })
         .collect()

@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use starling_kv::{
-    format_bytes, preflight, preflight_with_peak, CacheDtype, CacheLayout, CacheSizing,
-    LayerLayout, LATENT_RANK_MULTIPLE,
+    format_bytes, group_blocks_for_tokens, group_held_tokens, preflight, preflight_grouped,
+    preflight_with_peak, CacheDtype, CacheGroups, CacheLayout, CacheSizing, LayerLayout,
+    LATENT_RANK_MULTIPLE,
 };
 use starling_models::{ModelConfig, RopeStyle};
 use starling_starkv::checkpoint::{read_manifest, MANIFEST_FILE};
@@ -296,13 +297,7 @@ fn print_window_fit(
         max_len,
         sched.max_num_batched_tokens,
     ) else {
-        println!(
-            "{head}; the {} full layers read every slot, so blocks are kept: a {max_len}-token \
-             sequence holds {} (separate block pools per layer kind are not built)",
-            config.num_layers - windowed,
-            format_bytes(layout.bytes_per_token() * max_len as u64)
-        );
-        return None;
+        return Some(print_hybrid_fit(engine, layout, config, &head));
     };
     Some(
         match preflight_with_peak(
@@ -329,6 +324,70 @@ fn print_window_fit(
             }
         },
     )
+}
+
+/// A model mixing windowed and full layers (Gemma-3): its cache groups (the windowed layers'
+/// blocks in tables of their own, released behind the window), what one `max_model_len`
+/// sequence holds against keeping every slot, and whether the budget boots it.
+fn print_hybrid_fit(
+    engine: &starling_engine::EngineConfig,
+    layout: &starling_kv::CacheLayout,
+    config: &ModelConfig,
+    head: &str,
+) -> std::result::Result<(), String> {
+    let sched = &engine.scheduler;
+    let (max_len, bs, chunk) = (
+        sched.max_model_len_tokens,
+        sched.block_size_tokens,
+        sched.max_num_batched_tokens,
+    );
+    let windows: Vec<_> = (0..config.num_layers)
+        .map(|l| config.layer_window_tokens(l))
+        .collect();
+    let groups = CacheGroups::plan(&windows).map_err(|e| e.to_string())?;
+    let Some(layer) = layout.layers.first() else {
+        return Err("a model without layers".into());
+    };
+    let layer_bytes = layer.bytes_per_token();
+    let full_layers = windows.iter().filter(|w| w.is_none()).count() as u64;
+    let windowed_layers = config.num_layers as u64 - full_layers;
+    let held = windows
+        .iter()
+        .find_map(|w| *w)
+        .map_or(max_len, |w| group_held_tokens(Some(w), bs, max_len, chunk));
+    let holds = layer_bytes * (full_layers * max_len as u64 + windowed_layers * held as u64);
+    let blocks = group_blocks_for_tokens(&groups.windows(), bs, max_len, chunk);
+    let block_layout = starling_kv::CacheLayout {
+        layers: vec![layer.clone(); groups.num_slots()],
+    };
+    let verdict = preflight_grouped(
+        engine.kv_cache_memory_bytes,
+        &block_layout,
+        bs,
+        max_len,
+        blocks,
+    );
+    let verdict_text = match &verdict {
+        Ok(pf) => format!("boots; max concurrency {:.2}", pf.max_concurrency),
+        Err(e) => format!("refused: {e}"),
+    };
+    println!(
+        "{head}; windowed layers keep their blocks in tables of their own ({} block tables of \
+         {} layers, {} padding), released behind the window: a {max_len}-token sequence holds \
+         {} ({full_layers} full layers x {max_len} tokens + {windowed_layers} windowed x {held}: \
+         the window, a block and one {chunk}-token chunk) vs {} with every slot kept ({:.2}x), \
+         in {blocks} blocks of {} → {verdict_text}",
+        groups.num_groups(),
+        groups.num_slots(),
+        groups.padding_layers(),
+        format_bytes(holds),
+        format_bytes(layout.bytes_per_token() * max_len as u64),
+        (layout.bytes_per_token() * max_len as u64) as f64 / holds.max(1) as f64,
+        format_bytes(block_layout.bytes_per_block(bs)),
+    );
+    verdict
+        .map(|_| ())
+        .map_err(|e| format!("sliding window: {e}"))
 }
 
 /// Under an evicting `--kv-compression`, what one `max_model_len` sequence holds at its peak

@@ -298,7 +298,7 @@ impl CudaBackend {
         let source = KvSource {
             keys: &cache.keys,
             values: &cache.values,
-            block_tables: batch.block_tables(),
+            block_tables: batch.block_tables(dims.cache_group),
             max_blocks: batch.max_blocks,
         };
         self.paged_attention_impl(qkv, &source, dims, batch, false)

@@ -11,7 +11,7 @@
 use std::ops::Range;
 
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
-use starling_backend::{BatchMeta, SeqBatchMeta};
+use starling_backend::{BatchMeta, GroupBatchMeta, SeqBatchMeta};
 
 use super::attention_plan::{AttentionRows, SplitPlan};
 use crate::CudaError;
@@ -23,12 +23,13 @@ pub(crate) const PAD_SLOT: u32 = u32::MAX;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct BatchLayout {
     pub(crate) positions: Range<usize>,
+    /// `[cache groups, rows]`: each group's slot of every row.
     pub(crate) slots: Range<usize>,
     pub(crate) tok_seq: Range<usize>,
     pub(crate) tok_visible: Range<usize>,
     pub(crate) row_order: Range<usize>,
     pub(crate) prefill_tiles: Range<usize>,
-    /// `[sequences, max_blocks]`, row-major.
+    /// `[cache groups, sequences, max_blocks]`, row-major.
     pub(crate) block_tables: Range<usize>,
     /// `rows + 1` prefix sums, in `row_order`'s order, of the context positions each row sees:
     /// where each row's attention scores start in the latent kernels' scratch (entry `i` for
@@ -38,10 +39,19 @@ pub(crate) struct BatchLayout {
     pub(crate) token_ids: Range<usize>,
     /// Replay batches only (empty otherwise): `{splits, split_len}` of this step's attention.
     pub(crate) plan: Range<usize>,
+    /// Cache groups (block tables per sequence; `BatchMeta::num_cache_groups`).
+    pub(crate) groups: usize,
 }
 
 impl BatchLayout {
-    fn new(rows: usize, seqs: usize, tiles: usize, max_blocks: usize, replay: bool) -> Self {
+    fn new(
+        rows: usize,
+        seqs: usize,
+        tiles: usize,
+        max_blocks: usize,
+        groups: usize,
+        replay: bool,
+    ) -> Self {
         let mut end = 0;
         let mut take = |len: usize| {
             let r = end..end + len;
@@ -50,16 +60,23 @@ impl BatchLayout {
         };
         Self {
             positions: take(rows),
-            slots: take(rows),
+            slots: take(groups * rows),
             tok_seq: take(rows),
             tok_visible: take(rows),
             row_order: take(rows),
             prefill_tiles: take(tiles),
-            block_tables: take(seqs * max_blocks),
+            block_tables: take(groups * seqs * max_blocks),
             score_offsets: take(rows + 1),
             token_ids: take(if replay { rows } else { 0 }),
             plan: take(if replay { 2 } else { 0 }),
+            groups,
         }
+    }
+
+    /// Group `group`'s part of `range` (`groups` equal parts).
+    fn group_part(&self, range: &Range<usize>, group: usize) -> Range<usize> {
+        let len = range.len() / self.groups.max(1);
+        range.start + group * len..range.start + (group + 1) * len
     }
 
     /// Elements of the packed buffer (at least one: a device buffer is never empty).
@@ -84,6 +101,8 @@ pub(crate) struct ReplayShape {
     pub(crate) num_cache_slots: usize,
     /// Tokens per cache block.
     pub(crate) block_size_tokens: usize,
+    /// Cache groups (block tables per sequence) of the model the graph was recorded for.
+    pub(crate) num_cache_groups: usize,
 }
 
 /// A step's metadata on the device (uploaded once, read by every layer).
@@ -116,26 +135,31 @@ impl CudaBatch {
         stream: &std::sync::Arc<CudaStream>,
         meta: &BatchMeta,
     ) -> Result<Self, CudaError> {
-        let max_blocks = meta
-            .seqs
-            .iter()
-            .map(|s| s.block_table.len())
+        let groups = meta.num_cache_groups();
+        let max_blocks = (0..meta.seqs.len())
+            .flat_map(|s| (0..groups).map(move |g| (s, g)))
+            .filter_map(|(s, g)| meta.group_block_table(s, g).ok().map(<[u32]>::len))
             .max()
             .unwrap_or(1)
             .max(1);
         let rows = AttentionRows::new(meta);
         let n = meta.num_tokens();
-        let layout = BatchLayout::new(n, meta.seqs.len(), rows.tiles.len(), max_blocks, false);
+        let layout = BatchLayout::new(
+            n,
+            meta.seqs.len(),
+            rows.tiles.len(),
+            max_blocks,
+            groups,
+            false,
+        );
         let mut host = vec![0u32; layout.len()];
         host[layout.positions.clone()].copy_from_slice(&meta.positions);
-        host[layout.slots.clone()].copy_from_slice(&meta.slot_mapping);
+        write_group_tables(&mut host, &layout, max_blocks, meta, meta.seqs.len())?;
         host[layout.row_order.clone()].copy_from_slice(&rows.row_order);
         host[layout.prefill_tiles.clone()].copy_from_slice(&rows.tiles);
         let mut max_visible = 0;
         let mut row = 0;
         for (s, seq) in meta.seqs.iter().enumerate() {
-            let table = layout.block_tables.start + s * max_blocks;
-            host[table..table + seq.block_table.len()].copy_from_slice(&seq.block_table);
             for i in 0..seq.query_len {
                 let visible = (seq.context_len_tokens - seq.query_len + i + 1) as u32;
                 host[layout.tok_seq.start + row] = s as u32;
@@ -165,7 +189,7 @@ impl CudaBatch {
         stream: &std::sync::Arc<CudaStream>,
         shape: ReplayShape,
     ) -> Result<Self, CudaError> {
-        let meta = padded_meta(shape.rows, shape.block_size_tokens);
+        let meta = padded_meta(shape.rows, shape.block_size_tokens, shape.num_cache_groups);
         let layout = replay_layout(&shape);
         Ok(Self {
             rows: AttentionRows::new(&meta),
@@ -203,8 +227,9 @@ impl CudaBatch {
     pub(crate) fn positions(&self) -> CudaView<'_, u32> {
         self.view(&self.layout.positions)
     }
-    pub(crate) fn slots(&self) -> CudaView<'_, u32> {
-        self.view(&self.layout.slots)
+    /// Cache group `group`'s slot of every row (group 0: the batch's `slot_mapping`).
+    pub(crate) fn slots(&self, group: usize) -> CudaView<'_, u32> {
+        self.view(&self.layout.group_part(&self.layout.slots, group))
     }
     pub(crate) fn tok_seq(&self) -> CudaView<'_, u32> {
         self.view(&self.layout.tok_seq)
@@ -221,8 +246,9 @@ impl CudaBatch {
         let start = self.layout.prefill_tiles.start;
         self.view(&(start + 2 * first..start + 2 * (first + count)))
     }
-    pub(crate) fn block_tables(&self) -> CudaView<'_, u32> {
-        self.view(&self.layout.block_tables)
+    /// Cache group `group`'s `[sequences, max_blocks]` block tables.
+    pub(crate) fn block_tables(&self, group: usize) -> CudaView<'_, u32> {
+        self.view(&self.layout.group_part(&self.layout.block_tables, group))
     }
     /// Entries `first..=first + count` of the score offsets.
     pub(crate) fn score_offsets(&self, first: usize, count: usize) -> CudaView<'_, u32> {
@@ -235,6 +261,30 @@ impl CudaBatch {
     pub(crate) fn plan(&self) -> CudaView<'_, u32> {
         self.view(&self.layout.plan)
     }
+}
+
+/// Writes every cache group's slots and the block tables of the first `seqs` sequences (a
+/// replay layout's further rows keep their padding).
+fn write_group_tables(
+    host: &mut [u32],
+    layout: &BatchLayout,
+    max_blocks: usize,
+    meta: &BatchMeta,
+    seqs: usize,
+) -> Result<(), CudaError> {
+    let shape = |e: starling_backend::BackendError| CudaError::Shape(e.to_string());
+    for g in 0..layout.groups {
+        let slots = meta.group_slot_mapping(g).map_err(shape)?;
+        let start = layout.group_part(&layout.slots, g).start;
+        host[start..start + slots.len()].copy_from_slice(slots);
+        let tables = layout.group_part(&layout.block_tables, g).start;
+        for s in 0..seqs {
+            let table = meta.group_block_table(s, g).map_err(shape)?;
+            let at = tables + s * max_blocks;
+            host[at..at + table.len()].copy_from_slice(table);
+        }
+    }
+    Ok(())
 }
 
 /// Writes the score offsets of rows listed in `order` (prefix sums of `tok_visible`) and returns
@@ -255,9 +305,14 @@ fn fill_score_offsets(
     Ok(total)
 }
 
-/// The host-side meta of a replay batch: `rows` one-token sequences wanting every row's logits
-/// (only its shape is read: row counts for the launches and the model's checks).
-pub(crate) fn padded_meta(rows: usize, block_size_tokens: usize) -> BatchMeta {
+/// The host-side meta of a replay batch: `rows` one-token sequences in `cache_groups` groups
+/// wanting every row's logits (only its shape is read: row counts for the launches and the
+/// model's checks).
+pub(crate) fn padded_meta(rows: usize, block_size_tokens: usize, cache_groups: usize) -> BatchMeta {
+    let group = GroupBatchMeta {
+        slot_mapping: vec![PAD_SLOT; rows],
+        block_tables: vec![Vec::new(); rows],
+    };
     BatchMeta {
         positions: vec![0; rows],
         slot_mapping: vec![PAD_SLOT; rows],
@@ -271,6 +326,7 @@ pub(crate) fn padded_meta(rows: usize, block_size_tokens: usize) -> BatchMeta {
             .collect(),
         logits_rows: (0..rows as u32).collect(),
         block_size_tokens,
+        cache_groups: vec![group; cache_groups.saturating_sub(1)],
     }
 }
 
@@ -284,7 +340,12 @@ pub(crate) fn replayable_rows(
 ) -> Option<usize> {
     let n = meta.seqs.len();
     let decode_only = meta.seqs.iter().all(|s| s.query_len == 1);
-    let fits = meta.seqs.iter().all(|s| s.block_table.len() <= max_blocks);
+    let fits = (0..n).all(|s| {
+        (0..meta.num_cache_groups()).all(|g| {
+            meta.group_block_table(s, g)
+                .is_ok_and(|t| t.len() <= max_blocks)
+        })
+    });
     // The graph's logits are every row's, in order: a step must want exactly those.
     let all_logits = (0..n as u32).eq(meta.logits_rows.iter().copied());
     (n > 0 && decode_only && fits && all_logits && meta.num_tokens() == n && token_ids.len() == n)
@@ -307,11 +368,11 @@ pub(crate) fn replay_inputs(
     for (i, seq) in meta.seqs.iter().enumerate() {
         host[layout.token_ids.start + i] = token_ids[i];
         host[layout.positions.start + i] = meta.positions[i];
-        host[layout.slots.start + i] = meta.slot_mapping[i];
         host[layout.tok_visible.start + i] = seq.context_len_tokens as u32;
-        let table = layout.block_tables.start + i * max_blocks;
-        host[table..table + seq.block_table.len()].copy_from_slice(&seq.block_table);
     }
+    // `replayable_rows` checked every group's tables; a failure here is a caller's bug and
+    // leaves the padding (no slot written, no block read).
+    let _ = write_group_tables(&mut host, layout, max_blocks, meta, meta.seqs.len());
     for i in 0..rows {
         host[layout.tok_seq.start + i] = i as u32;
         host[layout.row_order.start + i] = i as u32;
@@ -331,7 +392,14 @@ pub(crate) fn replay_inputs(
 
 /// The layout of a replay batch of `shape` (what [`CudaBatch::for_replay`] allocates).
 pub(crate) fn replay_layout(shape: &ReplayShape) -> BatchLayout {
-    BatchLayout::new(shape.rows, shape.rows, 0, shape.max_blocks, true)
+    BatchLayout::new(
+        shape.rows,
+        shape.rows,
+        0,
+        shape.max_blocks,
+        shape.num_cache_groups.max(1),
+        true,
+    )
 }
 
 #[cfg(test)]
@@ -384,6 +452,7 @@ mod tests {
             num_kv_heads: 2,
             num_cache_slots: 64,
             block_size_tokens: 4,
+            num_cache_groups: 1,
         };
         let layout = replay_layout(&shape);
         let plan = SplitPlan {
@@ -409,6 +478,48 @@ mod tests {
     }
 
     #[test]
+    fn each_cache_group_gets_its_own_slots_and_tables() {
+        let mut m = decode_meta(&[5, 9]);
+        // Group 1 holds the same sequences in blocks 100.., its slots shifted accordingly.
+        m.cache_groups = vec![GroupBatchMeta {
+            slot_mapping: m.slot_mapping.iter().map(|s| s + 400).collect(),
+            block_tables: m
+                .seqs
+                .iter()
+                .map(|s| s.block_table.iter().map(|b| b + 100).collect())
+                .collect(),
+        }];
+        m.validate(1000).unwrap();
+        let shape = ReplayShape {
+            rows: 3,
+            max_blocks: 3,
+            max_splits: 1,
+            num_kv_heads: 1,
+            num_cache_slots: 4000,
+            block_size_tokens: 4,
+            num_cache_groups: 2,
+        };
+        assert_eq!(replayable_rows(&m, &[1, 2], 3), Some(2));
+        let layout = replay_layout(&shape);
+        let plan = SplitPlan {
+            splits: 1,
+            split_len: 9,
+        };
+        let host = replay_inputs(&layout, 3, &m, &[1, 2], plan);
+        let part = |r: &Range<usize>, g| host[layout.group_part(r, g)].to_vec();
+        assert_eq!(part(&layout.slots, 0), vec![4, 48, PAD_SLOT]);
+        assert_eq!(part(&layout.slots, 1), vec![404, 448, PAD_SLOT]);
+        assert_eq!(
+            part(&layout.block_tables, 1),
+            vec![100, 101, 0, 110, 111, 112, 0, 0, 0]
+        );
+        assert_eq!(
+            part(&layout.block_tables, 0),
+            vec![0, 1, 0, 10, 11, 12, 0, 0, 0]
+        );
+    }
+
+    #[test]
     fn a_full_bucket_has_no_padding_row() {
         let m = decode_meta(&[2, 3]);
         let shape = ReplayShape {
@@ -418,6 +529,7 @@ mod tests {
             num_kv_heads: 1,
             num_cache_slots: 8,
             block_size_tokens: 4,
+            num_cache_groups: 1,
         };
         let layout = replay_layout(&shape);
         let plan = SplitPlan {
@@ -431,7 +543,7 @@ mod tests {
 
     #[test]
     fn layouts_do_not_overlap_and_eager_ones_carry_no_replay_fields() {
-        let l = BatchLayout::new(5, 2, 6, 3, false);
+        let l = BatchLayout::new(5, 2, 6, 3, 1, false);
         let parts = [
             &l.positions,
             &l.slots,
@@ -449,15 +561,16 @@ mod tests {
         }
         assert!(l.token_ids.is_empty() && l.plan.is_empty());
         assert_eq!(l.len(), 5 * 5 + 6 + 6 + 6);
-        assert_eq!(BatchLayout::new(0, 0, 0, 1, false).len(), 1);
+        assert_eq!(BatchLayout::new(0, 0, 0, 1, 1, false).len(), 1);
     }
 
     #[test]
     fn padded_meta_is_a_valid_decode_shape() {
-        let m = padded_meta(3, 16);
+        let m = padded_meta(3, 16, 1);
         assert_eq!(m.num_tokens(), 3);
         assert_eq!(m.block_size_tokens, 16);
         assert_eq!(m.logits_rows, vec![0, 1, 2]);
         assert_eq!(AttentionRows::new(&m).num_decode, 3);
+        assert_eq!(padded_meta(3, 16, 3).num_cache_groups(), 3);
     }
 }

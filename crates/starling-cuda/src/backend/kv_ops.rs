@@ -362,7 +362,7 @@ impl CudaBackend {
             &self.kernels.write_kv,
             rows_config(n, row_chunk_threads(dims.kv_size())),
             qkv.bf16().map_err(err)?,
-            &batch.slots(),
+            &batch.slots(dims.cache_group),
             keys,
             values,
             &width_i,

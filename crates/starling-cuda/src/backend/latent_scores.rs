@@ -158,7 +158,7 @@ impl CudaBackend {
         let order = batch.row_order(args.count);
         let offsets = batch.score_offsets(0, args.count);
         let (tok_seq, tok_visible, block_tables) =
-            (batch.tok_seq(), batch.tok_visible(), batch.block_tables());
+            (batch.tok_seq(), batch.tok_visible(), batch.block_tables(0));
         let (function, shared_mem_bytes, own) = match self.rotary_scores_kernel(d, group, max_rank)
         {
             Some((function, k_steps, m_tiles)) => (

@@ -148,7 +148,7 @@ impl CudaBackend {
             q,
             &batch.positions(),
             freqs.as_ref(),
-            &batch.slots(),
+            &batch.slots(dims.cache_group),
             keys,
             values,
             &width_i,

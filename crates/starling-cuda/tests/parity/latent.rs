@@ -265,6 +265,7 @@ fn latent_write_attention_and_reconstruction_match_cpu() {
     let mut rng = ChaCha8Rng::seed_from_u64(41);
     for (heads, kv_heads, hd, ranks, vw, style) in latent_shapes() {
         let dims = AttentionDims {
+            cache_group: 0,
             window_tokens: None,
             num_heads: heads,
             num_kv_heads: kv_heads,
@@ -424,6 +425,7 @@ fn latent_block_ops_match_cpu() {
     let (heads, kv_heads, hd) = (12, 2, 128);
     let (ranks, vw) = (vec![64, 72], 128);
     let dims = AttentionDims {
+        cache_group: 0,
         window_tokens: None,
         num_heads: heads,
         num_kv_heads: kv_heads,

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use starling_backend::{BatchMeta, SeqBatchMeta};
+use starling_backend::{BatchMeta, GroupBatchMeta, SeqBatchMeta};
 use starling_kv::{BlockId, KvCacheManager, SeqId};
 
 use super::sequence::Sequence;
@@ -31,6 +31,7 @@ pub(crate) fn build(
         seqs: Vec::with_capacity(plan.scheduled.len()),
         logits_rows: Vec::new(),
         block_size_tokens: kv.block_size_tokens(),
+        cache_groups: vec![GroupBatchMeta::default(); kv.num_cache_groups() - 1],
     };
     let mut sampling_seqs = Vec::new();
     for s in &plan.scheduled {
@@ -58,19 +59,25 @@ pub(crate) fn build(
             .extend((s.start_position..s.start_position + s.num_tokens).map(|p| p as u32));
         let physical = s.physical_start_index..s.physical_start_index + s.num_tokens;
         meta.slot_mapping
-            .extend(kv.slot_mapping(s.seq_id, physical)?);
+            .extend(kv.slot_mapping(s.seq_id, physical.clone())?);
         meta.seqs.push(SeqBatchMeta {
             query_start,
             query_len: s.num_tokens,
             context_len_tokens: s.physical_start_index + s.num_tokens,
-            // A block released behind a sliding window is before every query's window, so no
-            // kernel reads its entry: block 0 keeps the table in the cache's range.
-            block_table: table
-                .block_ids()
-                .iter()
-                .map(|b| if *b == BlockId::RELEASED { 0 } else { b.0 })
-                .collect(),
+            block_table: kernel_table(table.block_ids()),
         });
+        for (g, group) in meta.cache_groups.iter_mut().enumerate() {
+            let table = kv
+                .group_table(s.seq_id, g + 1)
+                .ok_or(EngineError::UnknownRequest(s.seq_id))?;
+            kv.write_group_slot_mapping(
+                s.seq_id,
+                g + 1,
+                physical.clone(),
+                &mut group.slot_mapping,
+            )?;
+            group.block_tables.push(kernel_table(table.block_ids()));
+        }
         if s.samples_next_token {
             meta.logits_rows
                 .push((query_start + s.num_tokens - 1) as u32);
@@ -82,4 +89,14 @@ pub(crate) fn build(
         meta,
         sampling_seqs,
     })
+}
+
+/// A block table as the kernels read it. A block released behind a sliding window is before
+/// every query's window, so no kernel reads its entry: block 0 keeps the table in the cache's
+/// range.
+fn kernel_table(blocks: &[BlockId]) -> Vec<u32> {
+    blocks
+        .iter()
+        .map(|b| if *b == BlockId::RELEASED { 0 } else { b.0 })
+        .collect()
 }

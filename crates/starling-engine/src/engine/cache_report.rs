@@ -91,8 +91,13 @@ pub struct CacheReport {
     pub block_size_tokens: usize,
     /// Blocks in the pool.
     pub num_blocks: usize,
-    /// Token slots in the pool.
+    /// Token slots in the pool (of each cache tensor: a hybrid model's block holds one cache
+    /// group's layers).
     pub capacity_tokens: usize,
+    /// Block tables per sequence: 1, or a hybrid sliding-window model's cache groups (its
+    /// windowed layers' blocks in tables of their own, released behind the window).
+    #[serde(default = "one_group")]
+    pub cache_groups: usize,
     /// Bytes the blocks occupy (at most the budget).
     pub cache_bytes: u64,
     /// Attention layers.
@@ -111,6 +116,10 @@ pub struct CacheReport {
     /// The STAR-KV checkpoint the latents come from; absent for full K/V and for synthetic
     /// latents (`--synthetic-latent-share`), whose ranks come from a share, not a checkpoint.
     pub star_kv: Option<StarKvInfo>,
+}
+
+fn one_group() -> usize {
+    1
 }
 
 /// The report's lower-case name of `dtype`.
@@ -143,11 +152,23 @@ impl<B: Backend> Engine<B> {
             },
         );
         let latent_layers = self.layout.num_low_rank_layers();
-        let longest = longest_evicting_context(
-            &self.compression,
-            sizing.capacity_tokens(),
-            sched.max_num_batched_tokens,
-        );
+        let cache_groups = self.model.cache_groups().num_groups();
+        let longest = if cache_groups > 1 {
+            self.scheduler.kv().max_tokens_one_seq()
+        } else {
+            longest_evicting_context(
+                &self.compression,
+                sizing.capacity_tokens(),
+                sched.max_num_batched_tokens,
+            )
+        };
+        // A hybrid model's sizing counts one group's layers per block; a token of a sequence
+        // that keeps every slot costs every layer's bytes.
+        let bytes_per_token = if cache_groups > 1 {
+            self.layout.bytes_per_token()
+        } else {
+            sizing.bytes_per_token
+        };
         CacheReport {
             kind: if latent_layers > 0 {
                 CacheKind::Latent
@@ -155,11 +176,12 @@ impl<B: Backend> Engine<B> {
                 CacheKind::Full
             },
             dtype: dtype_name(dtype).to_owned(),
-            bytes_per_token: sizing.bytes_per_token,
+            bytes_per_token,
             full_bytes_per_token: full.bytes_per_token(),
             block_size_tokens: sizing.block_size_tokens,
             num_blocks: sizing.num_blocks,
             capacity_tokens: sizing.capacity_tokens(),
+            cache_groups,
             cache_bytes: sizing.total_bytes(),
             num_layers: self.layout.layers.len(),
             latent_layers,
@@ -226,6 +248,14 @@ impl fmt::Display for CacheReport {
                 " vs {} full ({:.1}% saved)",
                 format_bytes(self.full_bytes_per_token),
                 100.0 * self.saved_share()
+            )?;
+        }
+        if self.cache_groups > 1 {
+            write!(
+                f,
+                " with every slot kept; windowed layers in {} block tables of their own, \
+                 released behind the window",
+                self.cache_groups - 1
             )?;
         }
         write!(

@@ -495,8 +495,10 @@ impl<B: Backend> Engine<B> {
                 Ok(false) => {}
                 Ok(true) => match self.finish_compaction() {
                     Ok(physical) => {
+                        let held_bytes = self.held_bytes(seq_id);
                         if let Some(o) = outputs.iter_mut().find(|o| o.seq_id == seq_id) {
                             o.kv_physical_tokens = physical;
+                            o.kv_held_bytes = held_bytes;
                         }
                     }
                     Err(e) => self.abort_for_compaction(seq_id, &e, outputs),

@@ -29,7 +29,8 @@ use std::sync::Arc;
 use starling_backend::{Backend, DecodeGraphConfig, DecodeGraphs, DecodeStep};
 use starling_evict::KvCacheDtype;
 use starling_kv::{
-    preflight_with_peak, BlockHasher, CacheLayout, KvCacheConfig, KvCacheManager, Preflight, SeqId,
+    group_blocks_for_tokens, preflight_grouped, preflight_with_peak, BlockHasher, CacheLayout,
+    KvCacheConfig, KvCacheManager, Preflight, SeqId,
 };
 use starling_models::llama::{ForwardOptions, LlamaModel, QueryCapture};
 
@@ -85,6 +86,9 @@ pub struct Engine<B: Backend> {
     /// The window every layer attends over, when all do: blocks behind it are released after
     /// each step (`window.rs`).
     release_window_tokens: Option<usize>,
+    /// Whether some cache group attends over a window: its blocks behind the window are given
+    /// back after each step.
+    windowed_groups: bool,
 }
 
 impl<B: Backend> Engine<B> {
@@ -152,36 +156,56 @@ impl<B: Backend> Engine<B> {
         let eviction = kv_compression.eviction;
         let release_window_tokens = window::release_window_tokens(model.config());
         let chunk = sched.max_num_batched_tokens;
-        let peak = window_peak_tokens(model.config(), sched.block_size_tokens, max_len, chunk)
-            .unwrap_or_else(|| eviction_peak_tokens(&eviction, max_len, chunk));
-        let preflight = preflight_with_peak(
-            config.kv_cache_memory_bytes,
-            &layout,
-            sched.block_size_tokens,
-            max_len,
-            peak,
-        )?;
+        let group_windows = model.cache_groups().windows();
+        let preflight = if group_windows.len() > 1 {
+            // A hybrid model: each block serves one group's layers (see `CacheGroups`).
+            let blocks =
+                group_blocks_for_tokens(&group_windows, sched.block_size_tokens, max_len, chunk);
+            preflight_grouped(
+                config.kv_cache_memory_bytes,
+                &model.block_layout(dtype),
+                sched.block_size_tokens,
+                max_len,
+                blocks,
+            )?
+        } else {
+            let peak = window_peak_tokens(model.config(), sched.block_size_tokens, max_len, chunk)
+                .unwrap_or_else(|| eviction_peak_tokens(&eviction, max_len, chunk));
+            preflight_with_peak(
+                config.kv_cache_memory_bytes,
+                &layout,
+                sched.block_size_tokens,
+                max_len,
+                peak,
+            )?
+        };
         let num_blocks = preflight.sizing.num_blocks;
         let caches = model
             .kv_cache_specs(num_blocks, sched.block_size_tokens, dtype)
             .iter()
             .map(|spec| backend.alloc_kv_cache(spec))
             .collect::<Result<Vec<_>, _>>()?;
-        let kv = KvCacheManager::with_config(KvCacheConfig {
+        let enable_prefix_caching = config.enable_prefix_caching && group_windows.len() == 1;
+        if enable_prefix_caching != config.enable_prefix_caching {
+            tracing::warn!(
+                "automatic prefix caching is not built for a model mixing sliding-window and \
+                 full attention layers ({} block-table groups): turned off",
+                group_windows.len()
+            );
+        }
+        let mut kv = KvCacheManager::with_config(KvCacheConfig {
             num_blocks,
             block_size_tokens: sched.block_size_tokens,
-            enable_prefix_caching: config.enable_prefix_caching,
+            enable_prefix_caching,
         })?;
+        let windowed_groups = group_windows.iter().any(Option::is_some);
+        kv.set_cache_groups(group_windows, chunk)?;
         let scheduler = Scheduler::new(config.scheduler, kv)?;
         tracing::info!(
             "automatic prefix caching: {}",
-            if config.enable_prefix_caching {
-                "on"
-            } else {
-                "off"
-            }
+            if enable_prefix_caching { "on" } else { "off" }
         );
-        let hasher = if config.enable_prefix_caching {
+        let hasher = if enable_prefix_caching {
             let model_identity = config
                 .model_identity
                 .clone()
@@ -212,6 +236,7 @@ impl<B: Backend> Engine<B> {
             compaction_step_budget: Some(DEFAULT_COMPACTION_STEP_BUDGET_TOKENS),
             hasher,
             release_window_tokens,
+            windowed_groups,
             model,
         })
     }
@@ -260,10 +285,12 @@ impl<B: Backend> Engine<B> {
         self.graphs.is_some()
     }
 
-    /// The cache layout `model` would get on `backend` (full K/V or latents per layer, in the
-    /// backend's cache dtype): what [`Engine::new`] sizes the cache from.
+    /// What one block of `model`'s cache holds per token slot on `backend` (full K/V or latents
+    /// per cache tensor, in the backend's cache dtype; [`LlamaModel::block_layout`]): what
+    /// [`Engine::new`] sizes the cache from, so `bytes_per_block` of it times a block count is
+    /// the budget of that many blocks.
     pub fn cache_layout_of(backend: &B, model: &LlamaModel<B>) -> CacheLayout {
-        model.cache_layout(cache_dtype(KvCacheDtype::Auto, backend))
+        model.block_layout(cache_dtype(KvCacheDtype::Auto, backend))
     }
 
     /// What every layer of this engine's cache stores per token.
@@ -473,6 +500,7 @@ impl<B: Backend> Engine<B> {
             num_output_tokens: seq.output_ids().len(),
             full_logprobs: None,
             kv_physical_tokens: 0,
+            kv_held_bytes: 0,
             error: None,
         })
     }
@@ -551,8 +579,8 @@ impl<B: Backend> Engine<B> {
         };
         self.counters.prefill_tokens += plan.stats.num_prefill_tokens as u64;
         self.register_computed_blocks(&plan);
-        if let Some(w) = self.release_window_tokens {
-            self.scheduler.release_behind_window(&plan, w);
+        if self.windowed_groups {
+            self.scheduler.release_behind_windows(&plan);
         }
         let mut outputs = self.sample_and_advance(&built.sampling_seqs, logits.as_ref());
         self.run_compactions(compactions, &mut outputs);
@@ -640,7 +668,10 @@ impl<B: Backend> Engine<B> {
             meta: &built.meta,
         };
         match graphs.run(&self.backend, step, &mut self.caches, forward.as_mut()) {
-            Ok(logits) => logits,
+            Ok(logits) => {
+                self.counters.replayed_steps += u64::from(logits.is_some());
+                logits
+            }
             Err(e) => {
                 tracing::error!("decode graph replay failed, running eagerly from now on: {e}");
                 self.graphs = None;
@@ -731,6 +762,8 @@ impl<B: Backend> Engine<B> {
             .kv()
             .table(seq_id)
             .map_or(0, |t| t.physical_len_tokens());
+        let kv_held_bytes =
+            self.scheduler.kv().held_blocks(seq_id) as u64 * self.preflight.sizing.bytes_per_block;
         if let Some(f) = &finished {
             if f.stop_match.is_none() {
                 // Length-limited: release text held back for a possible stop string, and any
@@ -758,7 +791,13 @@ impl<B: Backend> Engine<B> {
             num_output_tokens,
             full_logprobs,
             kv_physical_tokens,
+            kv_held_bytes,
             error: None,
         })
+    }
+
+    /// Bytes of the blocks `seq_id` holds over every cache group.
+    fn held_bytes(&self, seq_id: SeqId) -> u64 {
+        self.scheduler.kv().held_blocks(seq_id) as u64 * self.preflight.sizing.bytes_per_block
     }
 }

@@ -40,6 +40,10 @@ pub struct RequestOutput {
     /// tokens seen once eviction has dropped some. A compaction still spread over later steps
     /// (see `Engine::set_compaction_step_budget`) shows in the request's next output.
     pub kv_physical_tokens: usize,
+    /// Bytes of the cache blocks the request holds after this step, over every cache group
+    /// (a hybrid sliding-window model's windowed layers hold about one window, however long
+    /// the request; partly filled blocks count whole).
+    pub kv_held_bytes: u64,
     /// Why the request failed, on the output of a request that finished with
     /// [`FinishReason::Error`](crate::sampling::FinishReason::Error).
     pub error: Option<RequestFailure>,

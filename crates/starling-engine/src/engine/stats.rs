@@ -33,6 +33,8 @@ pub struct EngineCounters {
     /// Requests ended by a failure of their own (NaN logits, a failed compaction), counted in
     /// `finished_requests` too.
     pub failed_requests: u64,
+    /// Decode steps replayed from a recorded graph (the rest ran eagerly).
+    pub replayed_steps: u64,
 }
 
 /// A snapshot of the engine's load, for logs, metrics and tests.

@@ -5,9 +5,12 @@
 //! ([`starling_kv::KvCacheManager::release_before`]), and the preflight and admission count
 //! the window, not the length ([`window_footprint`]).
 //!
-//! A model with some full-attention layers (Gemma-3) reads every slot in those layers, so its
-//! blocks are all kept: its windowed layers save compute, not memory, until the cache keeps
-//! the two kinds of layer in separate block pools (not built).
+//! A model with some full-attention layers too (Gemma-3) keeps its windowed layers' blocks in
+//! block tables of their own (`starling_kv::CacheGroups`, one pool): after each step every
+//! windowed group gives back its blocks behind the window
+//! (`starling_kv::KvCacheManager::release_behind_windows`), the full layers keep every slot,
+//! and the preflight and admission count each group's blocks
+//! (`starling_kv::KvCacheManager::blocks_for_tokens`).
 //!
 //! Token eviction compacts slots, after which a slot's index is no longer its position; a
 //! window over slots would then see further back than the model's. The engine refuses eviction

@@ -87,15 +87,15 @@ impl Scheduler {
             return false;
         };
         let block_tokens = self.kv.block_size_tokens();
-        let mut reserve_blocks = cand.footprint.peak_tokens.div_ceil(block_tokens);
+        let mut reserve_blocks = self.kv.blocks_for_tokens(cand.footprint.peak_tokens);
         let mut any_compresses = cand.footprint.compresses;
         for id in &self.running {
             let Some(seq) = self.seqs.get(id) else {
                 continue;
             };
             debug_assert_eq!(seq.status, SeqStatus::Running);
-            let held_blocks = self.kv.table(*id).map_or(0, |t| t.held_block_ids().len());
-            let peak_blocks = seq.footprint.peak_tokens.div_ceil(block_tokens);
+            let held_blocks = self.kv.held_blocks(*id);
+            let peak_blocks = self.kv.blocks_for_tokens(seq.footprint.peak_tokens);
             reserve_blocks += peak_blocks.saturating_sub(held_blocks);
             any_compresses |= seq.footprint.compresses;
         }

@@ -127,8 +127,9 @@ impl Scheduler {
     /// sequence running alone always fits in the cache. A compressing one grows to
     /// max_model_len: admission checked that its peak fits.
     pub fn max_seq_len_tokens(&self) -> usize {
-        let capacity = self.kv.num_total_blocks() * self.kv.block_size_tokens();
-        self.config.max_model_len_tokens.min(capacity)
+        self.config
+            .max_model_len_tokens
+            .min(self.kv.max_tokens_one_seq())
     }
 
     /// Queues a new request at the back of the waiting queue, projected to grow to the
@@ -162,12 +163,10 @@ impl Scheduler {
                 max_model_len_tokens: self.config.max_model_len_tokens,
             });
         }
-        let capacity_tokens = self.kv.num_total_blocks() * self.kv.block_size_tokens();
+        let capacity_tokens = self.kv.max_tokens_one_seq();
         if footprint.compresses {
             // Whole blocks, as the allocator hands them out.
-            let blocks = footprint
-                .max_held_tokens
-                .div_ceil(self.kv.block_size_tokens());
+            let blocks = self.kv.blocks_for_tokens(footprint.max_held_tokens);
             if blocks > self.kv.num_total_blocks() {
                 return Err(SchedulerError::PeakExceedsCache {
                     seq_id,
@@ -370,17 +369,17 @@ impl Scheduler {
         self.block_hashes.get(&seq_id).map_or(&[], Vec::as_slice)
     }
 
-    /// After a forward pass over a model whose every layer attends over the last
-    /// `window_tokens` tokens: gives back each scheduled sequence's leading blocks that the next
-    /// query's window (slots `n + 1 - window ..= n` for a sequence of `n` slots) no longer
-    /// reaches. A failure (a compacted table) only keeps the blocks, so it is logged.
-    pub fn release_behind_window(&mut self, plan: &StepPlan, window_tokens: usize) {
+    /// After a forward pass over a model with sliding-window layers: gives back, in every
+    /// windowed cache group, each scheduled sequence's leading blocks that the next query's
+    /// window (slots `n + 1 - window ..= n` for a sequence of `n` slots) no longer reaches
+    /// ([`KvCacheManager::release_behind_windows`]). A failure (a compacted table) only keeps
+    /// the blocks, so it is logged.
+    pub fn release_behind_windows(&mut self, plan: &StepPlan) {
         for s in &plan.scheduled {
-            let Some(table) = self.kv.table(s.seq_id) else {
+            if !self.kv.contains(s.seq_id) {
                 continue;
-            };
-            let first_needed = (table.physical_len_tokens() + 1).saturating_sub(window_tokens);
-            if let Err(e) = self.kv.release_before(s.seq_id, first_needed) {
+            }
+            if let Err(e) = self.kv.release_behind_windows(s.seq_id) {
                 tracing::warn!("{:?}: blocks behind the window kept: {e}", s.seq_id);
             }
         }

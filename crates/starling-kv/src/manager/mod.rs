@@ -13,6 +13,7 @@ use crate::ids::{BlockId, SeqId};
 
 mod compacted;
 mod fork;
+mod groups;
 mod prefix;
 
 pub use compacted::CompactedPrefixQuery;
@@ -40,6 +41,8 @@ pub struct KvCacheManager {
     block_size_tokens: usize,
     prefix_caching: bool,
     stats: PrefixCacheStats,
+    /// Block tables of cache groups beyond the first ([`crate::CacheGroups`]).
+    groups: groups::GroupTables,
 }
 
 impl KvCacheManager {
@@ -82,6 +85,7 @@ impl KvCacheManager {
             block_size_tokens,
             prefix_caching: enable_prefix_caching,
             stats: PrefixCacheStats::default(),
+            groups: groups::GroupTables::default(),
         })
     }
 
@@ -157,13 +161,14 @@ impl KvCacheManager {
         self.tables.keys().copied()
     }
 
-    /// Blocks `seq` must still get so that `num_new_tokens` more tokens fit.
-    /// An unknown sequence counts as an empty (fresh) table.
+    /// Blocks `seq` must still get so that `num_new_tokens` more tokens fit, over every cache
+    /// group's table. An unknown sequence counts as empty (fresh) tables.
     pub fn blocks_needed(&self, seq: SeqId, num_new_tokens: usize) -> usize {
-        match self.tables.get(&seq) {
+        let main = match self.tables.get(&seq) {
             Some(table) => table.blocks_needed(num_new_tokens),
             None => num_new_tokens.div_ceil(self.block_size_tokens),
-        }
+        };
+        main + self.extra_blocks_needed(seq, num_new_tokens)
     }
 
     /// Grows `seq`'s table (creating it if new) so that `num_new_tokens` more
@@ -173,11 +178,14 @@ impl KvCacheManager {
     /// table is created or changed.
     pub fn allocate_slots(&mut self, seq: SeqId, num_new_tokens: usize) -> Result<(), KvError> {
         let needed = self.blocks_needed(seq, num_new_tokens);
-        let new_blocks = self.pool.allocate_n(needed)?;
-        self.tables
+        let mut new_blocks = self.pool.allocate_n(needed)?;
+        let table = self
+            .tables
             .entry(seq)
-            .or_insert_with(|| BlockTable::new(seq, self.block_size_tokens))
-            .grow(new_blocks, num_new_tokens);
+            .or_insert_with(|| BlockTable::new(seq, self.block_size_tokens));
+        let extra = new_blocks.split_off(table.blocks_needed(num_new_tokens));
+        table.grow(new_blocks, num_new_tokens);
+        self.grow_extra(seq, num_new_tokens, extra);
         Ok(())
     }
 
@@ -210,7 +218,9 @@ impl KvCacheManager {
             .tables
             .remove(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
-        self.release(table.into_blocks_reversed())
+        let mut blocks = self.take_extra_blocks(seq);
+        blocks.extend(table.into_blocks_reversed());
+        self.release(blocks)
     }
 
     /// Sliding-window release: gives back `seq`'s leading blocks that hold
@@ -258,6 +268,13 @@ impl KvCacheManager {
         new_physical_len_tokens: usize,
     ) -> Result<usize, KvError> {
         let bs = self.block_size_tokens;
+        if self.groups.num_extra() > 0 {
+            return Err(KvError::InvalidConfig(
+                "compaction is not built for a cache of several block-table groups (a hybrid \
+                 sliding-window model)"
+                    .into(),
+            ));
+        }
         let table = table_mut(&mut self.tables, seq)?;
         if new_physical_len_tokens > table.physical_len_tokens() {
             return Err(table.range_error(new_physical_len_tokens));
@@ -338,6 +355,7 @@ impl KvCacheManager {
                 }
             }
         }
+        self.check_extra_groups(&mut holders)?;
         for (block, count) in &holders {
             let ref_cnt = self.pool.ref_count(*block);
             if ref_cnt != Some(*count) {

@@ -32,13 +32,19 @@ impl<B: Backend> LlamaModel<B> {
         if let Some(capture) = queries.as_deref_mut() {
             capture.start(token_ids.len())?;
         }
-        if caches.len() != self.layers.len() || token_ids.len() != meta.num_tokens() {
+        let num_slots = self.cache_groups.num_slots();
+        if caches.len() != num_slots
+            || token_ids.len() != meta.num_tokens()
+            || meta.num_cache_groups() != self.cache_groups.num_groups()
+        {
             return Err(ModelError::InvalidConfig(format!(
-                "forward: {} caches for {} layers, {} ids for {} batch rows",
+                "forward: {} caches for {num_slots} cache slots, {} ids for {} batch rows, {} \
+                 cache groups for {}",
                 caches.len(),
-                self.layers.len(),
                 token_ids.len(),
-                meta.num_tokens()
+                meta.num_tokens(),
+                meta.num_cache_groups(),
+                self.cache_groups.num_groups()
             )));
         }
         let ctx = StepContext {
@@ -56,7 +62,8 @@ impl<B: Backend> LlamaModel<B> {
             backend.scale_inplace(&mut residual, scale)?;
         }
         let mut pending_delta: Option<B::Tensor> = None;
-        for (index, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
+        for (index, layer) in self.layers.iter().enumerate() {
+            let cache = &mut caches[layer.cache_slot];
             let x = layer.input_norm(backend, &mut residual, pending_delta.take(), ctx.eps)?;
             if let Some(a) = activations.as_deref_mut() {
                 a.attention_input(index, &backend.to_host(&x)?)?;
@@ -110,10 +117,11 @@ impl<B: Backend> LlamaModel<B> {
         }
         let n = ids.len();
         let blocks = n.div_ceil(BLOCK_TOKENS);
-        let mut caches = self.alloc_kv_caches(backend, blocks, BLOCK_TOKENS)?;
-        // Blocks 0.. in order, so token i lives in slot i.
+        let groups = self.cache_groups.num_groups();
+        let mut caches = self.alloc_kv_caches(backend, groups * blocks, BLOCK_TOKENS)?;
+        // Blocks 0.. in order, so token i lives in slot i (group g: in its blocks g·blocks..).
         let every_row: Vec<u32> = (0..n as u32).collect();
-        let meta = BatchMeta::single_sequence(
+        let mut meta = BatchMeta::single_sequence(
             0,
             n,
             every_row,
@@ -121,7 +129,8 @@ impl<B: Backend> LlamaModel<B> {
             BLOCK_TOKENS,
             logits_rows,
         );
-        let batch = backend.prepare_batch(&meta, blocks)?;
+        meta.replicate_groups(groups, blocks);
+        let batch = backend.prepare_batch(&meta, groups * blocks)?;
         self.forward(backend, ids, &meta, &batch, &mut caches, options)?
             .to_host(backend)
     }

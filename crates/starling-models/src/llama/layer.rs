@@ -10,6 +10,11 @@ use crate::{MlpActivation, ModelError};
 pub(super) struct DecoderLayer<B: Backend> {
     /// A sliding-window layer's reach ([`AttentionDims::window_tokens`]); `None`: full attention.
     pub(super) window_tokens: Option<usize>,
+    /// The cache group whose block tables the layer reads ([`AttentionDims::cache_group`]).
+    pub(super) cache_group: usize,
+    /// The cache tensor the layer's K/V live in (`starling_kv::CacheGroups`: the layer's
+    /// place in its group; the layer's index with one group).
+    pub(super) cache_slot: usize,
     /// The layer's own RoPE when it differs from the model's (Gemma-3's windowed layers).
     pub(super) rope: Option<RopeSpec>,
     /// The MLP's gating activation.
@@ -113,6 +118,7 @@ impl<B: Backend> DecoderLayer<B> {
         let rope = self.rope.as_ref().unwrap_or(ctx.rope);
         let dims = &AttentionDims {
             window_tokens: self.window_tokens,
+            cache_group: self.cache_group,
             ..*ctx.dims
         };
         let mut qkv = backend.linear(x, &self.qkv_weight, self.qkv_bias.as_ref())?;

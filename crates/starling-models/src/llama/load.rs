@@ -4,6 +4,8 @@
 
 use starling_backend::{AttentionDims, Backend, HostTensor, RopeSpec, RopeStyle as OpRopeStyle};
 
+use starling_kv::CacheGroups;
+
 use super::latent::{latent_tensor_name, LatentLayer};
 use super::layer::{DecoderLayer, HeadNorms, SandwichNorms};
 use super::{LatentLayerWeights, LatentRanks, LlamaModel};
@@ -352,6 +354,9 @@ impl<B: Backend> LlamaModel<B> {
             let rope = (layer_rope != &config.rope).then(|| rope_spec(layer_rope, config.head_dim));
             layers.push(DecoderLayer {
                 window_tokens: config.layer_window_tokens(l),
+                // Set from the model's cache groups once every layer is loaded.
+                cache_group: 0,
+                cache_slot: l,
                 rope,
                 activation: config.architecture.mlp_activation(),
                 sandwich_norms,
@@ -384,9 +389,27 @@ impl<B: Backend> LlamaModel<B> {
                 false,
             )?)
         };
+        let layer_windows: Vec<_> = (0..layers.len())
+            .map(|l| config.layer_window_tokens(l))
+            .collect();
+        let cache_groups = CacheGroups::plan(&layer_windows)
+            .map_err(|e| ModelError::InvalidConfig(format!("cache groups: {e}")))?;
+        if cache_groups.num_groups() > 1 && layers.iter().any(|l| l.latent.is_some()) {
+            return Err(ModelError::InvalidConfig(
+                "STAR-KV latents are not built for a model mixing sliding-window and full \
+                 attention layers"
+                    .into(),
+            ));
+        }
+        for (l, layer) in layers.iter_mut().enumerate() {
+            if let Some((group, slot)) = cache_groups.place(l) {
+                (layer.cache_group, layer.cache_slot) = (group, slot);
+            }
+        }
         Ok(Self {
             dims: AttentionDims {
                 window_tokens: None,
+                cache_group: 0,
                 num_heads: config.num_attention_heads,
                 num_kv_heads: config.num_kv_heads,
                 head_dim: config.head_dim,
@@ -395,6 +418,7 @@ impl<B: Backend> LlamaModel<B> {
             rope: rope_spec(&config.rope, config.head_dim),
             embed_tokens,
             layers,
+            cache_groups,
             final_norm,
             lm_head,
             config: config.clone(),

@@ -15,7 +15,7 @@ mod load;
 mod options;
 
 use starling_backend::{AttentionDims, Backend, KvCacheSpec, LatentFactors, RopeSpec};
-use starling_kv::{CacheDtype, CacheLayout, LayerLayout};
+use starling_kv::{CacheDtype, CacheGroups, CacheLayout, LayerLayout};
 
 use crate::config::ModelConfig;
 use crate::ModelError;
@@ -34,6 +34,8 @@ pub struct LlamaModel<B: Backend> {
     rope: RopeSpec,
     embed_tokens: B::Tensor,
     layers: Vec<DecoderLayer<B>>,
+    /// Which layers share a block table, and the cache tensor each layer uses.
+    cache_groups: CacheGroups,
     final_norm: B::Tensor,
     /// `None` when the LM head is tied to the embedding matrix.
     lm_head: Option<B::Tensor>,
@@ -69,15 +71,38 @@ impl<B: Backend> LlamaModel<B> {
         CacheLayout { layers }
     }
 
-    /// Every layer's cache spec for a pool of `num_blocks` blocks (from
-    /// [`cache_layout`](Self::cache_layout)).
+    /// Which layers share a block table ([`CacheGroups`]): one group unless the model mixes
+    /// sliding-window and full-attention layers (Gemma-3).
+    pub fn cache_groups(&self) -> &CacheGroups {
+        &self.cache_groups
+    }
+
+    /// What one block of the cache holds per token slot, one entry per cache tensor: the
+    /// per-layer [`cache_layout`](Self::cache_layout) with one cache group; with several, the
+    /// group size's worth of the (identical) layers' layout, since a block serves the layers
+    /// of whichever group owns it. What the engine sizes and allocates the cache from.
+    pub fn block_layout(&self, dtype: CacheDtype) -> CacheLayout {
+        let per_layer = self.cache_layout(dtype);
+        if self.cache_groups.num_groups() == 1 {
+            return per_layer;
+        }
+        let slot = per_layer.layers.first().cloned();
+        CacheLayout {
+            layers: slot
+                .map(|l| vec![l; self.cache_groups.num_slots()])
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Every cache tensor's spec for a pool of `num_blocks` blocks (from
+    /// [`block_layout`](Self::block_layout)).
     pub fn kv_cache_specs(
         &self,
         num_blocks: usize,
         block_size_tokens: usize,
         dtype: CacheDtype,
     ) -> Vec<KvCacheSpec> {
-        self.cache_layout(dtype)
+        self.block_layout(dtype)
             .layers
             .into_iter()
             .map(|layout| KvCacheSpec {
@@ -88,7 +113,8 @@ impl<B: Backend> LlamaModel<B> {
             .collect()
     }
 
-    /// Allocates every layer's cache (zero-filled) for a pool of `num_blocks` blocks in the
+    /// Allocates every cache tensor (zero-filled; one per layer unless [`Self::cache_groups`]
+    /// shares them) for a pool of `num_blocks` blocks in the
     /// backend's cache dtype.
     pub fn alloc_kv_caches(
         &self,
