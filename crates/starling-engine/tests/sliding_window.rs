@@ -2,7 +2,7 @@
 //! (one private cache per step, every slot kept), blocks released behind the window when every
 //! layer is windowed (so a context the full-attention preflight refuses boots and serves), and
 //! in the windowed layers' own block tables when some layers attend over everything (hybrid
-//! cache groups), and eviction refused.
+//! cache groups); eviction keeps every window exact.
 
 mod common;
 
@@ -250,29 +250,66 @@ fn hybrid_config() -> ModelConfig {
     cfg
 }
 
-/// Eviction on a windowed model is refused, engine-wide at start and per request.
-#[test]
-fn eviction_on_a_windowed_model_is_refused() {
-    let cfg = windowed_config(vec![true, false]);
-    let keydiff = CompressionConfig {
+/// KeyDiff at 0.5 engine-wide, asking for only 4 protected recent tokens.
+fn keydiff() -> CompressionConfig {
+    CompressionConfig {
         method: CompressionMethod::KeyDiff,
         ratio: 0.5,
+        window_tokens: 4,
+        every_n_tokens: 8,
         ..Default::default()
-    };
-    let err = engine(&cfg, 256, 512, keydiff.clone())
-        .err()
-        .expect("eviction refused");
-    assert!(err.to_string().contains("sliding-window"), "{err}");
-    let mut engine = engine(&cfg, 256, 512, CompressionConfig::default()).unwrap();
-    let err = engine
+    }
+}
+
+/// Eviction on a model whose every layer is windowed: the engine protects at least the window's
+/// recent tokens, so each query's window of slots holds exactly its last 24 positions and
+/// nothing the model reads changes — the greedy tokens equal the uncompressed reference's —
+/// while compaction drops half of the older tokens from the cache.
+#[test]
+fn eviction_on_an_all_windowed_model_keeps_every_window_exact() {
+    let cfg = windowed_config(vec![true, true]);
+    let trace = Trace::seeded_greedy(12, 4, cfg.vocab_size, 120..200, 10..20, 4);
+    let mut engine = engine(&cfg, 512, 512, keydiff()).unwrap();
+    let outcome = EngineTester::default().run(&mut engine, &trace).unwrap();
+    assert_matches_reference(&cfg, &trace, &outcome);
+    for (i, (t, r)) in trace.requests.iter().zip(&outcome.requests).enumerate() {
+        let len = t.prompt_ids.len() + r.token_ids.len();
+        assert!(
+            r.max_physical_tokens < len,
+            "request {i} kept all {len} tokens"
+        );
+    }
+    assert!(engine.stats().counters.compressions > 0);
+}
+
+/// Eviction on Gemma's mix: every layer keeps its slots in one table (the compaction keeps old
+/// tokens a windowed group would have given back), the windowed layers still see exact windows
+/// and the full layer the kept tokens; requests hold fewer slots than tokens. An engine that
+/// releases behind the window (started without eviction) refuses a request's own eviction.
+#[test]
+fn eviction_on_a_hybrid_model_compacts_one_table_and_requests_cannot_bring_their_own() {
+    let cfg = hybrid_config();
+    let trace = Trace::seeded_greedy(13, 3, cfg.vocab_size, 120..200, 10..20, 3);
+    let mut evicting = engine(&cfg, 512, 512, keydiff()).unwrap();
+    let outcome = EngineTester::default().run(&mut evicting, &trace).unwrap();
+    for (i, (t, r)) in trace.requests.iter().zip(&outcome.requests).enumerate() {
+        let len = t.prompt_ids.len() + r.token_ids.len();
+        assert!(r.token_ids.len() >= 10, "request {i}");
+        assert!(
+            r.max_physical_tokens < len,
+            "request {i} kept all {len} tokens"
+        );
+    }
+    let mut releasing = engine(&cfg, 512, 512, CompressionConfig::default()).unwrap();
+    let err = releasing
         .add_request_with(
             vec![5; 30],
             common::greedy(4),
             starling_engine::RequestOptions {
-                compression: Some(keydiff),
+                compression: Some(keydiff()),
                 ..Default::default()
             },
         )
         .unwrap_err();
-    assert!(err.to_string().contains("sliding-window"), "{err}");
+    assert!(err.to_string().contains("sliding window"), "{err}");
 }

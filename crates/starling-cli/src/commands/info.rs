@@ -281,6 +281,15 @@ fn print_window_fit(
 ) -> Option<std::result::Result<(), String>> {
     let window = config.sliding_window.as_ref()?;
     let windowed = window.layers.iter().filter(|w| **w).count();
+    if engine.kv_compression.eviction.evicts() {
+        println!(
+            "sliding window: {} tokens on {windowed} of {} layers; under eviction every layer \
+             keeps its slots in one block table (nothing released behind the window) and at \
+             least the window's {} recent tokens are protected, so each window stays exact",
+            window.tokens, config.num_layers, window.tokens
+        );
+        return None;
+    }
     let local_rope = window
         .rope
         .as_ref()
@@ -398,7 +407,8 @@ fn print_eviction_fit(
     layout: &starling_kv::CacheLayout,
     config: &ModelConfig,
 ) -> Option<std::result::Result<(), String>> {
-    let policy = &engine.kv_compression.eviction;
+    // As the engine runs it: a windowed model protects at least its window's recent tokens.
+    let policy = &starling_engine::engine::protect_window(config, &engine.kv_compression.eviction);
     if !policy.evicts() {
         return None;
     }

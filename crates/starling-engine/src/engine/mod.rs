@@ -18,6 +18,7 @@ mod output;
 mod prefix_cache;
 mod row_sampling;
 mod sequence;
+mod sizing;
 mod star_kv;
 mod stats;
 mod text;
@@ -28,10 +29,7 @@ use std::sync::Arc;
 
 use starling_backend::{Backend, DecodeGraphConfig, DecodeGraphs, DecodeStep};
 use starling_evict::KvCacheDtype;
-use starling_kv::{
-    group_blocks_for_tokens, preflight_grouped, preflight_with_peak, BlockHasher, CacheLayout,
-    KvCacheConfig, KvCacheManager, Preflight, SeqId,
-};
+use starling_kv::{BlockHasher, CacheLayout, KvCacheConfig, KvCacheManager, Preflight, SeqId};
 use starling_models::llama::{ForwardOptions, LlamaModel, QueryCapture};
 
 use crate::sampling::{FinishReason, Finished, SamplingParams, SequenceRng, StopChecker};
@@ -49,7 +47,7 @@ pub use stats::{EngineCounters, EngineStats};
 
 pub use compression::{eviction_peak_tokens, longest_evicting_context};
 pub use text::{TextDecoder, TextStream, TokenizerText};
-pub use window::window_peak_tokens;
+pub use window::{protect_window, window_peak_tokens};
 
 use compaction::Compaction;
 use compression::SeqCompression;
@@ -148,37 +146,27 @@ impl<B: Backend> Engine<B> {
                     .into(),
             ));
         }
-        window::check_eviction(model.config(), &kv_compression.eviction)?;
+        let mut model = model;
+        let eviction = window::prepare_for_eviction(&mut model, &kv_compression.eviction);
+        let evicting = eviction.evicts();
         let dtype = cache_dtype(kv_compression.kv_dtype, &backend);
         let layout = model.cache_layout(dtype);
         let sched = &config.scheduler;
-        let max_len = sched.max_model_len_tokens;
-        let eviction = kv_compression.eviction;
-        let release_window_tokens = window::release_window_tokens(model.config());
+        let release_window_tokens = if evicting {
+            None
+        } else {
+            window::release_window_tokens(model.config())
+        };
         let chunk = sched.max_num_batched_tokens;
         let group_windows = model.cache_groups().windows();
-        let preflight = if group_windows.len() > 1 {
-            // A hybrid model: each block serves one group's layers (see `CacheGroups`).
-            let blocks =
-                group_blocks_for_tokens(&group_windows, sched.block_size_tokens, max_len, chunk);
-            preflight_grouped(
-                config.kv_cache_memory_bytes,
-                &model.block_layout(dtype),
-                sched.block_size_tokens,
-                max_len,
-                blocks,
-            )?
-        } else {
-            let peak = window_peak_tokens(model.config(), sched.block_size_tokens, max_len, chunk)
-                .unwrap_or_else(|| eviction_peak_tokens(&eviction, max_len, chunk));
-            preflight_with_peak(
-                config.kv_cache_memory_bytes,
-                &layout,
-                sched.block_size_tokens,
-                max_len,
-                peak,
-            )?
-        };
+        let preflight = sizing::preflight(
+            &model,
+            config.kv_cache_memory_bytes,
+            sched,
+            &layout,
+            dtype,
+            &eviction,
+        )?;
         let num_blocks = preflight.sizing.num_blocks;
         let caches = model
             .kv_cache_specs(num_blocks, sched.block_size_tokens, dtype)
@@ -391,7 +379,9 @@ impl<B: Backend> Engine<B> {
         };
         let compression_config = options.compression.as_ref().unwrap_or(&self.compression);
         compression_config.validate()?;
-        window::check_eviction(self.model.config(), compression_config)?;
+        let releases_windows = self.windowed_groups;
+        window::check_request_eviction(self.model.config(), releases_windows, compression_config)?;
+        let compression_config = &window::protect_window(self.model.config(), compression_config);
         if let Some(q) = options.question_tokens {
             if q == 0 || q >= prompt_ids.len() {
                 return Err(EngineError::InvalidRequest(format!(

@@ -12,9 +12,14 @@
 //! and the preflight and admission count each group's blocks
 //! (`starling_kv::KvCacheManager::blocks_for_tokens`).
 //!
-//! Token eviction compacts slots, after which a slot's index is no longer its position; a
-//! window over slots would then see further back than the model's. The engine refuses eviction
-//! on a windowed model ([`check_eviction`]).
+//! Token eviction compacts slots, after which a slot's index is no longer its position. A
+//! window over slots still sees exactly the model's window when every token it reaches was
+//! kept: the engine raises the policy's protected recent tokens to at least the window
+//! ([`protect_window`]), so evicted tokens are all older than any query's window. An engine
+//! started with an evicting policy keeps every layer's slots in one table (no release behind
+//! the window: the kept old tokens live there), and compaction frees what eviction drops. An
+//! engine that releases behind the window refuses a request's own eviction
+//! ([`check_request_eviction`]).
 
 use starling_evict::CompressionConfig;
 use starling_models::ModelConfig;
@@ -62,19 +67,60 @@ pub(crate) fn window_footprint(
     )
 }
 
-/// Refuses token eviction on a model with any windowed layer (see the module doc): the
-/// engine-wide policy at start, a request's own when it is added.
-pub(crate) fn check_eviction(
+/// The eviction policy `eviction` as it runs on `config`'s model: on a model with windowed
+/// layers its protected recent tokens (`window_tokens`) are raised to at least the model's
+/// window, so every query's window of slots holds exactly the last `W` positions (evicted
+/// tokens are all older than the protected tail; see the module doc). Unchanged otherwise.
+pub fn protect_window(config: &ModelConfig, eviction: &CompressionConfig) -> CompressionConfig {
+    match &config.sliding_window {
+        Some(window) if eviction.evicts() && eviction.window_tokens < window.tokens => {
+            CompressionConfig {
+                window_tokens: window.tokens,
+                ..eviction.clone()
+            }
+        }
+        _ => eviction.clone(),
+    }
+}
+
+/// The engine-wide `eviction` as it runs on `model` ([`protect_window`]); when it evicts on a
+/// sliding-window model, puts every layer in one block table first
+/// (`LlamaModel::keep_every_slot`): compaction keeps old tokens that the windowed layers'
+/// release would have given back.
+pub(crate) fn prepare_for_eviction<B: starling_backend::Backend>(
+    model: &mut starling_models::llama::LlamaModel<B>,
+    eviction: &CompressionConfig,
+) -> CompressionConfig {
+    let eviction = protect_window(model.config(), eviction);
+    if eviction.evicts() && model.config().sliding_window.is_some() {
+        model.keep_every_slot();
+        tracing::info!(
+            "sliding-window model under eviction: every layer keeps its slots in one block \
+             table, {} recent tokens protected",
+            eviction.window_tokens
+        );
+    }
+    eviction
+}
+
+/// Refuses a request's own eviction policy on an engine that releases windowed layers' blocks
+/// behind the window (`releases_windows`): compaction would need the released slots. Such an
+/// engine evicts only when started with an evicting engine-wide policy, which keeps every slot.
+pub(crate) fn check_request_eviction(
     config: &ModelConfig,
+    releases_windows: bool,
     eviction: &CompressionConfig,
 ) -> Result<(), EngineError> {
     match &config.sliding_window {
-        Some(window) if eviction.evicts() => Err(EngineError::InvalidRequest(format!(
-            "token eviction is not built for sliding-window attention (this model's windowed \
-             layers see the last {} tokens; eviction would widen that window): serve it \
-             without --kv-compression",
-            window.tokens
-        ))),
+        Some(window) if releases_windows && eviction.evicts() => {
+            Err(EngineError::InvalidRequest(format!(
+                "this engine gives back the blocks behind the sliding window (the model's \
+                 windowed layers see the last {} tokens), which a compaction would need: a \
+                 request may evict only on an engine started with an evicting \
+                 --kv-compression policy (that engine keeps every slot until it compacts)",
+                window.tokens
+            )))
+        }
         _ => Ok(()),
     }
 }

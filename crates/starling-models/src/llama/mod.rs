@@ -77,6 +77,17 @@ impl<B: Backend> LlamaModel<B> {
         &self.cache_groups
     }
 
+    /// Puts every layer back into one cache group with one cache tensor each, windowed layers
+    /// included (they still attend over their window, but keep every slot): what token
+    /// eviction on a sliding-window model needs, since a compaction keeps old tokens that a
+    /// windowed group's release would have given back.
+    pub fn keep_every_slot(&mut self) {
+        self.cache_groups = CacheGroups::single(self.layers.len());
+        for (l, layer) in self.layers.iter_mut().enumerate() {
+            (layer.cache_group, layer.cache_slot) = (0, l);
+        }
+    }
+
     /// What one block of the cache holds per token slot, one entry per cache tensor: the
     /// per-layer [`cache_layout`](Self::cache_layout) with one cache group; with several, the
     /// group size's worth of the (identical) layers' layout, since a block serves the layers
