@@ -126,6 +126,7 @@ fn niah_runs_every_cell_of_every_method_and_writes_the_reports() {
     );
     assert_eq!(report["methods"][1]["compression"]["ratio"], 0.5);
     let bytes_per_token = report["kv_bytes_per_token"].as_u64().unwrap();
+    let block_tokens = report["kv_cache"]["block_size_tokens"].as_u64().unwrap();
     let cells = report["cells"].as_array().unwrap();
     assert_eq!(cells.len(), 8);
     let find = |method: &str, context: u64, depth: f64| {
@@ -140,10 +141,11 @@ fn niah_runs_every_cell_of_every_method_and_writes_the_reports() {
     };
     for cell in cells {
         assert_eq!(cell["prompt_tokens"], cell["context_tokens"], "{cell}");
+        // The bytes of the whole blocks the request holds.
         let kv = cell["kv_tokens_final"].as_u64().unwrap();
         assert_eq!(
             cell["kv_bytes_final"].as_u64().unwrap(),
-            kv * bytes_per_token
+            kv.div_ceil(block_tokens) * block_tokens * bytes_per_token
         );
         let generated = cell["output_ids"].as_array().unwrap().len();
         assert!((1..=8).contains(&generated), "{cell}");

@@ -710,23 +710,23 @@ struct FullLogitsFixture {
     cases: Vec<FullLogitsCase>,
 }
 
-/// A tiny random Qwen3 made by transformers on the device (`scripts/make_hf_fixture.py
-/// DIR --head-dim 128`: the CUDA attention kernels take heads of 64/128/256, the committed CPU
-/// fixture's are 16), loaded from its HF directory onto the GPU: every position's top-1 equals
-/// HF's f32 one unless HF's own top-2 gap is a bf16-sized near-tie, and the mean |dlogit| stays
-/// within bf16 noise. Set STARLING_QWEN3_FIXTURE to the directory
-/// (`scripts/device/qwen3_hf_check.sh` does).
+/// A tiny random Qwen3, Mistral or Gemma-3 made by transformers on the device
+/// (`scripts/make_hf_fixture.py DIR --arch A --head-dim 128`, 256 for Gemma: the CUDA attention
+/// kernels take heads of 64/128/256, the committed CPU fixtures' are 16), loaded from its HF
+/// directory onto the GPU: every position's top-1 equals HF's f32 one unless HF's own top-2 gap
+/// is a bf16-sized near-tie, and the mean |dlogit| stays within bf16 noise. Set
+/// STARLING_HF_TINY_FIXTURE to the directory (`scripts/device/hf_tiny_check.sh` does).
 #[test]
-#[ignore = "needs a CUDA GPU and a Qwen3 fixture directory (STARLING_QWEN3_FIXTURE)"]
-fn qwen3_tiny_gpu_logits_match_hf_transformers() {
-    let Ok(dir) = std::env::var("STARLING_QWEN3_FIXTURE") else {
-        panic!("set STARLING_QWEN3_FIXTURE to a directory made by scripts/make_hf_fixture.py");
+#[ignore = "needs a CUDA GPU and a tiny HF fixture directory (STARLING_HF_TINY_FIXTURE)"]
+fn hf_tiny_gpu_logits_match_hf_transformers() {
+    let Ok(dir) = std::env::var("STARLING_HF_TINY_FIXTURE") else {
+        panic!("set STARLING_HF_TINY_FIXTURE to a directory made by scripts/make_hf_fixture.py");
     };
     let dir = std::path::Path::new(&dir);
     let text = std::fs::read_to_string(dir.join("reference.json")).unwrap();
     let fx: FullLogitsFixture = serde_json::from_str(&text).unwrap();
     let loaded = load_model(dir).unwrap();
-    assert!(loaded.config.architecture.has_qk_norm());
+    let arch = loaded.config.architecture;
     let cfg = loaded.config.clone();
     let gpu = CudaBackend::new(0).unwrap();
     let model = LlamaModel::load(&gpu, &cfg, loaded.weights).unwrap();
@@ -763,7 +763,7 @@ fn qwen3_tiny_gpu_logits_match_hf_transformers() {
     }
     let mean = sum_abs / n as f64;
     println!(
-        "qwen3 tiny GPU bf16 vs HF f32: {n} logits, mean |dlogit| {mean:.4}, max {max_abs:.4}, top-1 misses {misses}"
+        "{arch:?} tiny GPU bf16 vs HF f32: {n} logits, mean |dlogit| {mean:.4}, max {max_abs:.4}, top-1 misses {misses}"
     );
     // bf16 weights and activations (8 mantissa bits, ~0.4% per rounding) over two layers, on
     // logits averaging ~0.7 in magnitude.
