@@ -151,15 +151,16 @@ impl KvCacheManager {
     /// the next query's window (slots `n + 1 - window ..= n` of `n`) no longer reaches. Returns
     /// the blocks given back. Refused for a compacted table, as [`Self::release_before`].
     pub fn release_behind_windows(&mut self, seq: SeqId) -> Result<usize, KvError> {
-        let windows = self.groups.windows.clone();
         let mut released = 0;
-        for (g, window) in windows.iter().enumerate() {
-            let Some(w) = window else { continue };
+        for g in 0..self.groups.windows.len() {
+            let Some(w) = self.groups.windows[g] else {
+                continue;
+            };
             let first_needed = {
                 let table = self
                     .group_table(seq, g)
                     .ok_or(KvError::UnknownSequence(seq))?;
-                (table.physical_len_tokens() + 1).saturating_sub(*w)
+                (table.physical_len_tokens() + 1).saturating_sub(w)
             };
             released += if g == 0 {
                 self.release_before(seq, first_needed)?
