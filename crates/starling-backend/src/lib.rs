@@ -10,6 +10,7 @@ mod backend;
 mod batch;
 pub mod cpu;
 mod error;
+pub mod fp8;
 mod graphs;
 mod host_tensor;
 mod kernel_profile;

@@ -126,9 +126,10 @@ pub struct EngineArgs {
     #[arg(long, value_parser = parse_compression, default_value = r#"{"method":"none"}"#)]
     pub kv_compression: starling_evict::KvCompression,
     /// The KV cache's element type (vLLM's flag): `auto` stores the model's activation dtype
-    /// (bf16 on CUDA, f32 on the CPU), dense K/V and STAR-KV latents alike; the only value
-    /// today (a quantised cache is not built yet, and is refused rather than ignored). Given,
-    /// it overrides a `kv_dtype` in --kv-compression's composed form.
+    /// (bf16 on CUDA, f32 on the CPU), dense K/V and STAR-KV latents alike; `fp8` (alias
+    /// `fp8_e4m3`) stores full K/V in one byte per element (e4m3, scale 1, as vLLM's default),
+    /// twice the blocks of bf16 (not with STAR-KV latents). Given, it overrides a `kv_dtype` in
+    /// --kv-compression's composed form.
     #[arg(long, value_parser = parse_kv_cache_dtype)]
     pub kv_cache_dtype: Option<starling_evict::KvCacheDtype>,
     /// When a waiting request may start: `optimistic` (as vLLM: when its first chunk fits;
@@ -268,7 +269,7 @@ mod tests {
     }
 
     #[test]
-    fn kv_cache_dtype_takes_auto_and_refuses_what_is_not_built_naming_auto() {
+    fn kv_cache_dtype_takes_auto_or_fp8_and_refuses_what_is_not_built_naming_auto() {
         let parse = |flags: &[&str]| {
             Cli::try_parse_from(std::iter::once("starling").chain(flags.iter().copied()))
                 .map(|cli| cli.engine.cache_compression())
@@ -277,7 +278,9 @@ mod tests {
         assert_eq!(default.map(|c| c.kv_dtype), Ok(KvCacheDtype::Auto));
         let auto = parse(&["--kv-cache-dtype", "auto"]).map_err(|e| e.to_string());
         assert_eq!(auto.map(|c| c.kv_dtype), Ok(KvCacheDtype::Auto));
-        for bad in ["fp8", "int8"] {
+        let fp8 = parse(&["--kv-cache-dtype", "fp8"]).map_err(|e| e.to_string());
+        assert_eq!(fp8.map(|c| c.kv_dtype), Ok(KvCacheDtype::Fp8));
+        for bad in ["int8", "fp16"] {
             let err = match parse(&["--kv-cache-dtype", bad]) {
                 Err(e) => e.to_string(),
                 Ok(_) => panic!("--kv-cache-dtype {bad} accepted"),

@@ -8,8 +8,9 @@
 // online softmax per head. Warps are merged in shared memory; with several splits
 // (flash-decoding, for long contexts at small batch) each split writes an unnormalised partial
 // and attention_combine_bf16 merges them.
-// The host prepends pdl.cuh, bf16_vec.cuh (bf16, unpack8) and decode_common.cuh (the parameter
-// list and split-plan read shared with decode_attention.cu).
+// The host prepends pdl.cuh, bf16_vec.cuh (bf16, unpack8), fp8.cuh and kv_elem.cuh (the cache
+// element loads of both dtypes) and decode_common.cuh (the parameter list and split-plan read
+// shared with decode_attention.cu).
 
 #define WARPS 4
 // NVRTC has no math.h: -inf by its bit pattern.
@@ -27,7 +28,8 @@ __device__ __forceinline__ float warp_sum(float v) {
 #define UNROLL 2
 
 
-template <int D, int MAX_GROUP>
+// FP8: the planes hold e4m3 bytes (kv_elem.cuh), eight per lane and row (8-byte loads).
+template <int D, int MAX_GROUP, bool FP8>
 __device__ void paged_attention_impl(DECODE_ATTENTION_PARAMS) {
     constexpr int LPR = D / 8;       // lanes per row
     if (!decode_split_in_plan(plan, splits, split_len)) return;
@@ -76,8 +78,8 @@ __device__ void paged_attention_impl(DECODE_ATTENTION_PARAMS) {
             if (valid[u]) {
                 const size_t slot = (size_t)table[j / block_size] * block_size + j % block_size;
                 const size_t off = slot * num_kv_heads * D + head_off;
-                kr[u] = *reinterpret_cast<const uint4*>(k_cache + off);
-                vr[u] = *reinterpret_cast<const uint4*>(v_cache + off);
+                kr[u] = load_kv8<FP8>(k_cache, off);
+                vr[u] = load_kv8<FP8>(v_cache, off);
             }
         }
 #pragma unroll
@@ -85,8 +87,8 @@ __device__ void paged_attention_impl(DECODE_ATTENTION_PARAMS) {
             // Every lane of a row agrees on `valid`, and shuffles stay within the row's lanes,
             // but all 32 lanes must take part in each shuffle: compute, then mask the update.
             float k[8], v[8];
-            unpack8(kr[u], k);
-            unpack8(vr[u], v);
+            unpack_kv8<FP8>(kr[u], k);
+            unpack_kv8<FP8>(vr[u], v);
 #pragma unroll
             for (int g = 0; g < MAX_GROUP; g++) {
                 if (g < group) {
@@ -176,22 +178,24 @@ __device__ void paged_attention_impl(DECODE_ATTENTION_PARAMS) {
     }
 }
 
-// One kernel per head width D and per bound G on the query heads sharing a KV head (the host
-// picks the smallest G >= the model's group): the per-head state lives in registers, so an MHA
-// model must not pay for 8 heads' worth of them.
-#define INSTANTIATE(D, G)                                                                        \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32) paged_attention_d##D##_g##G##_bf16( \
-        bf16* out, float* part_acc, float* part_ml, const bf16* qkv, int qkv_width,              \
-        const bf16* k_cache, const bf16* v_cache, const unsigned* rows,                          \
-        const unsigned* tok_seq, const unsigned* tok_visible, const unsigned* block_tables,      \
-        int max_blocks, int block_size, int num_kv_heads, int group, float scale, int window,    \
-        int splits, int split_len, const unsigned* plan) {                                       \
-        pdl_entry();                                                                             \
-        paged_attention_impl<D, G>(out, part_acc, part_ml, qkv, qkv_width, k_cache, v_cache,    \
-                                   rows, tok_seq, tok_visible, block_tables, max_blocks,         \
-                                   block_size, num_kv_heads, group, scale, window, splits,       \
-                                   split_len, plan);                                             \
+// One kernel per head width D, per bound G on the query heads sharing a KV head (the host
+// picks the smallest G >= the model's group) and per cache element (bf16, fp8): the per-head
+// state lives in registers, so an MHA model must not pay for 8 heads' worth of them.
+#define INSTANTIATE_ELEM(D, G, ELEM, FP8)                                                        \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32)                                    \
+        paged_attention_d##D##_g##G##_##ELEM(                                                   \
+            bf16* out, float* part_acc, float* part_ml, const bf16* qkv, int qkv_width,         \
+            const bf16* k_cache, const bf16* v_cache, const unsigned* rows,                     \
+            const unsigned* tok_seq, const unsigned* tok_visible, const unsigned* block_tables, \
+            int max_blocks, int block_size, int num_kv_heads, int group, float scale,           \
+            int window, int splits, int split_len, const unsigned* plan) {                      \
+        pdl_entry();                                                                            \
+        paged_attention_impl<D, G, FP8>(out, part_acc, part_ml, qkv, qkv_width, k_cache,        \
+                                        v_cache, rows, tok_seq, tok_visible, block_tables,      \
+                                        max_blocks, block_size, num_kv_heads, group, scale,     \
+                                        window, splits, split_len, plan);                       \
     }
+#define INSTANTIATE(D, G) INSTANTIATE_ELEM(D, G, bf16, false) INSTANTIATE_ELEM(D, G, fp8, true)
 #define INSTANTIATE_GROUPS(D) INSTANTIATE(D, 1) INSTANTIATE(D, 2) INSTANTIATE(D, 4) INSTANTIATE(D, 8)
 INSTANTIATE_GROUPS(64)
 INSTANTIATE_GROUPS(128)

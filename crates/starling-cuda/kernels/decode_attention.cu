@@ -21,8 +21,8 @@
 // attention_combine_bf16 (attention.cu) merges.
 //
 // The helpers (cp.async, ldmatrix, mma.sync, swizzle, tile copies) are in mma_common.cuh, the
-// parameter list and the split-plan read shared with attention.cu in decode_common.cuh; the host
-// prepends both to this source.
+// parameter list and the split-plan read shared with attention.cu in decode_common.cuh, the fp8
+// conversions in fp8.cuh; the host prepends them to this source.
 
 #define DM_THREADS 128   // 4 warps
 #define DM_WARPS 4
@@ -30,19 +30,28 @@
 #define DM_STAGES 3      // tiles in the shared-memory ring (host: DECODE_MMA_STAGES)
 #define DM_MAX_GROUP 8   // query heads per KV head: rows 0..7 of the 16-row fragment
 
-template <int D>
+// FP8: the planes hold e4m3 bytes. The ring then stages fp8 tiles (TILE bytes each), and after
+// the copies of tile `it` land each thread converts the chunks it copied into one bf16 (K, V)
+// pair behind the ring (mma_common.cuh: convert_tile_fp8); a second barrier per tile orders the
+// conversions before the mma loops (the first orders the previous tile's reads of the pair
+// before they are overwritten). Host: decode_mma_shared_bytes(D, fp8).
+template <int D, bool FP8>
 __device__ void decode_attention_mma_impl(DECODE_ATTENTION_PARAMS) {
     if (!decode_split_in_plan(plan, splits, split_len)) return;
     constexpr int KS = D / 16;      // k-steps of S over the head dim
     constexpr int DT = D / 8;       // 8-wide column tiles of O
-    constexpr int TILE = DM_BN * D; // bf16 elements of one K or V tile
-    typedef TileCopy<D, DM_THREADS, DM_BN> Copy;
+    constexpr int TILE = DM_BN * D; // elements of one K or V tile
+    constexpr int ELEM_BYTES = FP8 ? 1 : 2;
+    typedef TileCopy<FP8 ? D / 2 : D, DM_THREADS, DM_BN> Copy;
     // The warp merge reuses the ring: it must fit.
-    static_assert(DM_WARPS * DM_MAX_GROUP * (D + 2) * 4 <= DM_STAGES * 2 * TILE * 2,
+    static_assert(DM_WARPS * DM_MAX_GROUP * (D + 2) * 4 <= DM_STAGES * 2 * TILE * ELEM_BYTES,
                   "merge scratch exceeds the tile ring");
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     bf16* ring = reinterpret_cast<bf16*>(smem_raw);  // stage s: K at 2s·TILE, V at (2s+1)·TILE
+    unsigned char* ring8 = smem_raw;                  // FP8: the same ring, in bytes
+    bf16* k_conv = reinterpret_cast<bf16*>(smem_raw + DM_STAGES * 2 * TILE);  // FP8 only
+    bf16* v_conv = k_conv + TILE;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int t = (int)rows[blockIdx.x], kvh = blockIdx.y, split = blockIdx.z;
@@ -53,20 +62,30 @@ __device__ void decode_attention_mma_impl(DECODE_ATTENTION_PARAMS) {
     const int n_tiles = kv_end > kv_start ? (kv_end - kv_start + DM_BN - 1) / DM_BN : 0;
     const unsigned* table = block_tables + (size_t)tok_seq[t] * max_blocks;
     const size_t slot_stride = (size_t)num_kv_heads * D, head_off = (size_t)kvh * D;
+    // Issues the copies of the K and V tiles starting at key `kb` into ring stage `s`.
+    auto load_kv_tiles = [&](int s, int kb) {
+        unsigned slots[Copy::LPT];
+        if constexpr (FP8) {
+            tile_slots<D / 2, DM_THREADS, DM_BN>(slots, table, kb, kv_end, block_size);
+            load_tile_fp8<D, DM_THREADS, DM_BN>(ring8 + 2 * s * TILE, k_cache, slots, slot_stride,
+                                                head_off);
+            load_tile_fp8<D, DM_THREADS, DM_BN>(ring8 + (2 * s + 1) * TILE, v_cache, slots,
+                                                slot_stride, head_off);
+        } else {
+            tile_slots<D, DM_THREADS, DM_BN>(slots, table, kb, kv_end, block_size);
+            load_tile<D, DM_THREADS, DM_BN>(ring + 2 * s * TILE, k_cache, slots, slot_stride,
+                                            head_off);
+            load_tile<D, DM_THREADS, DM_BN>(ring + (2 * s + 1) * TILE, v_cache, slots,
+                                            slot_stride, head_off);
+        }
+    };
 
     // Prologue: the first DM_STAGES - 1 tiles go in flight before anything else, one commit group
     // per tile (possibly empty, so the group count stays uniform for the waits).
 #pragma unroll
     for (int s = 0; s < DM_STAGES - 1; s++) {
-        if (s < n_tiles) {
-            unsigned slots[Copy::LPT];
-            tile_slots<D, DM_THREADS, DM_BN>(slots, table, kv_start + s * DM_BN, kv_end,
-                                             block_size);
-            load_tile<D, DM_THREADS, DM_BN>(ring + 2 * s * TILE, k_cache, slots, slot_stride,
-                                            head_off);
-            load_tile<D, DM_THREADS, DM_BN>(ring + (2 * s + 1) * TILE, v_cache, slots, slot_stride,
-                                            head_off);
-        }
+        if (s < n_tiles)
+            load_kv_tiles(s, kv_start + s * DM_BN);
         cp_async_commit();
     }
 
@@ -97,20 +116,19 @@ __device__ void decode_attention_mma_impl(DECODE_ATTENTION_PARAMS) {
         {
             // Refill the stage tile it - 1 used with tile it + DM_STAGES - 1.
             const int next = it + DM_STAGES - 1;
-            if (next < n_tiles) {
-                const int s = next % DM_STAGES;
-                unsigned slots[Copy::LPT];
-                tile_slots<D, DM_THREADS, DM_BN>(slots, table, kv_start + next * DM_BN, kv_end,
-                                                 block_size);
-                load_tile<D, DM_THREADS, DM_BN>(ring + 2 * s * TILE, k_cache, slots, slot_stride,
-                                                head_off);
-                load_tile<D, DM_THREADS, DM_BN>(ring + (2 * s + 1) * TILE, v_cache, slots,
-                                                slot_stride, head_off);
-            }
+            if (next < n_tiles) load_kv_tiles(next % DM_STAGES, kv_start + next * DM_BN);
             cp_async_commit();
         }
         const bf16* k_s = ring + 2 * (it % DM_STAGES) * TILE;
         const bf16* v_s = k_s + TILE;
+        if constexpr (FP8) {
+            const unsigned char* staged = ring8 + 2 * (it % DM_STAGES) * TILE;
+            convert_tile_fp8<D, DM_THREADS, DM_BN>(k_conv, staged);
+            convert_tile_fp8<D, DM_THREADS, DM_BN>(v_conv, staged + TILE);
+            __syncthreads();  // every thread's conversions before anyone's mma reads
+            k_s = k_conv;
+            v_s = v_conv;
+        }
         const int wk = warp * 16;                        // this warp's first key row in the tile
         const int kb = kv_start + it * DM_BN + wk;       // ... and its context position
 
@@ -228,18 +246,19 @@ __device__ void decode_attention_mma_impl(DECODE_ATTENTION_PARAMS) {
     }
 }
 
-#define INSTANTIATE(D)                                                                           \
-    extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_attention_mma_d##D##_bf16(   \
+#define INSTANTIATE_ELEM(D, ELEM, FP8)                                                           \
+    extern "C" __global__ void __launch_bounds__(DM_THREADS) decode_attention_mma_d##D##_##ELEM( \
         bf16* out, float* part_acc, float* part_ml, const bf16* qkv, int qkv_width,              \
         const bf16* k_cache, const bf16* v_cache, const unsigned* rows, const unsigned* tok_seq, \
         const unsigned* tok_visible, const unsigned* block_tables, int max_blocks,               \
         int block_size, int num_kv_heads, int group, float scale, int window, int splits,       \
         int split_len, const unsigned* plan) {                                                   \
         pdl_entry();                                                                             \
-        decode_attention_mma_impl<D>(out, part_acc, part_ml, qkv, qkv_width, k_cache, v_cache,  \
-                                     rows, tok_seq, tok_visible, block_tables, max_blocks,       \
-                                     block_size, num_kv_heads, group, scale, window, splits,     \
-                                     split_len, plan);                                           \
+        decode_attention_mma_impl<D, FP8>(out, part_acc, part_ml, qkv, qkv_width, k_cache,      \
+                                          v_cache, rows, tok_seq, tok_visible, block_tables,     \
+                                          max_blocks, block_size, num_kv_heads, group, scale,    \
+                                          window, splits, split_len, plan);                      \
     }
+#define INSTANTIATE(D) INSTANTIATE_ELEM(D, bf16, false) INSTANTIATE_ELEM(D, fp8, true)
 INSTANTIATE(64)
 INSTANTIATE(128)

@@ -12,7 +12,8 @@
 // 32 / LPR tokens per pass; the row's sums are reduced over its LPR lanes with xor shuffles
 // (offsets below LPR stay inside the lane group). Every loop that contains a shuffle has a
 // warp-uniform trip count; lanes past the sequence end carry zeros through it.
-// The host prepends pdl.cuh and bf16_vec.cuh (bf16, unpack8).
+// The host prepends pdl.cuh, bf16_vec.cuh (bf16, unpack8), fp8.cuh and kv_elem.cuh (the fp8
+// instantiations' element loads).
 
 #define WARPS 8
 #define MAX_HEAD_DIM 256
@@ -23,16 +24,18 @@ __device__ __forceinline__ size_t token_slot(const unsigned* __restrict__ table,
     return (size_t)table[t / block_size] * block_size + t % block_size;
 }
 
-// Elements c0 .. c0+7 of a head row as f32, zeros past head_dim. 16-byte load when head_dim is a
-// multiple of 8 (the row then starts 16-byte aligned), element loads otherwise.
-__device__ __forceinline__ void load8(const bf16* __restrict__ row, int c0, int head_dim,
-                                      float* out) {
+// Elements c0 .. c0+7 of the head row at element `row` of the key plane as f32, zeros past
+// head_dim (FP8: a plane of e4m3 bytes, kv_elem.cuh). One vector load when head_dim is a multiple
+// of 8 (the row then starts aligned), element loads otherwise.
+template <bool FP8>
+__device__ __forceinline__ void load8(const bf16* __restrict__ plane, size_t row, int c0,
+                                      int head_dim, float* out) {
     if ((head_dim & 7) == 0) {
         if (c0 < head_dim) {
-            // One 16-byte load into a register first: unpack8 on the dereference itself lets
-            // the compiler split it into eight 2-byte loads.
-            const uint4 raw = *reinterpret_cast<const uint4*>(row + c0);
-            unpack8(raw, out);
+            // One vector load into a register first: unpacking on the dereference itself lets
+            // the compiler split it into element loads.
+            const uint4 raw = load_kv8<FP8>(plane, row + c0);
+            unpack_kv8<FP8>(raw, out);
         } else {
 #pragma unroll
             for (int e = 0; e < 8; e++) out[e] = 0.f;
@@ -40,7 +43,7 @@ __device__ __forceinline__ void load8(const bf16* __restrict__ row, int c0, int 
     } else {
 #pragma unroll
         for (int e = 0; e < 8; e++)
-            out[e] = c0 + e < head_dim ? __bfloat162float(row[c0 + e]) : 0.f;
+            out[e] = c0 + e < head_dim ? load_kv1<FP8>(plane, row + c0 + e) : 0.f;
     }
 }
 
@@ -50,11 +53,23 @@ __device__ __forceinline__ float row_sum(float v, int lpr) {
     return v;
 }
 
+// Each scoring kernel reading the key plane is instantiated for both cache elements: NAME_bf16
+// and NAME_fp8 call NAME_impl<FP8> with the same arguments.
+#define KEY_PLANE_KERNEL(NAME, PARAMS, ARGS)                                                    \
+    extern "C" __global__ void NAME##_bf16 PARAMS {                                             \
+        pdl_entry();                                                                            \
+        NAME##_impl<false> ARGS;                                                                \
+    }                                                                                           \
+    extern "C" __global__ void NAME##_fp8 PARAMS {                                              \
+        pdl_entry();                                                                            \
+        NAME##_impl<true> ARGS;                                                                 \
+    }
+
 // partials[chunk, h, :] = sum over the chunk's tokens of k / |k| (zero keys skipped).
-extern "C" __global__ void key_direction_partials_bf16(
+template <bool FP8>
+__device__ void key_direction_partials_impl(
     const bf16* __restrict__ k_cache, const unsigned* __restrict__ table, int block_size, int len,
     int num_kv_heads, int head_dim, int lpr, int tokens_per_block, float* __restrict__ partials) {
-    pdl_entry();
     __shared__ float warp_acc[WARPS][MAX_HEAD_DIM];
     const int chunk = blockIdx.x, h = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -67,8 +82,8 @@ extern "C" __global__ void key_direction_partials_bf16(
         const int t = base + sub;
         float k[8];
         if (t < end) {
-            load8(k_cache + (token_slot(table, block_size, t) * num_kv_heads + h) * head_dim, c0,
-                  head_dim, k);
+            load8<FP8>(k_cache, (token_slot(table, block_size, t) * num_kv_heads + h) * head_dim,
+                       c0, head_dim, k);
         } else {
 #pragma unroll
             for (int e = 0; e < 8; e++) k[e] = 0.f;
@@ -100,6 +115,12 @@ extern "C" __global__ void key_direction_partials_bf16(
         partials[((size_t)chunk * num_kv_heads + h) * head_dim + c] = s;
     }
 }
+KEY_PLANE_KERNEL(key_direction_partials,
+                 (const bf16* __restrict__ k_cache, const unsigned* __restrict__ table,
+                  int block_size, int len, int num_kv_heads, int head_dim, int lpr,
+                  int tokens_per_block, float* __restrict__ partials),
+                 (k_cache, table, block_size, len, num_kv_heads, head_dim, lpr, tokens_per_block,
+                  partials))
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -142,13 +163,13 @@ extern "C" __global__ void key_direction_mean(const float* __restrict__ partials
 
 // scores[h, t]: -|k| (key_diff == 0) or -dot(k, m) / (|k| |m|), 0 when that denominator is 0
 // (key_diff != 0; mean and mean_norm from key_direction_mean, unread otherwise).
-extern "C" __global__ void key_scores_bf16(const bf16* __restrict__ k_cache,
-                                           const unsigned* __restrict__ table, int block_size,
-                                           int len, int num_kv_heads, int head_dim, int lpr,
-                                           int tokens_per_block, const float* __restrict__ mean,
-                                           const float* __restrict__ mean_norm, int key_diff,
-                                           float* __restrict__ scores) {
-    pdl_entry();
+template <bool FP8>
+__device__ void key_scores_impl(const bf16* __restrict__ k_cache,
+                                const unsigned* __restrict__ table, int block_size, int len,
+                                int num_kv_heads, int head_dim, int lpr, int tokens_per_block,
+                                const float* __restrict__ mean,
+                                const float* __restrict__ mean_norm, int key_diff,
+                                float* __restrict__ scores) {
     const int chunk = blockIdx.x, h = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int rpw = 32 / lpr, sub = lane / lpr, c0 = (lane % lpr) * 8;
@@ -162,8 +183,8 @@ extern "C" __global__ void key_scores_bf16(const bf16* __restrict__ k_cache,
         const int t = base + sub;
         float k[8];
         if (t < end) {
-            load8(k_cache + (token_slot(table, block_size, t) * num_kv_heads + h) * head_dim, c0,
-                  head_dim, k);
+            load8<FP8>(k_cache, (token_slot(table, block_size, t) * num_kv_heads + h) * head_dim,
+                       c0, head_dim, k);
         } else {
 #pragma unroll
             for (int e = 0; e < 8; e++) k[e] = 0.f;
@@ -189,6 +210,13 @@ extern "C" __global__ void key_scores_bf16(const bf16* __restrict__ k_cache,
         }
     }
 }
+KEY_PLANE_KERNEL(key_scores,
+                 (const bf16* __restrict__ k_cache, const unsigned* __restrict__ table,
+                  int block_size, int len, int num_kv_heads, int head_dim, int lpr,
+                  int tokens_per_block, const float* __restrict__ mean,
+                  const float* __restrict__ mean_norm, int key_diff, float* __restrict__ scores),
+                 (k_cache, table, block_size, len, num_kv_heads, head_dim, lpr, tokens_per_block,
+                  mean, mean_norm, key_diff, scores))
 
 // ---- Observation-window scores (SnapKV, TOVA). CPU reference: starling-backend
 // cpu::key_scores::window_scores (equal to starling-evict's SnapKV scorer). For KV head h, the
@@ -214,6 +242,7 @@ extern "C" __global__ void key_scores_bf16(const bf16* __restrict__ k_cache,
 #define WS_NEG_INF (__int_as_float(0xff800000))
 
 // The block's tile of keys (tokens t0 .. t0 + WS_TILE) of KV head h, zeros past len.
+template <bool FP8>
 __device__ __forceinline__ void load_key_tile(const bf16* __restrict__ k_cache,
                                               const unsigned* __restrict__ table, int block_size,
                                               int len, int num_kv_heads, int head_dim, int h,
@@ -222,9 +251,9 @@ __device__ __forceinline__ void load_key_tile(const bf16* __restrict__ k_cache,
     for (int idx = threadIdx.x; idx < WS_TILE * head_dim; idx += blockDim.x) {
         const int t = idx / head_dim, c = idx % head_dim, tok = t0 + t;
         ks[t * stride + c] =
-            tok < len ? __bfloat162float(
-                            k_cache[(token_slot(table, block_size, tok) * num_kv_heads + h) *
-                                        head_dim + c])
+            tok < len ? load_kv1<FP8>(k_cache,
+                                      (token_slot(table, block_size, tok) * num_kv_heads + h) *
+                                              head_dim + c)
                       : 0.f;
     }
     __syncthreads();
@@ -287,16 +316,16 @@ __device__ __forceinline__ float warp_max(float v) {
 // partials[(h * rows + r) * num_tiles + tile] = (max logit, sum exp(logit - max)) over the tile's
 // visible keys; (-inf, 0) when the row sees none of them. Grid (num_tiles, num_kv_heads),
 // WARPS * 32 threads.
-extern "C" __global__ void window_softmax_partials_bf16(
+template <bool FP8>
+__device__ void window_softmax_partials_impl(
     const bf16* __restrict__ k_cache, const unsigned* __restrict__ table, int block_size, int len,
     int num_kv_heads, int head_dim, int group, int window, const float* __restrict__ queries,
     float scale, int num_tiles, float2* __restrict__ partials) {
-    pdl_entry();
     __shared__ float ks[WS_TILE * (MAX_HEAD_DIM + 1)];
     const int tile = blockIdx.x, h = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int rows = window * group, t0 = tile * WS_TILE, tok = t0 + lane;
-    load_key_tile(k_cache, table, block_size, len, num_kv_heads, head_dim, h, t0, ks);
+    load_key_tile<FP8>(k_cache, table, block_size, len, num_kv_heads, head_dim, h, t0, ks);
     const float* k = ks + lane * (head_dim + 1);
     for (int r0 = warp * WS_ROWS; r0 < rows; r0 += WARPS * WS_ROWS) {
         float l[WS_ROWS];
@@ -313,6 +342,13 @@ extern "C" __global__ void window_softmax_partials_bf16(
         }
     }
 }
+KEY_PLANE_KERNEL(window_softmax_partials,
+                 (const bf16* __restrict__ k_cache, const unsigned* __restrict__ table,
+                  int block_size, int len, int num_kv_heads, int head_dim, int group, int window,
+                  const float* __restrict__ queries, float scale, int num_tiles,
+                  float2* __restrict__ partials),
+                 (k_cache, table, block_size, len, num_kv_heads, head_dim, group, window, queries,
+                  scale, num_tiles, partials))
 
 // stats[h * rows + r] = (M, S): the row's max logit and softmax denominator over all tiles. One
 // warp per row, WARPS rows per block; lanes stride the tiles, then merge in a fixed order.
@@ -337,17 +373,17 @@ extern "C" __global__ void window_softmax_combine(const float2* __restrict__ par
 
 // mass[h * len + tok] = sum over the rows that see tok of exp(logit - M_r) / S_r. Same grid as
 // window_softmax_partials_bf16.
-extern "C" __global__ void window_attention_mass_bf16(
+template <bool FP8>
+__device__ void window_attention_mass_impl(
     const bf16* __restrict__ k_cache, const unsigned* __restrict__ table, int block_size, int len,
     int num_kv_heads, int head_dim, int group, int window, const float* __restrict__ queries,
     float scale, const float2* __restrict__ stats, float* __restrict__ mass) {
-    pdl_entry();
     __shared__ float ks[WS_TILE * (MAX_HEAD_DIM + 1)];
     __shared__ float warp_mass[WARPS][WS_TILE];
     const int tile = blockIdx.x, h = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int rows = window * group, t0 = tile * WS_TILE, tok = t0 + lane;
-    load_key_tile(k_cache, table, block_size, len, num_kv_heads, head_dim, h, t0, ks);
+    load_key_tile<FP8>(k_cache, table, block_size, len, num_kv_heads, head_dim, h, t0, ks);
     const float* k = ks + lane * (head_dim + 1);
     float acc = 0.f;
     for (int r0 = warp * WS_ROWS; r0 < rows; r0 += WARPS * WS_ROWS) {
@@ -371,6 +407,13 @@ extern "C" __global__ void window_attention_mass_bf16(
         mass[(size_t)h * len + tok] = total;
     }
 }
+KEY_PLANE_KERNEL(window_attention_mass,
+                 (const bf16* __restrict__ k_cache, const unsigned* __restrict__ table,
+                  int block_size, int len, int num_kv_heads, int head_dim, int group, int window,
+                  const float* __restrict__ queries, float scale, const float2* __restrict__ stats,
+                  float* __restrict__ mass),
+                 (k_cache, table, block_size, len, num_kv_heads, head_dim, group, window, queries,
+                  scale, stats, mass))
 
 // scores[h * len + i]: the max of mass over the pool around i clipped to the len - window tokens
 // before the window, or +inf for window tokens. Grid-stride over num_kv_heads * len.

@@ -120,3 +120,43 @@ __device__ __forceinline__ void load_tile(bf16* s, const bf16* __restrict__ cach
         cp_async16(s + swz<D>(r, c), src, valid);
     }
 }
+
+// fp8 caches (fp8.cuh, prepended before this file): a K or V tile of KEYS rows of D e4m3 bytes is
+// staged unswizzled ([KEYS][D] bytes) by 16-byte cp.async copies, D / 16 per row, then each thread
+// converts the chunks it copied into the swizzled bf16 tile the mma loops read (every e4m3 value
+// is a bf16: the conversion is exact). TileCopy<D / 2, ...> is the copy geometry (a row of D bytes
+// is D / 2 bf16 words), so tile_slots<D / 2, ...> gives these copies' slots. `slot_stride` and
+// `head_off` count elements, which are bytes here.
+template <int D, int NTHREADS, int KEYS>
+__device__ __forceinline__ void load_tile_fp8(unsigned char* s, const bf16* __restrict__ cache,
+                                              const unsigned* slots, size_t slot_stride,
+                                              size_t head_off) {
+    typedef TileCopy<D / 2, NTHREADS, KEYS> G;
+    const int c = threadIdx.x % G::CPR;
+    const unsigned char* bytes = reinterpret_cast<const unsigned char*>(cache);
+#pragma unroll
+    for (int p = 0; p < G::LPT; p++) {
+        const int r = threadIdx.x / G::CPR + p * G::RPP;
+        const bool valid = slots[p] != NO_SLOT;
+        const unsigned char* src =
+            valid ? bytes + (size_t)slots[p] * slot_stride + head_off + c * 16 : bytes;
+        cp_async16(reinterpret_cast<bf16*>(s + r * D + c * 16), reinterpret_cast<const bf16*>(src),
+                   valid);
+    }
+}
+
+// This thread's chunks of a staged fp8 tile (load_tile_fp8, whose copies must have landed:
+// cp_async_wait) as bf16 in the swizzled tile `dst`. Rows past the context were zero-filled.
+template <int D, int NTHREADS, int KEYS>
+__device__ __forceinline__ void convert_tile_fp8(bf16* dst, const unsigned char* s) {
+    typedef TileCopy<D / 2, NTHREADS, KEYS> G;
+    const int c = threadIdx.x % G::CPR;
+#pragma unroll
+    for (int p = 0; p < G::LPT; p++) {
+        const int r = threadIdx.x / G::CPR + p * G::RPP;
+        uint4 lo, hi;
+        e4m3x16_to_bf16(*reinterpret_cast<const uint4*>(s + r * D + c * 16), lo, hi);
+        *reinterpret_cast<uint4*>(dst + swz<D>(r, 2 * c)) = lo;
+        *reinterpret_cast<uint4*>(dst + swz<D>(r, 2 * c + 1)) = hi;
+    }
+}

@@ -1,7 +1,7 @@
 // Elementwise and row-wise kernels of the CUDA backend. Each has a CPU reference in
 // starling-backend/src/cpu (named in the comment above it) and a parity test in
 // crates/starling-cuda/tests/parity.rs. Activations are bf16, arithmetic f32. The host prepends
-// bf16_vec.cuh (unpack8, pack8).
+// bf16_vec.cuh (unpack8, pack8) and fp8.cuh (the fp8 cache's conversions).
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -280,15 +280,18 @@ extern "C" __global__ void rope_qk_bf16(bf16* __restrict__ qkv, const unsigned* 
 // chunk of work items), one item per thread: a rotated Q pair, a rotated K pair (also stored into
 // the token's cache slot), or a V pair copied into it. The values are rope_qk_bf16's and
 // write_kv_bf16's exactly (same expressions, same roundings); padding rows (slot 0xffffffff) are
-// rotated but write no cache slot, as there.
-extern "C" __global__ void rope_write_kv_bf16(bf16* __restrict__ qkv,
-                                              const unsigned* __restrict__ positions,
-                                              const float* __restrict__ inv_freq,
-                                              const unsigned* __restrict__ slots,
-                                              bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
-                                              int width, int num_heads, int num_kv_heads,
-                                              int head_dim, int interleaved) {
-    pdl_entry();
+// rotated but write no cache slot, as there. An fp8 cache (FP8: byte planes, fp8.cuh) stores
+// each rotated key rounded from its bf16 value, as write_kv_fp8 would from the rotated row (so
+// the fused and the two-launch paths fill the cache alike).
+template <bool FP8>
+__device__ __forceinline__ void rope_write_kv_impl(bf16* __restrict__ qkv,
+                                                   const unsigned* __restrict__ positions,
+                                                   const float* __restrict__ inv_freq,
+                                                   const unsigned* __restrict__ slots,
+                                                   bf16* __restrict__ k_cache,
+                                                   bf16* __restrict__ v_cache, int width,
+                                                   int num_heads, int num_kv_heads, int head_dim,
+                                                   int interleaved) {
     const int half = head_dim / 2;
     const int q_pairs = num_heads * half, k_pairs = num_kv_heads * half;
     const int kv_size = num_kv_heads * head_dim;
@@ -298,12 +301,19 @@ extern "C" __global__ void rope_write_kv_bf16(bf16* __restrict__ qkv,
     const bool store = slot != 0xffffffffu;
     bf16* row = qkv + (size_t)blockIdx.x * width;
     const int q_size = num_heads * head_dim;
+    unsigned char* k_bytes = reinterpret_cast<unsigned char*>(k_cache);
     if (idx >= q_pairs + k_pairs) {
         if (!store) return;
         const int e = 2 * (idx - q_pairs - k_pairs);  // element of the V part (head_dim is even)
         const size_t dst = (size_t)slot * kv_size + e;
-        v_cache[dst] = row[q_size + kv_size + e];
-        v_cache[dst + 1] = row[q_size + kv_size + e + 1];
+        const bf16 v0 = row[q_size + kv_size + e], v1 = row[q_size + kv_size + e + 1];
+        if (FP8) {
+            *reinterpret_cast<unsigned short*>(reinterpret_cast<unsigned char*>(v_cache) + dst) =
+                e4m3x2_from_floats(__bfloat162float(v0), __bfloat162float(v1));
+        } else {
+            v_cache[dst] = v0;
+            v_cache[dst + 1] = v1;
+        }
         return;
     }
     const int h = idx / half, i = idx % half;  // heads 0.. num_heads - 1 are Q, then K
@@ -318,10 +328,28 @@ extern "C" __global__ void rope_write_kv_bf16(bf16* __restrict__ qkv,
     head[b] = rb;
     if (h >= num_heads && store) {
         const size_t dst = (size_t)slot * kv_size + (size_t)(h - num_heads) * head_dim;
-        k_cache[dst + a] = ra;
-        k_cache[dst + b] = rb;
+        if (FP8) {
+            k_bytes[dst + a] = e4m3_from_float(__bfloat162float(ra));
+            k_bytes[dst + b] = e4m3_from_float(__bfloat162float(rb));
+        } else {
+            k_cache[dst + a] = ra;
+            k_cache[dst + b] = rb;
+        }
     }
 }
+
+#define ROPE_WRITE_KV(ELEM, FP8)                                                                \
+    extern "C" __global__ void rope_write_kv_##ELEM(                                            \
+        bf16* __restrict__ qkv, const unsigned* __restrict__ positions,                         \
+        const float* __restrict__ inv_freq, const unsigned* __restrict__ slots,                 \
+        bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int width, int num_heads,       \
+        int num_kv_heads, int head_dim, int interleaved) {                                      \
+        pdl_entry();                                                                            \
+        rope_write_kv_impl<FP8>(qkv, positions, inv_freq, slots, k_cache, v_cache, width,       \
+                                num_heads, num_kv_heads, head_dim, interleaved);                \
+    }
+ROPE_WRITE_KV(bf16, false)
+ROPE_WRITE_KV(fp8, true)
 
 // cpu::attention::CpuKvCache::write: K and V parts of each QKV row to its cache slot.
 extern "C" __global__ void write_kv_bf16(const bf16* __restrict__ qkv, const unsigned* __restrict__ slots,
@@ -349,6 +377,35 @@ extern "C" __global__ void write_kv_bf16(const bf16* __restrict__ qkv, const uns
     for (int c = threadIdx.x; c < kv_size; c += blockDim.x) {
         k_cache[dst + c] = row[q_size + c];
         v_cache[dst + c] = row[q_size + kv_size + c];
+    }
+}
+
+// write_kv_bf16 into an fp8 cache (byte planes, fp8.cuh): each 8-element chunk of the row's K
+// and V parts rounded to e4m3 and stored as 8 bytes.
+extern "C" __global__ void write_kv_fp8(const bf16* __restrict__ qkv, const unsigned* __restrict__ slots,
+                                        bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
+                                        int width, int q_size, int kv_size) {
+    pdl_entry();
+    const unsigned slot = slots[blockIdx.x];
+    if (slot == 0xffffffffu) return;  // a replayed step's padding row (write_kv_bf16)
+    const bf16* row = qkv + (size_t)blockIdx.x * width;
+    unsigned char* k = reinterpret_cast<unsigned char*>(k_cache) + (size_t)slot * kv_size;
+    unsigned char* v = reinterpret_cast<unsigned char*>(v_cache) + (size_t)slot * kv_size;
+    if (((width | q_size | kv_size) & 7) == 0) {
+        const uint4* src = reinterpret_cast<const uint4*>(row + q_size);
+        const int chunks = kv_size >> 3;
+        for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+            float f[8];
+            unpack8(src[c], f);
+            reinterpret_cast<uint2*>(k)[c] = pack8_e4m3(f);
+            unpack8(src[chunks + c], f);
+            reinterpret_cast<uint2*>(v)[c] = pack8_e4m3(f);
+        }
+        return;
+    }
+    for (int c = threadIdx.x; c < kv_size; c += blockDim.x) {
+        k[c] = e4m3_from_float(__bfloat162float(row[q_size + c]));
+        v[c] = e4m3_from_float(__bfloat162float(row[q_size + kv_size + c]));
     }
 }
 

@@ -24,8 +24,8 @@
 // several splits each block covers keys [that start + split * split_len, +split_len) and writes an unnormalised partial in the layout
 // attention_combine_bf16 (attention.cu) merges, the same layout the decode kernels write.
 //
-// The helpers (cp.async, ldmatrix, mma.sync, swizzle, tile copies) are in mma_common.cuh, which
-// the host prepends to this source.
+// The helpers (cp.async, ldmatrix, mma.sync, swizzle, tile copies) are in mma_common.cuh, the fp8
+// conversions in fp8.cuh; the host prepends both to this source.
 
 #define BM 128          // query rows per block (host: PREFILL_TILE_ROWS)
 #define BN 64           // keys per shared-memory tile (host: PREFILL_TILE_KEYS)
@@ -98,7 +98,10 @@ __device__ __forceinline__ void online_softmax_tile(float (&s)[MT][NT][4], float
     }
 }
 
-template <int D, int STAGES>
+// FP8: the planes hold e4m3 bytes; the ring stages fp8 tiles and each tile is converted into one
+// bf16 (K, V) pair behind it before the mma loops (decode_attention.cu's scheme: a second
+// barrier per tile). Host: prefill_shared_bytes(D, fp8).
+template <int D, int STAGES, bool FP8>
 __device__ void prefill_attention_impl(
     bf16* __restrict__ out,             // [T, Hq*D] (splits == 1)
     float* __restrict__ part_acc,       // [T, Hq, splits, D] (splits > 1)
@@ -116,8 +119,8 @@ __device__ void prefill_attention_impl(
     constexpr int NT = BN / 8;       // 8-key column tiles of S
     constexpr int DT = D / 8;        // 8-wide column tiles of O
     constexpr int MT = WARP_MT;      // 16-row m-tiles of this warp
-    constexpr int TILE = BN * D;     // bf16 elements of one K or V tile
-    typedef TileCopy<D, THREADS, BN> Copy;
+    constexpr int TILE = BN * D;     // elements of one K or V tile
+    typedef TileCopy<FP8 ? D / 2 : D, THREADS, BN> Copy;
     typedef TileCopy<D, THREADS, BM> QCopy;
     static_assert(STAGES >= 2, "the ring needs a stage in flight");
 
@@ -126,6 +129,9 @@ __device__ void prefill_attention_impl(
     extern __shared__ __align__(128) unsigned char smem_raw[];
     bf16* q_s = reinterpret_cast<bf16*>(smem_raw);
     bf16* ring = q_s + BM * D;
+    unsigned char* ring8 = reinterpret_cast<unsigned char*>(ring);  // FP8: the ring in bytes
+    bf16* k_conv = reinterpret_cast<bf16*>(ring8 + STAGES * 2 * TILE);  // FP8 only
+    bf16* v_conv = k_conv + TILE;
     __shared__ int warp_visible[WARPS], warp_visible_min[WARPS];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -201,6 +207,22 @@ __device__ void prefill_attention_impl(
     // one commit group per tile (Q joins tile 0's; groups may be empty, so the count stays
     // uniform for the waits).
     const size_t slot_stride = (size_t)num_kv_heads * D, head_off = (size_t)kvh * D;
+    // Issues the copies of the K and V tiles starting at key `kb` into ring stage `s`.
+    auto load_kv_tiles = [&](int s, int kb) {
+        unsigned slots[Copy::LPT];
+        if constexpr (FP8) {
+            tile_slots<D / 2, THREADS, BN>(slots, table, kb, kv_end, block_size);
+            load_tile_fp8<D, THREADS, BN>(ring8 + 2 * s * TILE, k_cache, slots, slot_stride,
+                                          head_off);
+            load_tile_fp8<D, THREADS, BN>(ring8 + (2 * s + 1) * TILE, v_cache, slots,
+                                          slot_stride, head_off);
+        } else {
+            tile_slots<D, THREADS, BN>(slots, table, kb, kv_end, block_size);
+            load_tile<D, THREADS, BN>(ring + 2 * s * TILE, k_cache, slots, slot_stride, head_off);
+            load_tile<D, THREADS, BN>(ring + (2 * s + 1) * TILE, v_cache, slots, slot_stride,
+                                      head_off);
+        }
+    };
     {
         const int c = tid % QCopy::CPR;
 #pragma unroll
@@ -215,13 +237,7 @@ __device__ void prefill_attention_impl(
     }
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-        if (s < n_tiles) {
-            unsigned slots[Copy::LPT];
-            tile_slots<D, THREADS, BN>(slots, table, kv_start + s * BN, kv_end, block_size);
-            load_tile<D, THREADS, BN>(ring + 2 * s * TILE, k_cache, slots, slot_stride, head_off);
-            load_tile<D, THREADS, BN>(ring + (2 * s + 1) * TILE, v_cache, slots, slot_stride,
-                                      head_off);
-        }
+        if (s < n_tiles) load_kv_tiles(s, kv_start + s * BN);
         cp_async_commit();
     }
 
@@ -242,19 +258,19 @@ __device__ void prefill_attention_impl(
         {
             // Refill the stage tile it - 1 used with tile it + STAGES - 1.
             const int next = it + STAGES - 1;
-            if (next < n_tiles) {
-                const int s = next % STAGES;
-                unsigned slots[Copy::LPT];
-                tile_slots<D, THREADS, BN>(slots, table, kv_start + next * BN, kv_end, block_size);
-                load_tile<D, THREADS, BN>(ring + 2 * s * TILE, k_cache, slots, slot_stride,
-                                          head_off);
-                load_tile<D, THREADS, BN>(ring + (2 * s + 1) * TILE, v_cache, slots, slot_stride,
-                                          head_off);
-            }
+            if (next < n_tiles) load_kv_tiles(next % STAGES, kv_start + next * BN);
             cp_async_commit();
         }
         const bf16* k_s = ring + 2 * (it % STAGES) * TILE;
         const bf16* v_s = k_s + TILE;
+        if constexpr (FP8) {
+            const unsigned char* staged = ring8 + 2 * (it % STAGES) * TILE;
+            convert_tile_fp8<D, THREADS, BN>(k_conv, staged);
+            convert_tile_fp8<D, THREADS, BN>(v_conv, staged + TILE);
+            __syncthreads();  // every thread's conversions before anyone's mma reads
+            k_s = k_conv;
+            v_s = v_conv;
+        }
         const int kb = kv_start + it * BN;
 
         float s[MT][NT][4];
@@ -361,20 +377,20 @@ __device__ void prefill_attention_impl(
     }
 }
 
-#define INSTANTIATE(D)                                                                          \
+#define INSTANTIATE_ELEM(D, ELEM, FP8)                                                          \
     extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)                          \
-        prefill_attention_d##D##_bf16(                                                          \
+        prefill_attention_d##D##_##ELEM(                                                        \
             bf16* out, float* part_acc, float* part_ml, const bf16* qkv, int qkv_width,         \
             const bf16* k_cache, const bf16* v_cache, const unsigned* tiles,                    \
             const unsigned* tok_seq, const unsigned* tok_visible, const unsigned* block_tables, \
             int max_blocks, int block_size, int num_kv_heads, int group, float scale,           \
             int window, int splits, int split_len) {                                            \
         pdl_entry();                                                                            \
-        prefill_attention_impl<D, STAGES_D##D>(out, part_acc, part_ml, qkv, qkv_width, k_cache, \
-                                               v_cache, tiles, tok_seq, tok_visible,            \
-                                               block_tables, max_blocks, block_size,            \
-                                               num_kv_heads, group, scale, window, splits,      \
-                                               split_len);                                      \
+        prefill_attention_impl<D, STAGES_D##D, FP8>(                                            \
+            out, part_acc, part_ml, qkv, qkv_width, k_cache, v_cache, tiles, tok_seq,           \
+            tok_visible, block_tables, max_blocks, block_size, num_kv_heads, group, scale,      \
+            window, splits, split_len);                                                         \
     }
+#define INSTANTIATE(D) INSTANTIATE_ELEM(D, bf16, false) INSTANTIATE_ELEM(D, fp8, true)
 INSTANTIATE(64)
 INSTANTIATE(128)

@@ -75,6 +75,8 @@ pub use linear::{GEMV_KSPLIT_ENV, GEMV_PREFETCH_ENV};
 pub(crate) struct KvSource<'a> {
     pub(crate) keys: &'a CudaSlice<bf16>,
     pub(crate) values: &'a CudaSlice<bf16>,
+    /// What the planes hold (the kernels' instantiation).
+    pub(crate) elem: crate::kernels::CacheElem,
     /// `[sequences, max_blocks]`.
     pub(crate) block_tables: cudarc::driver::CudaView<'a, u32>,
     pub(crate) max_blocks: usize,
@@ -111,6 +113,8 @@ pub struct CudaBackend {
     /// [`GEMV_PREFETCH_ENV`] sets it (for A/B runs).
     gemv_prefetch_bytes: usize,
     num_sms: usize,
+    /// Whether the device converts fp8 in hardware (sm_89+), which an fp8 cache needs.
+    fp8_cache: bool,
     /// Which latent score kernel decode rows use ([`LatentScoreKernel`]).
     latent_score_kernel: latent_scores::ScoreKernelFlag,
     name: String,
@@ -229,6 +233,7 @@ impl CudaBackend {
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(GEMV_PREFETCH_BYTES),
             num_sms,
+            fp8_cache: (major, minor) >= (8, 9),
             name,
             rope_tables: Mutex::new(Vec::new()),
             latent_rope_table: Mutex::new(None),

@@ -2,6 +2,43 @@
 //! defines and sizes dynamic shared memory at load) and the launches in `crate::backend` both
 //! need. A leaf module, so that neither has to import the other.
 
+/// The element a full layer's cache planes hold, which picks the instantiation of every kernel
+/// that reads or writes them (`_bf16` or `_fp8`; `kernels/fp8.cuh`). Kernels that only move rows
+/// (copies, gathers, compaction) move an fp8 row as half as many bf16 words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum CacheElem {
+    /// bf16 (`--kv-cache-dtype auto`).
+    Bf16,
+    /// fp8 e4m3, one byte per element (`--kv-cache-dtype fp8`).
+    Fp8,
+}
+
+impl CacheElem {
+    /// Both elements, in the order of `kernels::ByElem`'s functions.
+    pub(crate) const ALL: [CacheElem; 2] = [CacheElem::Bf16, CacheElem::Fp8];
+
+    /// The suffix of this element's instantiations.
+    pub(crate) const fn suffix(self) -> &'static str {
+        match self {
+            CacheElem::Bf16 => "bf16",
+            CacheElem::Fp8 => "fp8",
+        }
+    }
+
+    /// Bytes per element.
+    pub(crate) const fn bytes(self) -> usize {
+        match self {
+            CacheElem::Bf16 => 2,
+            CacheElem::Fp8 => 1,
+        }
+    }
+
+    /// bf16 words a plane row of `elems` elements takes (`elems` even for fp8).
+    pub(crate) const fn words(self, elems: usize) -> usize {
+        elems * self.bytes() / 2
+    }
+}
+
 // Tiled prefill attention (`prefill_attention.cu`).
 
 /// Query rows per block of the tiled kernel (`BM` in `prefill_attention.cu`): a tile holds
@@ -27,10 +64,21 @@ pub(crate) const fn prefill_stages(head_dim: usize) -> usize {
     }
 }
 
-/// Dynamic shared memory of one tiled prefill block: the Q tile and the ring of K and V tiles
-/// (bf16).
-pub(crate) const fn prefill_shared_bytes(head_dim: usize) -> usize {
-    (PREFILL_TILE_ROWS + prefill_stages(head_dim) * 2 * PREFILL_TILE_KEYS) * head_dim * 2
+/// Dynamic shared memory of one tiled prefill block: the Q tile (bf16) and the ring of K and V
+/// tiles in the cache's element, behind which an fp8 cache's kernel keeps one converted bf16
+/// (K, V) pair.
+pub(crate) const fn prefill_shared_bytes(head_dim: usize, elem: CacheElem) -> usize {
+    PREFILL_TILE_ROWS * head_dim * 2
+        + prefill_stages(head_dim) * 2 * PREFILL_TILE_KEYS * head_dim * elem.bytes()
+        + converted_pair_bytes(PREFILL_TILE_KEYS, head_dim, elem)
+}
+
+/// The bf16 (K, V) tile pair an fp8 kernel converts each staged tile into (none for bf16).
+const fn converted_pair_bytes(keys: usize, head_dim: usize, elem: CacheElem) -> usize {
+    match elem {
+        CacheElem::Bf16 => 0,
+        CacheElem::Fp8 => 2 * keys * head_dim * 2,
+    }
 }
 
 // Tensor-core decode attention (`decode_attention.cu`).
@@ -43,9 +91,11 @@ pub(crate) const DECODE_MMA_TILE_KEYS: usize = 64;
 /// while one is computed.
 pub(crate) const DECODE_MMA_STAGES: usize = 3;
 
-/// Dynamic shared memory of one tensor-core decode block: the ring of K and V tiles (bf16).
-pub(crate) const fn decode_mma_shared_bytes(head_dim: usize) -> usize {
-    DECODE_MMA_STAGES * 2 * DECODE_MMA_TILE_KEYS * head_dim * 2
+/// Dynamic shared memory of one tensor-core decode block: the ring of K and V tiles in the
+/// cache's element (and an fp8 kernel's converted bf16 pair).
+pub(crate) const fn decode_mma_shared_bytes(head_dim: usize, elem: CacheElem) -> usize {
+    DECODE_MMA_STAGES * 2 * DECODE_MMA_TILE_KEYS * head_dim * elem.bytes()
+        + converted_pair_bytes(DECODE_MMA_TILE_KEYS, head_dim, elem)
 }
 
 // Key scores (`key_scores.cu`).

@@ -13,14 +13,16 @@ use cudarc::driver::{CudaContext, CudaFunction};
 use crate::geometry::{latent_scores_rot_shared_bytes, latent_scores_shared_bytes};
 use crate::{CudaError, KernelCache};
 
+pub(crate) use crate::geometry::CacheElem;
 use crate::tiled_kernels::opt_in_shared_memory;
 pub(crate) use crate::tiled_kernels::{DecodeMmaKernel, PrefillKernel};
 
 /// A kernel source with the headers it needs prepended, since NVRTC compiles one source string
 /// per module: `pdl.cuh` (programmatic dependent launch, which every kernel uses) always, then
 /// the named headers from `kernels/` in order — `bf16_vec` (the 16-byte bf16 vector helpers of
-/// the row, matrix-vector, attention and key-score kernels), `mma_common` (the tensor-core helpers
-/// of both tiled attention kernels).
+/// the row, matrix-vector, attention and key-score kernels), `fp8` (the e4m3 conversions of the
+/// fp8 cache, which `mma_common`'s fp8 tile copies use), `kv_elem` (cache element loads of both
+/// dtypes), `mma_common` (the tensor-core helpers of the tiled attention kernels).
 macro_rules! kernel_source {
     ($path:literal $(, $header:ident)*) => {
         concat!(
@@ -30,18 +32,30 @@ macro_rules! kernel_source {
         )
     };
 }
-const OPS_SRC: &str = kernel_source!("../kernels/ops.cu", bf16_vec);
+const OPS_SRC: &str = kernel_source!("../kernels/ops.cu", bf16_vec, fp8);
 const HEAD_NORM_SRC: &str = kernel_source!("../kernels/head_norm.cu", bf16_vec);
-const ATTENTION_SRC: &str = kernel_source!("../kernels/attention.cu", bf16_vec, decode_common);
+const ATTENTION_SRC: &str = kernel_source!(
+    "../kernels/attention.cu",
+    bf16_vec,
+    fp8,
+    kv_elem,
+    decode_common
+);
 const KV_CACHE_SRC: &str = kernel_source!("../kernels/kv_cache.cu");
-const KEY_SCORES_SRC: &str = kernel_source!("../kernels/key_scores.cu", bf16_vec);
-const PREFILL_ATTENTION_SRC: &str = kernel_source!("../kernels/prefill_attention.cu", mma_common);
-const DECODE_ATTENTION_SRC: &str =
-    kernel_source!("../kernels/decode_attention.cu", mma_common, decode_common);
+const KEY_SCORES_SRC: &str = kernel_source!("../kernels/key_scores.cu", bf16_vec, fp8, kv_elem);
+const PREFILL_ATTENTION_SRC: &str =
+    kernel_source!("../kernels/prefill_attention.cu", fp8, mma_common);
+const DECODE_ATTENTION_SRC: &str = kernel_source!(
+    "../kernels/decode_attention.cu",
+    fp8,
+    mma_common,
+    decode_common
+);
 const SAMPLING_SRC: &str = kernel_source!("../kernels/sampling.cu");
 const GEMV_SRC: &str = kernel_source!("../kernels/gemv.cu", bf16_vec);
-const LATENT_SRC: &str = kernel_source!("../kernels/latent.cu", mma_common, latent_common);
-const LATENT_ROT_SRC: &str = kernel_source!("../kernels/latent_rot.cu", mma_common, latent_common);
+const LATENT_SRC: &str = kernel_source!("../kernels/latent.cu", fp8, mma_common, latent_common);
+const LATENT_ROT_SRC: &str =
+    kernel_source!("../kernels/latent_rot.cu", fp8, mma_common, latent_common);
 
 /// Head widths the latent score kernel (`latent.cu`) is instantiated for.
 const LATENT_HEAD_DIMS: [usize; 2] = [64, 128];
@@ -91,6 +105,16 @@ impl GemvKind {
 /// Threads per block of the matrix-vector kernels (`GEMV_WARPS` × 32).
 pub(crate) const GEMV_THREADS: u32 = 256;
 
+/// One kernel's two instantiations, by the cache element it reads or writes.
+pub(crate) struct ByElem([CudaFunction; 2]);
+
+impl ByElem {
+    /// The instantiation for `elem`.
+    pub(crate) fn get(&self, elem: CacheElem) -> &CudaFunction {
+        &self.0[elem as usize]
+    }
+}
+
 /// Group bounds the attention kernel is instantiated for (query heads per KV head).
 const ATTENTION_GROUP_BOUNDS: [usize; 4] = [1, 2, 4, 8];
 /// Head widths the attention kernel is instantiated for.
@@ -114,20 +138,25 @@ mod names {
     pub(super) const GELU_TANH_MUL: &str = "gelu_tanh_mul_bf16";
     pub(super) const SCALE: &str = "scale_bf16";
     pub(super) const ROPE_QK: &str = "rope_qk_bf16";
-    pub(super) const WRITE_KV: &str = "write_kv_bf16";
-    pub(super) const ROPE_WRITE_KV: &str = "rope_write_kv_bf16";
+    pub(super) const WRITE_KV: &str = "write_kv";
+    pub(super) const ROPE_WRITE_KV: &str = "rope_write_kv";
     pub(super) const FILL_NORMAL: &str = "fill_normal_bf16";
     pub(super) const ATTENTION_COMBINE: &str = "attention_combine_bf16";
     pub(super) const COPY_KV_BLOCKS: &str = "copy_kv_blocks_bf16";
     pub(super) const GATHER_PAGED_ROWS: &str = "gather_paged_rows_bf16";
     pub(super) const SCATTER_PAGED_ROWS: &str = "scatter_paged_rows_bf16";
     pub(super) const GATHER_KEPT_ROWS: &str = "gather_kept_rows_bf16";
-    pub(super) const KEY_DIRECTION_PARTIALS: &str = "key_direction_partials_bf16";
+    pub(super) const KEY_DIRECTION_PARTIALS: &str = "key_direction_partials";
     pub(super) const KEY_DIRECTION_MEAN: &str = "key_direction_mean";
-    pub(super) const KEY_SCORES: &str = "key_scores_bf16";
-    pub(super) const WINDOW_SOFTMAX_PARTIALS: &str = "window_softmax_partials_bf16";
+    pub(super) const KEY_SCORES: &str = "key_scores";
+    pub(super) const WINDOW_SOFTMAX_PARTIALS: &str = "window_softmax_partials";
     pub(super) const WINDOW_SOFTMAX_COMBINE: &str = "window_softmax_combine";
-    pub(super) const WINDOW_ATTENTION_MASS: &str = "window_attention_mass_bf16";
+    pub(super) const WINDOW_ATTENTION_MASS: &str = "window_attention_mass";
+    /// The `elem` instantiation of a kernel instantiated per cache element (`base_bf16`,
+    /// `base_fp8`).
+    pub(super) fn by_elem(base: &str, elem: super::CacheElem) -> String {
+        format!("{base}_{}", elem.suffix())
+    }
     pub(super) const WINDOW_POOL_SCORES: &str = "window_pool_scores";
     pub(super) const SAMPLE_ROWS: &str = "sample_rows_f32";
     pub(super) const ROPE_Q_WRITE_LATENTS: &str = "rope_q_write_latents_bf16";
@@ -154,14 +183,14 @@ mod names {
         format!("latent_values_mt{mt}_bf16")
     }
 
-    /// The attention instantiation for head width `d` and group bound `g`.
-    pub(super) fn attention(d: usize, g: usize) -> String {
-        format!("paged_attention_d{d}_g{g}_bf16")
+    /// The attention instantiation for head width `d`, group bound `g` and cache element.
+    pub(super) fn attention(d: usize, g: usize, elem: super::CacheElem) -> String {
+        format!("paged_attention_d{d}_g{g}_{}", elem.suffix())
     }
 
-    /// The tiled prefill attention instantiation for head width `d`.
-    pub(super) fn prefill_attention(d: usize) -> String {
-        format!("prefill_attention_d{d}_bf16")
+    /// The tiled prefill attention instantiation for head width `d` and cache element.
+    pub(super) fn prefill_attention(d: usize, elem: super::CacheElem) -> String {
+        format!("prefill_attention_d{d}_{}", elem.suffix())
     }
 
     /// The matrix-vector instantiation for `n` input rows, one output kind and `ksplit` warps per
@@ -174,9 +203,9 @@ mod names {
         }
     }
 
-    /// The tensor-core decode attention instantiation for head width `d`.
-    pub(super) fn decode_attention_mma(d: usize) -> String {
-        format!("decode_attention_mma_d{d}_bf16")
+    /// The tensor-core decode attention instantiation for head width `d` and cache element.
+    pub(super) fn decode_attention_mma(d: usize, elem: super::CacheElem) -> String {
+        format!("decode_attention_mma_d{d}_{}", elem.suffix())
     }
 }
 
@@ -191,18 +220,29 @@ pub struct KernelModule {
     pub functions: Vec<String>,
 }
 
+/// Every (head width, group bound, cache element) the per-token attention kernel is
+/// instantiated for.
+fn attention_variants() -> impl Iterator<Item = (usize, usize, CacheElem)> {
+    ATTENTION_HEAD_DIMS.iter().flat_map(|&d| {
+        ATTENTION_GROUP_BOUNDS
+            .iter()
+            .flat_map(move |&g| CacheElem::ALL.map(|e| (d, g, e)))
+    })
+}
+
 /// Every kernel module and the functions the backend loads from each.
 pub fn kernel_modules() -> Vec<KernelModule> {
     let owned = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
-    let attention = ATTENTION_HEAD_DIMS
-        .iter()
-        .flat_map(|&d| {
-            ATTENTION_GROUP_BOUNDS
-                .iter()
-                .map(move |&g| names::attention(d, g))
-        })
+    let attention = attention_variants()
+        .map(|(d, g, elem)| names::attention(d, g, elem))
         .chain([names::ATTENTION_COMBINE.to_string()])
         .collect();
+    let by_elem = |bases: &[&str]| {
+        bases
+            .iter()
+            .flat_map(|b| CacheElem::ALL.map(|e| names::by_elem(b, e)))
+            .collect::<Vec<_>>()
+    };
     vec![
         KernelModule {
             name: "ops",
@@ -217,10 +257,11 @@ pub fn kernel_modules() -> Vec<KernelModule> {
                 names::GELU_TANH_MUL,
                 names::SCALE,
                 names::ROPE_QK,
-                names::WRITE_KV,
-                names::ROPE_WRITE_KV,
                 names::FILL_NORMAL,
-            ]),
+            ])
+            .into_iter()
+            .chain(by_elem(&[names::WRITE_KV, names::ROPE_WRITE_KV]))
+            .collect(),
         },
         KernelModule {
             name: "head_norm",
@@ -237,7 +278,7 @@ pub fn kernel_modules() -> Vec<KernelModule> {
             source: PREFILL_ATTENTION_SRC,
             functions: PREFILL_HEAD_DIMS
                 .iter()
-                .map(|&d| names::prefill_attention(d))
+                .flat_map(|&d| CacheElem::ALL.map(|e| names::prefill_attention(d, e)))
                 .collect(),
         },
         KernelModule {
@@ -245,7 +286,7 @@ pub fn kernel_modules() -> Vec<KernelModule> {
             source: DECODE_ATTENTION_SRC,
             functions: DECODE_MMA_HEAD_DIMS
                 .iter()
-                .map(|&d| names::decode_attention_mma(d))
+                .flat_map(|&d| CacheElem::ALL.map(|e| names::decode_attention_mma(d, e)))
                 .collect(),
         },
         KernelModule {
@@ -262,14 +303,18 @@ pub fn kernel_modules() -> Vec<KernelModule> {
             name: "key_scores",
             source: KEY_SCORES_SRC,
             functions: owned(&[
-                names::KEY_DIRECTION_PARTIALS,
                 names::KEY_DIRECTION_MEAN,
+                names::WINDOW_SOFTMAX_COMBINE,
+                names::WINDOW_POOL_SCORES,
+            ])
+            .into_iter()
+            .chain(by_elem(&[
+                names::KEY_DIRECTION_PARTIALS,
                 names::KEY_SCORES,
                 names::WINDOW_SOFTMAX_PARTIALS,
-                names::WINDOW_SOFTMAX_COMBINE,
                 names::WINDOW_ATTENTION_MASS,
-                names::WINDOW_POOL_SCORES,
-            ]),
+            ]))
+            .collect(),
         },
         KernelModule {
             name: "gemv",
@@ -323,28 +368,29 @@ pub(crate) struct Kernels {
     pub(crate) gelu_tanh_mul: CudaFunction,
     pub(crate) scale: CudaFunction,
     pub(crate) rope_qk: CudaFunction,
-    pub(crate) write_kv: CudaFunction,
-    pub(crate) rope_write_kv: CudaFunction,
+    pub(crate) write_kv: ByElem,
+    pub(crate) rope_write_kv: ByElem,
     pub(crate) fill_normal: CudaFunction,
-    /// Paged attention, indexed by (head width, group bound): see [`Kernels::attention`].
-    attention: Vec<((usize, usize), CudaFunction)>,
+    /// Paged attention, indexed by (head width, group bound, cache element): see
+    /// [`Kernels::attention`].
+    attention: Vec<((usize, usize, CacheElem), CudaFunction)>,
     pub(crate) attention_combine: CudaFunction,
-    /// Tiled prefill attention, indexed by head width, where the device can run it: see
-    /// [`Kernels::prefill_attention`].
-    prefill_attention: Vec<(usize, PrefillKernel)>,
-    /// Tensor-core decode attention, indexed by head width, where the device can run it: see
-    /// [`Kernels::decode_attention_mma`].
-    decode_attention_mma: Vec<(usize, DecodeMmaKernel)>,
+    /// Tiled prefill attention, indexed by head width, where the device can run both element
+    /// instantiations: see [`Kernels::prefill_attention`].
+    prefill_attention: Vec<(usize, [PrefillKernel; 2])>,
+    /// Tensor-core decode attention, indexed by head width, where the device can run both
+    /// element instantiations: see [`Kernels::decode_attention_mma`].
+    decode_attention_mma: Vec<(usize, [DecodeMmaKernel; 2])>,
     pub(crate) copy_kv_blocks: CudaFunction,
     pub(crate) gather_paged_rows: CudaFunction,
     pub(crate) scatter_paged_rows: CudaFunction,
     pub(crate) gather_kept_rows: CudaFunction,
-    pub(crate) key_direction_partials: CudaFunction,
+    pub(crate) key_direction_partials: ByElem,
     pub(crate) key_direction_mean: CudaFunction,
-    pub(crate) key_scores: CudaFunction,
-    pub(crate) window_softmax_partials: CudaFunction,
+    pub(crate) key_scores: ByElem,
+    pub(crate) window_softmax_partials: ByElem,
     pub(crate) window_softmax_combine: CudaFunction,
-    pub(crate) window_attention_mass: CudaFunction,
+    pub(crate) window_attention_mass: ByElem,
     pub(crate) window_pool_scores: CudaFunction,
     pub(crate) sample_rows: CudaFunction,
     /// In [`gemv_names`] order, see [`Kernels::gemv`].
@@ -394,16 +440,18 @@ impl Kernels {
                 .remove(name)
                 .ok_or_else(|| CudaError::UnlistedKernel(name.to_string()))
         };
-        let attention = ATTENTION_HEAD_DIMS
-            .iter()
-            .flat_map(|&d| ATTENTION_GROUP_BOUNDS.iter().map(move |&g| (d, g)))
-            .map(|(d, g)| take(&names::attention(d, g)).map(|f| ((d, g), f)))
+        let attention = attention_variants()
+            .map(|v @ (d, g, elem)| take(&names::attention(d, g, elem)).map(|f| (v, f)))
             .collect::<Result<_, _>>()?;
         let mut prefill_attention = Vec::new();
         for d in PREFILL_HEAD_DIMS {
-            let function = take(&names::prefill_attention(d))?;
-            if let Some(kernel) = PrefillKernel::prepare(function, d) {
-                prefill_attention.push((d, kernel));
+            let [bf16, fp8] = CacheElem::ALL.map(|e| take(&names::prefill_attention(d, e)));
+            let prepare = |f, e| PrefillKernel::prepare(f, d, e);
+            if let (Some(b), Some(f)) = (
+                prepare(bf16?, CacheElem::Bf16),
+                prepare(fp8?, CacheElem::Fp8),
+            ) {
+                prefill_attention.push((d, [b, f]));
             }
         }
         let gemv: Vec<CudaFunction> = (1..=GEMV_MAX_ROWS)
@@ -412,10 +460,21 @@ impl Kernels {
             .collect::<Result<_, _>>()?;
         let mut decode_attention_mma = Vec::new();
         for d in DECODE_MMA_HEAD_DIMS {
-            let function = take(&names::decode_attention_mma(d))?;
-            if let Some(kernel) = DecodeMmaKernel::prepare(function, d) {
-                decode_attention_mma.push((d, kernel));
+            let [bf16, fp8] = CacheElem::ALL.map(|e| take(&names::decode_attention_mma(d, e)));
+            let prepare = |f, e| DecodeMmaKernel::prepare(f, d, e);
+            if let (Some(b), Some(f)) = (
+                prepare(bf16?, CacheElem::Bf16),
+                prepare(fp8?, CacheElem::Fp8),
+            ) {
+                decode_attention_mma.push((d, [b, f]));
             }
+        }
+        // Both instantiations of a kernel instantiated per cache element.
+        macro_rules! by_elem {
+            ($base:expr) => {{
+                let [b, f] = CacheElem::ALL.map(|e| take(&names::by_elem($base, e)));
+                ByElem([b?, f?])
+            }};
         }
         let mut latent_scores = Vec::new();
         for d in LATENT_HEAD_DIMS {
@@ -477,8 +536,8 @@ impl Kernels {
             gelu_tanh_mul: take(names::GELU_TANH_MUL)?,
             scale: take(names::SCALE)?,
             rope_qk: take(names::ROPE_QK)?,
-            write_kv: take(names::WRITE_KV)?,
-            rope_write_kv: take(names::ROPE_WRITE_KV)?,
+            write_kv: by_elem!(names::WRITE_KV),
+            rope_write_kv: by_elem!(names::ROPE_WRITE_KV),
             fill_normal: take(names::FILL_NORMAL)?,
             attention,
             attention_combine: take(names::ATTENTION_COMBINE)?,
@@ -488,37 +547,48 @@ impl Kernels {
             gather_paged_rows: take(names::GATHER_PAGED_ROWS)?,
             scatter_paged_rows: take(names::SCATTER_PAGED_ROWS)?,
             gather_kept_rows: take(names::GATHER_KEPT_ROWS)?,
-            key_direction_partials: take(names::KEY_DIRECTION_PARTIALS)?,
+            key_direction_partials: by_elem!(names::KEY_DIRECTION_PARTIALS),
             key_direction_mean: take(names::KEY_DIRECTION_MEAN)?,
-            key_scores: take(names::KEY_SCORES)?,
-            window_softmax_partials: take(names::WINDOW_SOFTMAX_PARTIALS)?,
+            key_scores: by_elem!(names::KEY_SCORES),
+            window_softmax_partials: by_elem!(names::WINDOW_SOFTMAX_PARTIALS),
             window_softmax_combine: take(names::WINDOW_SOFTMAX_COMBINE)?,
-            window_attention_mass: take(names::WINDOW_ATTENTION_MASS)?,
+            window_attention_mass: by_elem!(names::WINDOW_ATTENTION_MASS),
             window_pool_scores: take(names::WINDOW_POOL_SCORES)?,
             sample_rows: take(names::SAMPLE_ROWS)?,
             gemv,
         })
     }
 
-    /// The attention kernel for `head_dim` and `group` query heads per KV head, if instantiated.
-    pub(crate) fn attention(&self, head_dim: usize, group: usize) -> Option<&CudaFunction> {
+    /// The attention kernel for `head_dim`, `group` query heads per KV head and the cache
+    /// element, if instantiated.
+    pub(crate) fn attention(
+        &self,
+        head_dim: usize,
+        group: usize,
+        elem: CacheElem,
+    ) -> Option<&CudaFunction> {
         let bound = ATTENTION_GROUP_BOUNDS
             .iter()
             .copied()
             .find(|&g| g >= group)?;
         self.attention
             .iter()
-            .find(|((d, g), _)| *d == head_dim && *g == bound)
+            .find(|(v, _)| *v == (head_dim, bound, elem))
             .map(|(_, f)| f)
     }
 
     /// The tiled prefill attention kernel for `head_dim` (any group of 1..=8 query heads per KV
-    /// head: the group is a launch argument), if instantiated and runnable on this device.
-    pub(crate) fn prefill_attention(&self, head_dim: usize) -> Option<&PrefillKernel> {
+    /// head: the group is a launch argument) and the cache element, if instantiated and runnable
+    /// on this device (both elements are, or neither).
+    pub(crate) fn prefill_attention(
+        &self,
+        head_dim: usize,
+        elem: CacheElem,
+    ) -> Option<&PrefillKernel> {
         self.prefill_attention
             .iter()
             .find(|(d, _)| *d == head_dim)
-            .map(|(_, k)| k)
+            .map(|(_, k)| &k[elem as usize])
     }
 
     /// The matrix-vector kernel for `rows` input rows (`1..=GEMV_MAX_ROWS`), `kind` of output and
@@ -563,13 +633,18 @@ impl Kernels {
             .map(|(_, f)| f)
     }
 
-    /// The tensor-core decode kernel for `head_dim` (any group of 1..=8 query heads per KV head),
-    /// if instantiated and runnable on this device.
-    pub(crate) fn decode_attention_mma(&self, head_dim: usize) -> Option<&DecodeMmaKernel> {
+    /// The tensor-core decode kernel for `head_dim` (any group of 1..=8 query heads per KV head)
+    /// and the cache element, if instantiated and runnable on this device (both elements are, or
+    /// neither).
+    pub(crate) fn decode_attention_mma(
+        &self,
+        head_dim: usize,
+        elem: CacheElem,
+    ) -> Option<&DecodeMmaKernel> {
         self.decode_attention_mma
             .iter()
             .find(|(d, _)| *d == head_dim)
-            .map(|(_, k)| k)
+            .map(|(_, k)| &k[elem as usize])
     }
 }
 
@@ -603,8 +678,17 @@ mod tests {
         assert_eq!(define(src, "DM_BN"), DECODE_MMA_TILE_KEYS);
         assert_eq!(define(src, "DM_STAGES"), DECODE_MMA_STAGES);
         // The ring at head_dim 128 needs the opt-in shared memory of sm_80+ (96 KiB per block).
-        assert_eq!(decode_mma_shared_bytes(128), 96 * 1024);
-        assert_eq!(decode_mma_shared_bytes(64), 48 * 1024);
+        assert_eq!(decode_mma_shared_bytes(128, CacheElem::Bf16), 96 * 1024);
+        assert_eq!(decode_mma_shared_bytes(64, CacheElem::Bf16), 48 * 1024);
+        // fp8: the ring of byte tiles and one converted bf16 (K, V) pair.
+        assert_eq!(
+            decode_mma_shared_bytes(128, CacheElem::Fp8),
+            (48 + 32) * 1024
+        );
+        assert_eq!(
+            decode_mma_shared_bytes(64, CacheElem::Fp8),
+            (24 + 16) * 1024
+        );
     }
 
     #[test]
@@ -632,10 +716,24 @@ mod tests {
         // Q (32 KiB) and two stages of K and V (64 KiB) at head_dim 128; Q (16 KiB) and three
         // stages (48 KiB) at 64. Two blocks of either fit the 228 KiB of an sm_90 SM, each
         // within the 227 KiB one block may opt in to.
-        assert_eq!(prefill_shared_bytes(128), 96 * 1024);
-        assert_eq!(prefill_shared_bytes(64), 64 * 1024);
+        assert_eq!(prefill_shared_bytes(128, CacheElem::Bf16), 96 * 1024);
+        assert_eq!(prefill_shared_bytes(64, CacheElem::Bf16), 64 * 1024);
+        // fp8: Q, the ring of byte tiles and one converted bf16 (K, V) pair.
+        assert_eq!(
+            prefill_shared_bytes(128, CacheElem::Fp8),
+            (32 + 32 + 32) * 1024
+        );
+        assert_eq!(
+            prefill_shared_bytes(64, CacheElem::Fp8),
+            (16 + 24 + 16) * 1024
+        );
         for d in PREFILL_HEAD_DIMS {
-            assert!(2 * (prefill_shared_bytes(d) + 1024) <= 228 * 1024, "d{d}");
+            for e in CacheElem::ALL {
+                assert!(
+                    2 * (prefill_shared_bytes(d, e) + 1024) <= 228 * 1024,
+                    "d{d} {e:?}"
+                );
+            }
         }
     }
 

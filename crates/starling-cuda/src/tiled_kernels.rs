@@ -6,7 +6,7 @@ use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::CudaFunction;
 
 use crate::geometry::{
-    decode_mma_shared_bytes, prefill_shared_bytes, DECODE_MMA_THREADS, PREFILL_THREADS,
+    decode_mma_shared_bytes, prefill_shared_bytes, CacheElem, DECODE_MMA_THREADS, PREFILL_THREADS,
 };
 
 /// The tensor-core decode kernel for one head width, with its launch needs on this device.
@@ -24,12 +24,16 @@ impl DecodeMmaKernel {
     /// many blocks fit an SM. `None` where the device cannot run it (a GPU with less shared
     /// memory per block than the ring needs): decode rows then keep the per-token kernel, which
     /// computes the same attention.
-    pub(crate) fn prepare(function: CudaFunction, head_dim: usize) -> Option<Self> {
+    pub(crate) fn prepare(
+        function: CudaFunction,
+        head_dim: usize,
+        elem: CacheElem,
+    ) -> Option<Self> {
         let (shared_bytes, resident_per_sm) = opt_in_shared_memory(
             &function,
-            decode_mma_shared_bytes(head_dim),
+            decode_mma_shared_bytes(head_dim, elem),
             DECODE_MMA_THREADS,
-            &format!("decode attention d{head_dim}"),
+            &format!("decode attention d{head_dim} {}", elem.suffix()),
             "the per-token kernel serves decode",
         )?;
         Some(Self {
@@ -84,15 +88,22 @@ impl PrefillKernel {
     /// Raises the function's dynamic shared-memory limit to what it needs (above the 48 KiB
     /// default: the opt-in shared memory of sm_80+). `None` where the device cannot run it:
     /// prefill rows then go to the decode kernel, which attends any single row correctly.
-    pub(crate) fn prepare(function: CudaFunction, head_dim: usize) -> Option<Self> {
+    pub(crate) fn prepare(
+        function: CudaFunction,
+        head_dim: usize,
+        elem: CacheElem,
+    ) -> Option<Self> {
         let (shared_bytes, resident) = opt_in_shared_memory(
             &function,
-            prefill_shared_bytes(head_dim),
+            prefill_shared_bytes(head_dim, elem),
             PREFILL_THREADS,
-            &format!("prefill attention d{head_dim}"),
+            &format!("prefill attention d{head_dim} {}", elem.suffix()),
             "the decode kernel serves prefill rows",
         )?;
-        tracing::debug!("prefill attention d{head_dim}: {resident} blocks per SM");
+        tracing::debug!(
+            "prefill attention d{head_dim} {}: {resident} blocks per SM",
+            elem.suffix()
+        );
         Some(Self {
             function,
             shared_bytes,

@@ -28,6 +28,19 @@ mod latent;
 #[path = "parity/head_norm.rs"]
 mod head_norm;
 
+/// The fp8 (e4m3) dense cache: writes, attention, scores and row moves.
+#[path = "parity/fp8.rs"]
+mod fp8;
+
+/// The CPU reference's spec for a GPU cache of `spec`: f32 slots, or e4m3-rounded values in
+/// them for an fp8 cache.
+fn cpu_spec(spec: &KvCacheSpec) -> KvCacheSpec {
+    match spec.layout.dtype() {
+        CacheDtype::Fp8 => spec.clone(),
+        _ => spec.with_dtype(CacheDtype::F32),
+    }
+}
+
 /// bf16 operand tolerance on ‖out − ref‖ / ‖ref‖.
 const BF16_REL_TOL: f64 = 1e-2;
 
@@ -482,9 +495,7 @@ fn filled_caches(
         spec.block_size_tokens,
         Vec::new(),
     );
-    let mut cache_c = cpu
-        .alloc_kv_cache(&spec.with_dtype(CacheDtype::F32))
-        .unwrap();
+    let mut cache_c = cpu.alloc_kv_cache(&cpu_spec(spec)).unwrap();
     let mut cache_g = gpu.alloc_kv_cache(spec).unwrap();
     let batch_c = cpu.prepare_batch(&meta, spec.num_blocks).unwrap();
     let batch_g = gpu.prepare_batch(&meta, spec.num_blocks).unwrap();
@@ -986,16 +997,24 @@ fn check_prefill_batch(
     rng: &mut ChaCha8Rng,
     label: &str,
 ) {
+    check_prefill_batch_in(gpu, cpu, dims, seqs, rng, label, CacheDtype::BF16);
+}
+
+/// [`check_prefill_batch`] over a GPU cache of `dtype` (bf16 or fp8; the CPU reference holds
+/// the same values).
+fn check_prefill_batch_in(
+    gpu: &CudaBackend,
+    cpu: &CpuBackend,
+    dims: &AttentionDims,
+    seqs: &[PrefillSeq],
+    rng: &mut ChaCha8Rng,
+    label: &str,
+    dtype: CacheDtype,
+) {
     let bs = 16;
     let span = |s: &PrefillSeq| s.earlier.max(s.kept.unwrap_or(s.earlier) + s.new);
     let num_blocks = seqs.iter().map(|s| span(s).div_ceil(bs)).sum::<usize>() + 3;
-    let spec = KvCacheSpec::full(
-        num_blocks,
-        bs,
-        dims.num_kv_heads,
-        dims.head_dim,
-        CacheDtype::BF16,
-    );
+    let spec = KvCacheSpec::full(num_blocks, bs, dims.num_kv_heads, dims.head_dim, dtype);
     let mut free: Vec<u32> = (0..num_blocks as u32).collect();
     free.shuffle(rng);
     let tables: Vec<Vec<u32>> = seqs
@@ -1009,9 +1028,7 @@ fn check_prefill_batch(
     let slot = |table: &[u32], t: usize| table[t / bs] * bs as u32 + (t % bs) as u32;
 
     // Earlier context, through write_kv on both sides (identical bf16 values).
-    let mut cache_c = cpu
-        .alloc_kv_cache(&spec.with_dtype(CacheDtype::F32))
-        .unwrap();
+    let mut cache_c = cpu.alloc_kv_cache(&cpu_spec(&spec)).unwrap();
     let mut cache_g = gpu.alloc_kv_cache(&spec).unwrap();
     let mut ctx = BatchMeta {
         block_size_tokens: bs,

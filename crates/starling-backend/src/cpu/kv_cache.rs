@@ -1,4 +1,5 @@
-//! One layer's paged cache in host memory (f32): the CPU reference of every cache layout.
+//! One layer's paged cache in host memory (f32): the CPU reference of every cache layout and
+//! element type (an fp8 cache holds e4m3-rounded values in its f32 slots).
 //!
 //! Two planes, slot-major, as [`KvCacheSpec`] describes them for every backend: keys
 //! `[num_slots, key_width]` and values `[num_slots, value_width]`; a latent layer also keeps one
@@ -109,11 +110,19 @@ impl CpuKvCache {
     }
 
     /// Overwrites flat slot `slot` with one key-plane row, one value-plane row and (a latent
-    /// layer) its position. The caller checks the slot and the row widths.
+    /// layer) its position. The caller checks the slot and the row widths. An fp8 cache holds
+    /// each element rounded to e4m3 ([`crate::fp8`]), as the GPU's one-byte slots do, so every
+    /// reader (attention, scores, compaction) sees what the GPU's would.
     pub(super) fn set_slot(&mut self, slot: usize, k: &[f32], v: &[f32], position: u32) {
         let (kw, vw) = (self.key_width, self.value_width);
-        self.keys[slot * kw..(slot + 1) * kw].copy_from_slice(k);
-        self.values[slot * vw..(slot + 1) * vw].copy_from_slice(v);
+        let keys = &mut self.keys[slot * kw..(slot + 1) * kw];
+        keys.copy_from_slice(k);
+        let values = &mut self.values[slot * vw..(slot + 1) * vw];
+        values.copy_from_slice(v);
+        if self.spec.layout.dtype() == starling_kv::CacheDtype::Fp8 {
+            crate::fp8::e4m3_round_slice(keys);
+            crate::fp8::e4m3_round_slice(values);
+        }
         if let Some(p) = self.positions.get_mut(slot) {
             *p = position;
         }

@@ -88,11 +88,17 @@ impl BackendCore for CpuBackend {
     }
 
     fn alloc_kv_cache(&self, spec: &KvCacheSpec) -> Result<CpuKvCache, BackendError> {
-        if spec.layout.dtype() != starling_kv::CacheDtype::F32 {
-            return Err(BackendError::Shape(format!(
-                "the CPU backend caches f32, not {:?}",
-                spec.layout.dtype()
-            )));
+        use starling_kv::{CacheDtype, LayerLayout};
+        match (&spec.layout, spec.layout.dtype()) {
+            (_, CacheDtype::F32) => {}
+            // fp8 full K/V: e4m3-rounded values in f32 slots (`CpuKvCache::set_slot`).
+            (LayerLayout::Full { .. }, CacheDtype::Fp8) => {}
+            (_, dtype) => {
+                return Err(BackendError::Shape(format!(
+                    "the CPU backend caches f32 (and fp8 full K/V), not {dtype:?} for {:?}",
+                    spec.layout
+                )))
+            }
         }
         CpuKvCache::new(spec.clone())
     }

@@ -12,8 +12,8 @@ use starling_backend::{
     AttentionDims, BackendCore, DecodeGraphConfig, DecodeStep, DeviceSampling, GraphCapture,
 };
 use starling_cuda::bench::{
-    attention_meta, bench_attention, bench_kv_write, bench_latent_attention, bench_latent_write,
-    copy_bandwidth_tb_s, fill_cache, LatentRanks,
+    attention_meta, bench_attention, bench_attention_in, bench_kv_write, bench_kv_write_in,
+    bench_latent_attention, bench_latent_write, copy_bandwidth_tb_s, fill_cache, LatentRanks,
 };
 use starling_cuda::CudaBackend;
 use starling_models::llama::{ForwardOptions, LlamaModel};
@@ -115,6 +115,7 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
     decode_points.push((20, 32768));
     let mut rows = Vec::new();
     let mut writes = Vec::new();
+    let mut fp8 = Fp8Rows::default();
     if !args.latent_only {
         dense_kernels(
             &gpu,
@@ -124,6 +125,7 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
             &mut rows,
             &mut writes,
         )?;
+        fp8_kernels(&gpu, &shapes, &decode_points, &mut fp8)?;
     }
     let (latent_rows, latent_writes) = latent_kernels(&gpu, &decode_points, args.quick)?;
     write_json(
@@ -134,6 +136,8 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
             "copy_tb_s": copy_tb_s,
             "attention": rows,
             "kv_write": writes,
+            "fp8_attention": fp8.attention,
+            "fp8_kv_write": fp8.writes,
             "latent_attention": latent_rows,
             "latent_write": latent_writes,
         }),
@@ -188,6 +192,58 @@ fn dense_kernels(
                 r.tokens, r.kv_width, r.write_ms, r.copy_ms, r.ratio_to_copy
             );
             writes.push(serde_json::json!({ "shape": label, "row": r }));
+        }
+    }
+    Ok(())
+}
+
+/// The fp8 cache's rows (`--kv-cache-dtype fp8`), each beside the bf16 row of the same point
+/// timed right before it.
+#[derive(Default)]
+struct Fp8Rows {
+    attention: Vec<serde_json::Value>,
+    writes: Vec<serde_json::Value>,
+}
+
+/// Paged attention and the KV write over an fp8 cache against bf16, at every decode point and
+/// one prefill chunk per shape.
+fn fp8_kernels(
+    gpu: &CudaBackend,
+    shapes: &[(&str, AttentionDims)],
+    decode_points: &[(usize, usize)],
+    out: &mut Fp8Rows,
+) -> Result<()> {
+    use starling_kv::CacheDtype;
+    println!("\n| fp8 vs bf16 | shape | batch | seq | query | bf16 ms | fp8 ms | bf16 / fp8 |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
+    for &(label, dims) in shapes {
+        let points = decode_points
+            .iter()
+            .map(|&(b, s)| (b, s, 1))
+            .chain([(1, 8192, 512), (4, 32768, 512)]);
+        for (b, s, q) in points {
+            let bf16 = bench_attention_in(gpu, dims, b, s, q, CacheDtype::BF16)?;
+            let fp8 = bench_attention_in(gpu, dims, b, s, q, CacheDtype::Fp8)?;
+            let speedup = bf16.median_ms / fp8.median_ms;
+            println!(
+                "| {} | {label} | {b} | {s} | {q} | {:.4} | {:.4} | {speedup:.2} |",
+                fp8.kind, bf16.median_ms, fp8.median_ms
+            );
+            out.attention.push(serde_json::json!({
+                "shape": label, "bf16": bf16, "fp8": fp8, "speedup_vs_bf16": speedup,
+            }));
+        }
+        for tokens in [16usize, 8192] {
+            let bf16 = bench_kv_write_in(gpu, dims, tokens, CacheDtype::BF16)?;
+            let fp8 = bench_kv_write_in(gpu, dims, tokens, CacheDtype::Fp8)?;
+            println!(
+                "| write | {label} | | {tokens} | | {:.4} | {:.4} | {:.2} |",
+                bf16.write_ms,
+                fp8.write_ms,
+                bf16.write_ms / fp8.write_ms
+            );
+            out.writes
+                .push(serde_json::json!({ "shape": label, "bf16": bf16, "fp8": fp8 }));
         }
     }
     Ok(())

@@ -3,8 +3,9 @@
 //! uncompressed run and every method run side by side in one engine, and each forced position's
 //! full distribution is compared with the uncompressed one as it arrives (mean KL) and scores the
 //! forced token (perplexity). STAR-KV (`--kv-compression '{"method":"star_kv",…}'`) changes the
-//! model itself, so its engine cannot run the uncompressed reference: a first pass on the original
-//! weights records the reference distributions, and the compressed run is compared with those.
+//! model itself, and `--kv-cache-dtype fp8` the whole cache, so their engines cannot run the
+//! uncompressed reference: a first pass on the original weights and cache records the reference
+//! distributions, and the compressed run is compared with those.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -56,7 +57,7 @@ pub struct QualityArgs {
 
 /// Runs `starling bench quality`.
 pub fn run(args: QualityArgs) -> Result<()> {
-    let reference = match args.engine.kv_compression.star_kv() {
+    let reference = match engine_wide_compression(&args.engine) {
         Some(_) => {
             let mut recorded = None;
             with_backend(
@@ -71,6 +72,21 @@ pub fn run(args: QualityArgs) -> Result<()> {
         None => None,
     };
     with_backend(args.engine.device, QualityJob { args, reference })
+}
+
+/// What every stream of an engine started with `engine` shares, when it is not the uncompressed
+/// reference: a STAR-KV model (`star_kv balanced (distilled low-rank)`) or an fp8 cache
+/// (`fp8 cache`). The reference then comes from a [`ReferencePass`].
+fn engine_wide_compression(engine: &EngineArgs) -> Option<String> {
+    if let Some(s) = engine.kv_compression.star_kv() {
+        return Some(format!(
+            "star_kv {} ({} low-rank)",
+            s.rank_profile,
+            s.factors.name()
+        ));
+    }
+    let dtype = engine.cache_compression().kv_dtype;
+    (dtype != starling_evict::KvCacheDtype::Auto).then(|| format!("{} cache", dtype.name()))
 }
 
 /// The main pass: the reference (unless recorded by a [`ReferencePass`]) and every method.
@@ -95,6 +111,7 @@ impl BackendJob for ReferencePass<'_> {
     fn run<B: Backend + 'static>(self, backend: B) -> Result<()> {
         let mut engine_args = self.args.engine.clone();
         engine_args.kv_compression = starling_evict::KvCompression::default();
+        engine_args.kv_cache_dtype = None;
         let mut prepared = prepare(backend, self.args, &engine_args)?;
         let streams = [Stream {
             label: "none (uncompressed reference)".to_owned(),
@@ -126,7 +143,11 @@ impl BackendJob for ReferencePass<'_> {
             });
         }
         bar.finish_and_clear();
-        *self.recorded = Some(RecordedReference { windows });
+        let bytes_per_token = prepared.session.engine.preflight().sizing.bytes_per_token;
+        *self.recorded = Some(RecordedReference {
+            windows,
+            bytes_per_token,
+        });
         Ok(())
     }
 }
@@ -134,6 +155,8 @@ impl BackendJob for ReferencePass<'_> {
 /// The uncompressed model's distributions, one row per forced position of each window.
 struct RecordedReference {
     windows: Vec<ReferenceWindow>,
+    /// What the reference's own cache stores per token (full K/V in the activation dtype).
+    bytes_per_token: u64,
 }
 
 struct ReferenceWindow {
@@ -196,14 +219,10 @@ fn quality<B: Backend + 'static>(
     reference: Option<RecordedReference>,
 ) -> Result<()> {
     let methods = parse_methods(&args.methods)?;
-    // Under STAR-KV every stream of this engine runs the compressed model: name it.
-    let star_kv = args
-        .engine
-        .kv_compression
-        .star_kv()
-        .map(|s| format!("star_kv {} ({} low-rank)", s.rank_profile, s.factors.name()));
+    // Under STAR-KV (or an fp8 cache) every stream of this engine runs compressed: name it.
+    let engine_wide = engine_wide_compression(&args.engine);
     let mut streams = vec![Stream {
-        label: if star_kv.is_some() {
+        label: if engine_wide.is_some() {
             "none (uncompressed reference)".to_owned()
         } else {
             "none (reference)".to_owned()
@@ -211,7 +230,7 @@ fn quality<B: Backend + 'static>(
         config: CompressionConfig::default(),
     }];
     for spec in &methods {
-        let label = match (&star_kv, spec.name.as_str()) {
+        let label = match (&engine_wide, spec.name.as_str()) {
             (Some(model), "none") => model.clone(),
             (Some(model), _) => format!("{model} + {}", spec.label()),
             (None, _) => spec.label(),
@@ -232,7 +251,9 @@ fn quality<B: Backend + 'static>(
                 .zip(&windows)
                 .all(|(r, w)| r.window == *w);
         if !same {
-            bail!("the reference pass saw other windows than the STAR-KV run (tokenizer changed?)");
+            bail!(
+                "the reference pass saw other windows than the compressed run (tokenizer changed?)"
+            );
         }
     }
     std::fs::create_dir_all(&args.output)
@@ -290,6 +311,11 @@ fn quality<B: Backend + 'static>(
             );
         }
         let kv_tokens = mean(&kv_final[s]).unwrap_or(0.0);
+        // A recorded reference held its tokens in its own cache, not in this engine's.
+        let stream_bytes_per_token = match &reference {
+            Some(recorded) if s == 0 => recorded.bytes_per_token,
+            _ => bytes_per_token,
+        };
         rows.push(QualityRow {
             method: stream.label.clone(),
             compression: stream.config.to_json(),
@@ -297,7 +323,7 @@ fn quality<B: Backend + 'static>(
             perplexity: totals[s].perplexity(),
             scored_tokens: totals[s].logprob_count,
             kv_tokens_final_mean: kv_tokens,
-            kv_bytes_final_mean: kv_tokens * bytes_per_token as f64,
+            kv_bytes_final_mean: kv_tokens * stream_bytes_per_token as f64,
         });
     }
     let mut rows = rows.into_iter();

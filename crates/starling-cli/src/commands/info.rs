@@ -10,6 +10,7 @@ use starling_kv::{
     preflight_with_peak, CacheDtype, CacheGroups, CacheLayout, CacheSizing, LayerLayout,
     LATENT_RANK_MULTIPLE,
 };
+use starling_models::llama::fp8_exempt_layers_of;
 use starling_models::{ModelConfig, RopeStyle};
 use starling_starkv::checkpoint::{read_manifest, MANIFEST_FILE};
 use starling_starkv::{
@@ -50,18 +51,72 @@ pub fn full_layout(config: &ModelConfig, dtype: CacheDtype) -> CacheLayout {
     )
 }
 
+/// The cache layout `--kv-cache-dtype fp8` gives `config`: fp8 full K/V, except the `exempt`
+/// layers (key biases e4m3 cannot hold), which keep `auto_dtype` — every layer does when the
+/// model mixes windowed and full layers, whose cache groups share one slot tensor per position
+/// (`LlamaModel::block_layout`'s rule).
+pub fn fp8_layout(config: &ModelConfig, auto_dtype: CacheDtype, exempt: &[usize]) -> CacheLayout {
+    let mixed_windows = config
+        .sliding_window
+        .as_ref()
+        .is_some_and(|w| w.layers.iter().any(|windowed| !windowed));
+    if mixed_windows && !exempt.is_empty() {
+        return full_layout(config, auto_dtype);
+    }
+    let mut layout = full_layout(config, CacheDtype::Fp8);
+    for &l in exempt {
+        layout.layers[l] = LayerLayout::Full {
+            num_kv_heads: config.num_kv_heads,
+            head_dim: config.head_dim,
+            dtype: auto_dtype,
+        };
+    }
+    layout
+}
+
+/// `; layers 0, 1 stay bf16 (key bias over 32: too large for fp8)` for the fp8 line, or nothing.
+fn fp8_exemption_note(layout: &CacheLayout, exempt: &[usize], auto_dtype: CacheDtype) -> String {
+    if exempt.is_empty() {
+        return String::new();
+    }
+    let list = |layers: &mut dyn Iterator<Item = usize>| {
+        layers.map(|l| l.to_string()).collect::<Vec<_>>().join(", ")
+    };
+    let kept: Vec<usize> = (0..layout.layers.len())
+        .filter(|&l| layout.layers[l].dtype() != CacheDtype::Fp8)
+        .collect();
+    let which = if kept.len() == layout.layers.len() {
+        format!(
+            "every layer stays (layers {} share its slots)",
+            list(&mut exempt.iter().copied())
+        )
+    } else {
+        format!("layers {} stay", list(&mut kept.into_iter()))
+    };
+    format!(
+        "; {which} {} (key bias over {}: too large for fp8)",
+        format!("{auto_dtype:?}").to_lowercase(),
+        starling_models::llama::fp8_max_key_bias()
+    )
+}
+
 /// Runs `starling info`.
 pub fn run(args: InfoArgs) -> Result<()> {
-    let (config, source, load_ms) = match args.model.load_format {
+    // The layers an fp8 cache leaves in the activation dtype follow from the weights (key
+    // biases), by the rule the engine applies at load; synthetic weights have none.
+    let (config, source, load_ms, fp8_exempt) = match args.model.load_format {
         LoadFormat::Auto => {
             let opened = open_model(&args.model.model)?;
             let source = opened.path.display().to_string();
-            (opened.loaded.config, source, opened.loaded.load_ms)
+            let loaded = opened.loaded;
+            let exempt = fp8_exempt_layers_of(&loaded.config, &loaded.weights);
+            (loaded.config, source, loaded.load_ms, exempt)
         }
         LoadFormat::Synthetic => (
             starling_models::preset(&args.model.model)?,
             "synthetic preset".to_string(),
             0,
+            Vec::new(),
         ),
     };
     let c = &config;
@@ -120,12 +175,22 @@ pub fn run(args: InfoArgs) -> Result<()> {
         crate::args::DeviceArg::Cuda => true,
         crate::args::DeviceArg::Auto => starling_cuda::cuda_available(),
     };
-    let (dtype, dtype_name) = if on_gpu {
-        (CacheDtype::BF16, "bf16, cuda")
+    let (auto_dtype, device) = if on_gpu {
+        (CacheDtype::BF16, "cuda")
     } else {
-        (CacheDtype::F32, "f32, cpu")
+        (CacheDtype::F32, "cpu")
     };
-    let full = full_layout(c, dtype);
+    // `--kv-cache-dtype fp8` sizes full K/V at one byte per element; STAR-KV latents stay in the
+    // activation dtype (the two are not combined).
+    let fp8 = args.engine.cache_compression().kv_dtype == starling_evict::KvCacheDtype::Fp8;
+    let dtype = if fp8 { CacheDtype::Fp8 } else { auto_dtype };
+    let dtype_name = format!("{}, {device}", format!("{dtype:?}").to_lowercase());
+    let dtype_name = dtype_name.as_str();
+    let full = if fp8 {
+        fp8_layout(c, auto_dtype, &fp8_exempt)
+    } else {
+        full_layout(c, dtype)
+    };
     let pf = preflight(
         engine.kv_cache_memory_bytes,
         &full,
@@ -154,6 +219,23 @@ pub fn run(args: InfoArgs) -> Result<()> {
                 .num_blocks
         }
     };
+    if fp8 {
+        let auto = full_layout(c, auto_dtype);
+        let auto_blocks =
+            CacheSizing::from_budget(engine.kv_cache_memory_bytes, &auto, sched.block_size_tokens)?
+                .num_blocks;
+        println!(
+            "fp8 cache:     {} per token vs {} in {} → {} blocks vs {} ({:.2}×; e4m3, values \
+             rounded to nearest and saturated to ±448 when written{})",
+            format_bytes(full.bytes_per_token()),
+            format_bytes(auto.bytes_per_token()),
+            format!("{auto_dtype:?}").to_lowercase(),
+            dense_blocks,
+            auto_blocks,
+            dense_blocks as f64 / auto_blocks.max(1) as f64,
+            fp8_exemption_note(&full, &fp8_exempt, auto_dtype)
+        );
+    }
     // Whether the cache the flags configure boots: the exit status says it, so a script can
     // ask `starling info` before it starts a server.
     let mut refusal = pf.as_ref().err().map(|e| format!("full K/V: {e}"));
@@ -163,7 +245,12 @@ pub fn run(args: InfoArgs) -> Result<()> {
     if let Some(evicting) = print_eviction_fit(&engine, &full, c) {
         refusal = evicting.err();
     }
-    let rows = star_kv_rows(&args, c)?;
+    // STAR-KV latents are not stored in fp8 (the engine refuses the pair): no rows to compare.
+    let rows = if fp8 {
+        Vec::new()
+    } else {
+        star_kv_rows(&args, c)?
+    };
     let configured_star_kv = args.engine.kv_compression.star_kv().is_some();
     if !rows.is_empty() {
         println!(
@@ -171,9 +258,9 @@ pub fn run(args: InfoArgs) -> Result<()> {
         );
     }
     for row in rows {
-        let layout = row.allocation.cache_layout(dtype);
+        let layout = row.allocation.cache_layout(auto_dtype);
         let bytes = layout.bytes_per_token();
-        let ranks_bytes = row.allocation.elements_per_token() * dtype.bytes();
+        let ranks_bytes = row.allocation.elements_per_token() * auto_dtype.bytes();
         let sized = CacheSizing::from_budget(
             engine.kv_cache_memory_bytes,
             &layout,
@@ -204,7 +291,8 @@ pub fn run(args: InfoArgs) -> Result<()> {
         }
     }
     if let Some(ranks) = &synthetic_latent {
-        refusal = print_synthetic_latent_row(&engine, c, ranks, dtype, dtype_name, dense_blocks)?;
+        refusal =
+            print_synthetic_latent_row(&engine, c, ranks, auto_dtype, dtype_name, dense_blocks)?;
     }
     match refusal {
         Some(why) => bail!("the configured KV cache does not boot: {why}"),

@@ -9,6 +9,7 @@ use super::attention_plan::{plan_splits, DecodeKernel, GridBlocks, SplitPlan, MA
 use super::{err, CudaBackend, CudaBatch, CudaKvCache, KvSource};
 use crate::geometry::DECODE_MMA_THREADS;
 use crate::geometry::PREFILL_THREADS;
+use crate::kernels::CacheElem;
 use crate::{CudaError, CudaTensor, DeviceBuf};
 
 impl CudaBackend {
@@ -25,7 +26,9 @@ impl CudaBackend {
         prefill_blocks: usize,
         max_visible_tokens: usize,
     ) -> SplitPlan {
-        let mma = self.kernels.decode_attention_mma(head_dim);
+        // Both elements' decode kernels exist or neither; the bf16 one's occupancy plans both,
+        // so a plan depends on the model only (recorded graphs replay what eager steps do).
+        let mma = self.kernels.decode_attention_mma(head_dim, CacheElem::Bf16);
         let choice = DecodeKernel::choose(group, decode_rows, mma.is_some());
         let decode_blocks = decode_rows * num_kv_heads;
         let (per_token, mma_blocks) = match choice {
@@ -79,7 +82,8 @@ impl CudaBackend {
         // otherwise the decode kernel serves every row (`row_order` lists them all; both decode
         // kernels attend any single row correctly, prefill rows included).
         let rows = &batch.rows;
-        let prefill = match self.kernels.prefill_attention(dims.head_dim) {
+        let elem = source.elem;
+        let prefill = match self.kernels.prefill_attention(dims.head_dim, elem) {
             Some(kernel) if rows.num_prefill() > 0 => Some((kernel, rows.tile_ranges[group - 1])),
             _ => None,
         };
@@ -93,7 +97,7 @@ impl CudaBackend {
             (true, false) => rows.num_decode,
             (false, false) => n,
         };
-        let mma = self.kernels.decode_attention_mma(dims.head_dim);
+        let mma = self.kernels.decode_attention_mma(dims.head_dim, elem);
         let decode_choice = DecodeKernel::choose(group, decode_rows, mma.is_some());
         // (function, block threads, dynamic shared bytes) of the decode launch.
         let decode_kernel = match (decode_choice, mma) {
@@ -101,7 +105,7 @@ impl CudaBackend {
             _ => {
                 let f = self
                     .kernels
-                    .attention(dims.head_dim, group)
+                    .attention(dims.head_dim, group, elem)
                     .ok_or_else(|| {
                         CudaError::Shape(format!(
                             "attention: head_dim {} with {group} query heads per KV head \
@@ -298,6 +302,7 @@ impl CudaBackend {
         let source = KvSource {
             keys: &cache.keys,
             values: &cache.values,
+            elem: cache.elem,
             block_tables: batch.block_tables(dims.cache_group),
             max_blocks: batch.max_blocks,
         };

@@ -72,7 +72,7 @@ impl CudaBackend {
             let mut mean_norm = unsafe { self.stream.alloc::<f32>(nkv) }?;
             launch!(
                 self,
-                &self.kernels.key_direction_partials,
+                self.kernels.key_direction_partials.get(cache.elem),
                 grid,
                 &cache.keys,
                 &table,
@@ -113,7 +113,7 @@ impl CudaBackend {
         let key_diff_i = i32::from(key_diff);
         launch!(
             self,
-            &self.kernels.key_scores,
+            self.kernels.key_scores.get(cache.elem),
             grid,
             &cache.keys,
             &table,
@@ -195,7 +195,7 @@ impl CudaBackend {
         };
         launch!(
             self,
-            &self.kernels.window_softmax_partials,
+            self.kernels.window_softmax_partials.get(cache.elem),
             tile_grid,
             &cache.keys,
             &table,
@@ -226,7 +226,7 @@ impl CudaBackend {
         )?;
         launch!(
             self,
-            &self.kernels.window_attention_mass,
+            self.kernels.window_attention_mass.get(cache.elem),
             tile_grid,
             &cache.keys,
             &table,

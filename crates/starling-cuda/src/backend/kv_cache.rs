@@ -1,21 +1,25 @@
 //! One layer's paged cache in device memory, for every layout [`KvCacheSpec`] describes: a key
-//! plane `[num_slots, key_width]` and a value plane `[num_slots, value_width]` (bf16,
-//! slot-major); a STAR-KV latent layer also keeps one position per slot and, for its kernels,
-//! each head's latent offset and rank.
+//! plane `[num_slots, key_width]` and a value plane `[num_slots, value_width]` (slot-major; bf16,
+//! or for a full layer fp8 e4m3 bytes, stored as half as many bf16 words per row so that the
+//! row-moving kernels move them unchanged); a STAR-KV latent layer also keeps one position per
+//! slot and, for its kernels, each head's latent offset and rank.
 
 use cudarc::driver::CudaSlice;
 use half::bf16;
 use starling_backend::KvCacheSpec;
 
 use super::CudaBackend;
+use crate::kernels::CacheElem;
 use crate::CudaError;
 
 /// One layer's cache on the GPU.
 pub struct CudaKvCache {
     pub(crate) spec: KvCacheSpec,
-    /// `[num_slots, key_width]`.
+    /// What the planes hold: bf16, or (full layers) fp8 bytes.
+    pub(crate) elem: CacheElem,
+    /// `[num_slots, key_width]` elements: `elem.words(key_width)` bf16 words per slot.
     pub(crate) keys: CudaSlice<bf16>,
-    /// `[num_slots, value_width]`.
+    /// `[num_slots, value_width]` elements, as the keys.
     pub(crate) values: CudaSlice<bf16>,
     /// A latent layer's position of every slot: a `u32` stored as two bf16 words, so the row
     /// kernels that move cache rows (copies, gathers, compaction) move it bit for bit; the
@@ -47,18 +51,41 @@ impl CudaKvCache {
     pub(crate) fn plane_widths(&self) -> (usize, usize) {
         self.spec.plane_widths()
     }
+
+    /// bf16 words per slot of the key and value planes: what the row-moving kernels (copies,
+    /// gathers, scatters, compaction) move.
+    pub(crate) fn plane_words(&self) -> (usize, usize) {
+        let (kw, vw) = self.spec.plane_widths();
+        (self.elem.words(kw), self.elem.words(vw))
+    }
 }
 
 impl CudaBackend {
-    /// A zero-filled cache of `spec` (its dtype must be bf16).
+    /// A zero-filled cache of `spec`: bf16, or fp8 for a full layer (on sm_89+, which converts
+    /// fp8 in hardware).
     pub(crate) fn alloc_kv_cache_impl(&self, spec: &KvCacheSpec) -> Result<CudaKvCache, CudaError> {
-        if spec.layout.dtype() != starling_kv::CacheDtype::BF16 {
-            return Err(CudaError::Shape(format!(
-                "the CUDA backend caches bf16, not {:?}",
-                spec.layout.dtype()
-            )));
-        }
+        use starling_kv::{CacheDtype, LayerLayout};
+        let elem = match (&spec.layout, spec.layout.dtype()) {
+            (_, CacheDtype::BF16) => CacheElem::Bf16,
+            (LayerLayout::Full { head_dim, .. }, CacheDtype::Fp8) if head_dim % 8 == 0 => {
+                if !self.fp8_cache {
+                    return Err(CudaError::Shape(format!(
+                        "an fp8 KV cache needs a GPU that converts fp8 (compute capability 8.9 \
+                         or newer); {} does not: use --kv-cache-dtype auto",
+                        self.name
+                    )));
+                }
+                CacheElem::Fp8
+            }
+            (layout, dtype) => {
+                return Err(CudaError::Shape(format!(
+                    "the CUDA backend caches bf16 (and fp8 full K/V of head widths that are \
+                     multiples of 8), not {dtype:?} for {layout:?}"
+                )))
+            }
+        };
         let (kw, vw) = spec.plane_widths();
+        let (kw, vw) = (elem.words(kw), elem.words(vw));
         let slots = spec.num_slots();
         let zeros = |n: usize| self.stream().alloc_zeros::<bf16>(n.max(1));
         let (positions, latent_heads) = match spec.latent_key_ranks() {
@@ -79,6 +106,7 @@ impl CudaBackend {
         };
         Ok(CudaKvCache {
             spec: spec.clone(),
+            elem,
             keys: zeros(slots * kw)?,
             values: zeros(slots * vw)?,
             positions,

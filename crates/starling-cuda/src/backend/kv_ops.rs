@@ -2,7 +2,9 @@
 //! sequence's K/V gathered to contiguous tensors or scattered back, key read-back, and eviction
 //! compaction. Arguments are checked on the host by the functions the CPU reference uses
 //! (`starling_backend::cpu::check_*`), before anything is launched, so both backends reject the
-//! same input and a rejected call leaves the cache untouched.
+//! same input and a rejected call leaves the cache untouched. Rows move as bf16 words: an fp8
+//! cache's row of `w` elements is `w / 2` words ([`CudaKvCache::plane_words`]), so its gathered
+//! rows are raw words (`[len, w / 2]`), which only a scatter into an fp8 cache reads back.
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
 use half::bf16;
@@ -13,6 +15,7 @@ use starling_backend::{AttentionDims, BackendError, HostTensor, KvRows};
 
 use super::kv_cache::POSITION_WORDS;
 use super::{err, grid_for, row_chunk_threads, rows_config, CudaBackend, CudaBatch, CudaKvCache};
+use crate::kernels::CacheElem;
 use crate::{CudaError, CudaTensor, DeviceBuf};
 
 /// Threads per CUDA block of the block-copy kernel (one CUDA block per copied block and tensor).
@@ -34,10 +37,10 @@ fn rows_grid(rows: usize, row_elems: usize) -> LaunchConfig {
     grid_for(units)
 }
 
-/// The cache's planes as `(buffer, elements per slot)`: keys, values and, for a latent layer,
+/// The cache's planes as `(buffer, bf16 words per slot)`: keys, values and, for a latent layer,
 /// the positions (two bf16 words per slot, moved bit for bit like any row).
 fn planes(cache: &CudaKvCache) -> Vec<(&CudaSlice<bf16>, usize)> {
-    let (kw, vw) = cache.plane_widths();
+    let (kw, vw) = cache.plane_words();
     let mut planes = vec![(&cache.keys, kw), (&cache.values, vw)];
     if let Some(p) = &cache.positions {
         planes.push((p, POSITION_WORDS));
@@ -47,7 +50,7 @@ fn planes(cache: &CudaKvCache) -> Vec<(&CudaSlice<bf16>, usize)> {
 
 /// [`planes`], mutably.
 fn planes_mut(cache: &mut CudaKvCache) -> Vec<(&mut CudaSlice<bf16>, usize)> {
-    let (kw, vw) = cache.plane_widths();
+    let (kw, vw) = cache.plane_words();
     let CudaKvCache {
         keys,
         values,
@@ -215,13 +218,19 @@ impl CudaBackend {
         )?;
         let (nkv, hd) = cache.full_dims("read_keys")?;
         let table = self.upload_u32(block_table)?;
-        let k =
-            self.gather_rows_of(&cache.keys, &table, block_size_tokens, len_tokens, nkv * hd)?;
+        let words = cache.elem.words(nkv * hd);
+        let k = self.gather_rows_of(&cache.keys, &table, block_size_tokens, len_tokens, words)?;
         let raw: Vec<bf16> = self.stream.clone_dtoh(&k)?;
-        let data = raw[..len_tokens * nkv * hd]
-            .iter()
-            .map(|x| x.to_f32())
-            .collect();
+        let raw = &raw[..len_tokens * words];
+        let data = match cache.elem {
+            CacheElem::Bf16 => raw.iter().map(|x| x.to_f32()).collect(),
+            // Two e4m3 bytes per word, the lower element in the low byte (little-endian).
+            CacheElem::Fp8 => raw
+                .iter()
+                .flat_map(|w| w.to_bits().to_le_bytes())
+                .map(starling_backend::fp8::e4m3_to_f32)
+                .collect(),
+        };
         Ok(HostTensor::new(vec![len_tokens, nkv, hd], data)?)
     }
 
@@ -232,12 +241,27 @@ impl CudaBackend {
         block_size_tokens: usize,
         rows: &KvRows<CudaTensor>,
     ) -> Result<(), CudaError> {
-        let len = scatter_len(
-            &cache.spec,
-            rows.keys.shape(),
-            rows.values.shape(),
-            rows.positions.len(),
-        )?;
+        let len = match cache.elem {
+            CacheElem::Bf16 => scatter_len(
+                &cache.spec,
+                rows.keys.shape(),
+                rows.values.shape(),
+                rows.positions.len(),
+            )?,
+            // An fp8 cache's rows are the raw words its gather_kv returned.
+            CacheElem::Fp8 => {
+                let (kw, vw) = cache.plane_words();
+                match (rows.keys.shape(), rows.values.shape()) {
+                    ([n, k], [m, v]) if n == m && *k == kw && *v == vw => *n,
+                    (k, v) => {
+                        return Err(CudaError::Shape(format!(
+                            "scatter_kv: rows of {k:?} and {v:?} into an fp8 cache of \
+                             {kw} + {vw} words per slot"
+                        )))
+                    }
+                }
+            }
+        };
         check_block_table(
             &cache.spec,
             block_table,
@@ -356,10 +380,11 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
+        let function = self.kernels.write_kv.get(cache.elem);
         let CudaKvCache { keys, values, .. } = cache;
         launch!(
             self,
-            &self.kernels.write_kv,
+            function,
             rows_config(n, row_chunk_threads(dims.kv_size())),
             qkv.bf16().map_err(err)?,
             &batch.slots(dims.cache_group),

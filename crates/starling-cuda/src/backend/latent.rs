@@ -28,7 +28,7 @@ use super::kv_ops::int_arg;
 use super::latent_scores::ScoreArgs;
 use super::rope::rope_grid;
 use super::{grid_for, CudaBackend, CudaBatch, CudaKvCache, KvSource};
-use crate::kernels::LATENT_THREADS;
+use crate::kernels::{CacheElem, LATENT_THREADS};
 use crate::{CudaError, CudaTensor, DeviceBuf};
 
 /// A latent layer's up-projections as device buffers, checked against the cache and the heads.
@@ -195,7 +195,10 @@ impl CudaBackend {
             return Ok(self.tensor(DeviceBuf::Bf16(self.alloc_bf16(0)?), vec![0, dims.q_size()]));
         }
         let rows = &batch.rows;
-        let tiled = self.kernels.prefill_attention(dims.head_dim).is_some();
+        let tiled = self
+            .kernels
+            .prefill_attention(dims.head_dim, CacheElem::Bf16)
+            .is_some();
         let (mut out, decode_rows) = if tiled && rows.num_prefill() > 0 && batch.replay.is_none() {
             // Prefill chunks attend their reconstructed contexts with the tiled kernel; its
             // launch leaves the decode rows to the latent kernels below.
@@ -205,6 +208,7 @@ impl CudaBackend {
             let source = KvSource {
                 keys: &k,
                 values: &v,
+                elem: CacheElem::Bf16,
                 block_tables: plan.tables.slice(..),
                 max_blocks: batch.max_blocks,
             };

@@ -139,11 +139,12 @@ impl CudaBackend {
             dims.head_dim as i32,
             i32::from(rope.style == RopeStyle::Interleaved),
         );
+        let function = self.kernels.rope_write_kv.get(cache.elem);
         let CudaKvCache { keys, values, .. } = cache;
         let q = qkv.bf16_mut().map_err(err)?;
         launch!(
             self,
-            &self.kernels.rope_write_kv,
+            function,
             config,
             q,
             &batch.positions(),

@@ -55,6 +55,8 @@ pub fn copy_bandwidth_tb_s(backend: &CudaBackend, bytes: usize) -> Result<f64, C
 pub struct AttentionRow {
     /// "decode" or "prefill".
     pub kind: &'static str,
+    /// The cache element: "bf16" or "fp8".
+    pub dtype: &'static str,
     /// Query heads.
     pub num_heads: usize,
     /// KV heads.
@@ -116,6 +118,18 @@ pub fn bench_attention(
     seq: usize,
     query: usize,
 ) -> Result<AttentionRow, CudaError> {
+    bench_attention_in(backend, dims, batch, seq, query, CacheDtype::BF16)
+}
+
+/// [`bench_attention`] over a cache of `dtype` (bf16, or fp8: `--kv-cache-dtype fp8`).
+pub fn bench_attention_in(
+    backend: &CudaBackend,
+    dims: AttentionDims,
+    batch: usize,
+    seq: usize,
+    query: usize,
+    dtype: CacheDtype,
+) -> Result<AttentionRow, CudaError> {
     let block_size = 16;
     let meta = attention_meta(batch, seq, query, block_size);
     let num_blocks = batch * seq.div_ceil(block_size);
@@ -124,22 +138,26 @@ pub fn bench_attention(
         block_size,
         dims.num_kv_heads,
         dims.head_dim,
-        starling_kv::CacheDtype::BF16,
+        dtype,
     );
     let mut cache = backend.alloc_kv_cache(&spec)?;
-    fill_cache(backend, &mut cache, 11)?;
+    match dtype {
+        CacheDtype::Fp8 => fill_cache_by_writes(backend, &mut cache, &dims, 11)?,
+        _ => fill_cache(backend, &mut cache, 11)?,
+    }
     let qkv = backend.random_bf16(vec![meta.num_tokens(), dims.qkv_size()], 3, 1.0, 0.0)?;
     let prepared = backend.prepare_batch(&meta, num_blocks)?;
     let ms = time_ms(backend, 3, 20, || {
         backend.paged_attention(&qkv, &cache, &dims, &prepared)?;
         Ok(())
     })?;
-    let kv_bytes = (batch * seq * dims.num_kv_heads * dims.head_dim * 2 * 2) as u64;
+    let kv_bytes = (batch * seq * dims.num_kv_heads * dims.head_dim * 2) as u64 * dtype.bytes();
     // Query i of a run sees seq - query + i + 1 positions; 2 flops per multiply-add, 2 products.
     let visible_per_seq = query * (seq - query) + query * (query + 1) / 2;
     let flops = 4.0 * (batch * visible_per_seq * dims.num_heads * dims.head_dim) as f64;
     Ok(AttentionRow {
         kind: if query == 1 { "decode" } else { "prefill" },
+        dtype: dtype_name(dtype),
         num_heads: dims.num_heads,
         num_kv_heads: dims.num_kv_heads,
         head_dim: dims.head_dim,
@@ -151,6 +169,44 @@ pub fn bench_attention(
         achieved_tb_s: kv_bytes as f64 / (ms * 1e-3) / 1e12,
         achieved_tflops: flops / (ms * 1e-3) / 1e12,
     })
+}
+
+/// The rows' name of a cache element type.
+fn dtype_name(dtype: CacheDtype) -> &'static str {
+    match dtype {
+        CacheDtype::Fp8 => "fp8",
+        CacheDtype::F32 => "f32",
+        CacheDtype::F16 => "f16",
+        CacheDtype::BF16 => "bf16",
+    }
+}
+
+/// Fills every slot of a full cache of any element type with N(0, 1) K/V through `write_kv`
+/// (an fp8 plane filled with random words would hold NaN bytes).
+pub fn fill_cache_by_writes(
+    backend: &CudaBackend,
+    cache: &mut CudaKvCache,
+    dims: &AttentionDims,
+    seed: u64,
+) -> Result<(), CudaError> {
+    let spec = cache.spec().clone();
+    let slots = spec.num_slots();
+    let chunk = 8192.min(slots.max(1));
+    for (i, start) in (0..slots).step_by(chunk).enumerate() {
+        let n = chunk.min(slots - start);
+        let meta = BatchMeta::single_sequence(
+            0,
+            n,
+            (start as u32..(start + n) as u32).collect(),
+            (0..spec.num_blocks as u32).collect(),
+            spec.block_size_tokens,
+            Vec::new(),
+        );
+        let qkv = backend.random_bf16(vec![n, dims.qkv_size()], seed + i as u64, 1.0, 0.0)?;
+        let prepared = backend.prepare_batch(&meta, spec.num_blocks)?;
+        backend.write_kv(cache, &qkv, dims, &prepared)?;
+    }
+    Ok(())
 }
 
 /// Fills a cache with N(0, 1) values.
@@ -166,6 +222,8 @@ pub fn fill_cache(
 /// KV-write timing against a plain device copy of the same payload.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct KvWriteRow {
+    /// The cache element: "bf16" or "fp8".
+    pub dtype: &'static str,
     /// Tokens written.
     pub tokens: usize,
     /// KV heads × head dim per token.
@@ -184,6 +242,16 @@ pub fn bench_kv_write(
     dims: AttentionDims,
     tokens: usize,
 ) -> Result<KvWriteRow, CudaError> {
+    bench_kv_write_in(backend, dims, tokens, CacheDtype::BF16)
+}
+
+/// [`bench_kv_write`] into a cache of `dtype`, against a copy of the bytes it stores.
+pub fn bench_kv_write_in(
+    backend: &CudaBackend,
+    dims: AttentionDims,
+    tokens: usize,
+    dtype: CacheDtype,
+) -> Result<KvWriteRow, CudaError> {
     let block_size = 16;
     let meta = attention_meta(1, tokens, tokens, block_size);
     let num_blocks = tokens.div_ceil(block_size);
@@ -192,7 +260,7 @@ pub fn bench_kv_write(
         block_size,
         dims.num_kv_heads,
         dims.head_dim,
-        starling_kv::CacheDtype::BF16,
+        dtype,
     );
     let mut cache = backend.alloc_kv_cache(&spec)?;
     let qkv = backend.random_bf16(vec![tokens, dims.qkv_size()], 5, 1.0, 0.0)?;
@@ -201,13 +269,15 @@ pub fn bench_kv_write(
         backend.write_kv(&mut cache, &qkv, &dims, &prepared)?;
         Ok(())
     })?;
-    let payload = 2 * tokens * dims.kv_size();
+    // bf16 words of the K+V bytes the cache stores.
+    let payload = 2 * tokens * dims.kv_size() * dtype.bytes() as usize / 2;
     let src = backend.stream().alloc_zeros::<bf16>(payload)?;
     let mut dst = backend.stream().alloc_zeros::<bf16>(payload)?;
     let copy_ms = time_ms(backend, 3, 20, || {
         Ok(backend.stream().memcpy_dtod(&src, &mut dst)?)
     })?;
     Ok(KvWriteRow {
+        dtype: dtype_name(dtype),
         tokens,
         kv_width: dims.kv_size(),
         write_ms,

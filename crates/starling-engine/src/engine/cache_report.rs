@@ -138,19 +138,25 @@ impl<B: Backend> Engine<B> {
         let config = self.model.config();
         let sched = self.scheduler.config();
         let sizing = &self.preflight.sizing;
-        let dtype = self
-            .layout
-            .layers
-            .first()
-            .map_or(CacheDtype::F32, |l| l.dtype());
-        let full = CacheLayout::uniform(
-            self.layout.layers.len(),
-            LayerLayout::Full {
-                num_kv_heads: config.num_kv_heads,
-                head_dim: config.head_dim,
-                dtype,
-            },
-        );
+        // The cache's dtype, and the layers that differ: an fp8 cache keeps the layers whose
+        // keys e4m3 cannot hold in the activation dtype (`LlamaModel::fp8_exempt_layers`).
+        let dtypes: Vec<CacheDtype> = self.layout.layers.iter().map(|l| l.dtype()).collect();
+        let dtype = if dtypes.contains(&CacheDtype::Fp8) {
+            CacheDtype::Fp8
+        } else {
+            dtypes.first().copied().unwrap_or(CacheDtype::F32)
+        };
+        let other_layers: Vec<usize> = (0..dtypes.len()).filter(|&l| dtypes[l] != dtype).collect();
+        let full = CacheLayout {
+            layers: dtypes
+                .iter()
+                .map(|&dtype| LayerLayout::Full {
+                    num_kv_heads: config.num_kv_heads,
+                    head_dim: config.head_dim,
+                    dtype,
+                })
+                .collect(),
+        };
         let latent_layers = self.layout.num_low_rank_layers();
         let cache_groups = self.model.cache_groups().num_groups();
         let longest = if cache_groups > 1 {
@@ -175,7 +181,19 @@ impl<B: Backend> Engine<B> {
             } else {
                 CacheKind::Full
             },
-            dtype: dtype_name(dtype).to_owned(),
+            dtype: match other_layers.as_slice() {
+                [] => dtype_name(dtype).to_owned(),
+                layers => format!(
+                    "{} ({} in layers {}: key bias too large for fp8)",
+                    dtype_name(dtype),
+                    dtype_name(dtypes[layers[0]]),
+                    layers
+                        .iter()
+                        .map(usize::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            },
             bytes_per_token,
             full_bytes_per_token: full.bytes_per_token(),
             block_size_tokens: sizing.block_size_tokens,

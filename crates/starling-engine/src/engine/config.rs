@@ -3,9 +3,10 @@
 
 use starling_backend::Backend;
 use starling_evict::{KvCacheDtype, KvCompression};
-use starling_kv::CacheDtype;
+use starling_kv::{CacheDtype, CacheLayout};
 
 use crate::scheduler::{AdmissionPolicy, SchedulerConfig};
+use crate::EngineError;
 
 /// Everything the engine needs to size its cache and batch requests.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,9 +58,30 @@ impl EngineConfig {
     }
 }
 
-/// The element type the cache stores under `kv_dtype` on `backend`.
+/// The element type the cache stores under `kv_dtype` on `backend`: what sizing counts and
+/// every backend allocates (the CPU reference holds fp8 values rounded to e4m3 in f32 slots,
+/// so its arithmetic is the GPU's; CUDA stores one byte per element).
 pub(crate) fn cache_dtype<B: Backend>(kv_dtype: KvCacheDtype, backend: &B) -> CacheDtype {
     match kv_dtype {
         KvCacheDtype::Auto => backend.kv_cache_dtype(),
+        KvCacheDtype::Fp8 => CacheDtype::Fp8,
     }
+}
+
+/// An fp8 cache stores full K/V only: a model whose layers hold latents (a STAR-KV checkpoint,
+/// or `--synthetic-latent-share`) is refused with the reason, before anything is allocated.
+pub(crate) fn check_dtype_fits_layout(
+    kv_dtype: KvCacheDtype,
+    layout: &CacheLayout,
+) -> Result<(), EngineError> {
+    let latent_layers = layout.num_low_rank_layers();
+    if kv_dtype == KvCacheDtype::Fp8 && latent_layers > 0 {
+        return Err(EngineError::InvalidRequest(format!(
+            "--kv-cache-dtype fp8 stores full K/V only, and {latent_layers} of the model's {} \
+             layers hold STAR-KV latents (quantised latents are not built): use \
+             --kv-cache-dtype auto with latents",
+            layout.layers.len()
+        )));
+    }
+    Ok(())
 }

@@ -351,16 +351,22 @@ struct ComposedJson {
 
 /// The element type the KV cache stores (vLLM's `--kv-cache-dtype`).
 ///
-/// Only `auto` exists today: the cache holds the model's activation dtype (bf16 on CUDA, f32 on
-/// the CPU reference), dense K/V and STAR-KV latents alike. A quantised cache (fp8) is a new
-/// variant here, honoured by `Engine::new` when it sizes and allocates the cache; until then a
-/// request for one is an error that names `auto`, never a silent fallback.
+/// `auto` holds the model's activation dtype (bf16 on CUDA, f32 on the CPU reference), dense K/V
+/// and STAR-KV latents alike. `fp8` stores full K/V as 8-bit floats (e4m3: 4 exponent bits, 3
+/// mantissa bits, largest finite 448; vLLM's `fp8` / `fp8_e4m3`, with its default scale of 1),
+/// half the bytes of bf16: values are rounded to nearest-even when written, larger magnitudes
+/// saturate to ±448, and the attention kernels read them back exactly. STAR-KV latents stay in
+/// the activation dtype (quantised latents are a layout of their own), so `fp8` with a STAR-KV
+/// checkpoint is refused by [`KvCompression::validate`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum KvCacheDtype {
     /// The backend's native activation dtype.
     #[default]
     Auto,
+    /// 8-bit float e4m3 (one byte per element), scale 1.
+    #[serde(alias = "fp8_e4m3")]
+    Fp8,
 }
 
 impl KvCacheDtype {
@@ -368,6 +374,7 @@ impl KvCacheDtype {
     pub fn name(self) -> &'static str {
         match self {
             Self::Auto => "auto",
+            Self::Fp8 => "fp8",
         }
     }
 }
@@ -445,6 +452,16 @@ impl KvCompression {
     /// is given, so a setting built in code is held to what the parser enforces.
     pub fn validate(&self) -> Result<(), EvictError> {
         self.eviction.validate()?;
+        if self.star_kv.is_some() && self.kv_dtype != KvCacheDtype::Auto {
+            return Err(invalid(
+                "kv_dtype",
+                format!(
+                    "{} stores full K/V only; STAR-KV latents are cached in the activation \
+                     dtype (quantised latents are not built): use \"auto\" with star_kv",
+                    self.kv_dtype.name()
+                ),
+            ));
+        }
         if let Some(selection) = &self.star_kv {
             if selection.checkpoint.as_os_str().is_empty() {
                 return Err(invalid("checkpoint", "expected a non-empty path"));
@@ -488,9 +505,11 @@ impl KvCompression {
             map.insert("kv_dtype".into(), Value::from(self.kv_dtype.name()));
             Value::Object(map)
         };
-        // `auto` is the only dtype, and the flat forms' default: a quantised dtype, when one
-        // exists, must take the composed form here.
+        // `auto` is the flat forms' default: a quantised dtype takes the composed form.
         match &self.star_kv {
+            _ if self.kv_dtype != KvCacheDtype::Auto => {
+                composed(self.star_kv.as_ref().map(StarKvSelection::to_json))
+            }
             None => self.eviction.to_json(),
             Some(s) if self.eviction == CompressionConfig::default() => s.to_json(),
             Some(s) => composed(Some(s.to_json())),

@@ -362,11 +362,30 @@ fn kv_dtype_is_auto_unless_named_and_an_unknown_dtype_names_the_valid_one() {
         KvCompression::from_value(&composed.to_json()).unwrap(),
         composed
     );
-    for bad in ["fp8", "int8", "bf16"] {
+    for bad in ["int8", "bf16", "fp8_e5m2"] {
         let text = format!(r#"{{"kv_dtype":"{bad}"}}"#);
         let err = KvCompression::from_json(&text).unwrap_err().to_string();
-        assert!(err.contains(bad) && err.contains("auto"), "{err}");
+        assert!(
+            err.contains(bad) && err.contains("auto") && err.contains("fp8"),
+            "{err}"
+        );
     }
+    // fp8 (vLLM's name, and its alias fp8_e4m3) composes with eviction and round-trips.
+    for name in ["fp8", "fp8_e4m3"] {
+        let text =
+            format!(r#"{{"eviction":{{"method":"keydiff","ratio":0.5}},"kv_dtype":"{name}"}}"#);
+        let fp8 = KvCompression::from_json(&text).unwrap();
+        assert_eq!(fp8.kv_dtype, KvCacheDtype::Fp8, "{name}");
+        assert_eq!(KvCompression::from_value(&fp8.to_json()).unwrap(), fp8);
+    }
+    assert_eq!(KvCacheDtype::Fp8.name(), "fp8");
+    // ... but not with STAR-KV latents, which stay in the activation dtype.
+    let err = KvCompression::from_json(
+        r#"{"star_kv":{"checkpoint":"ck","rank_profile":"balanced"},"kv_dtype":"fp8"}"#,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("kv_dtype") && err.contains("latents"), "{err}");
     // The flat eviction form is also the per-request one, where a dtype makes no sense.
     assert!(KvCompression::from_json(r#"{"method":"keydiff","kv_dtype":"auto"}"#).is_err());
 }

@@ -26,6 +26,9 @@ pub(super) struct DecoderLayer<B: Backend> {
     /// head, then the value latent).
     pub(super) qkv_weight: B::Tensor,
     pub(super) qkv_bias: Option<B::Tensor>,
+    /// The largest absolute value of the key-projection bias (0 without one): whether an fp8
+    /// cache holds this layer's keys (`FP8_MAX_KEY_BIAS`).
+    pub(super) key_bias_max_abs: f32,
     /// Qwen3's per-head RMSNorms of the queries and keys; `None` for the other architectures.
     pub(super) head_norms: Option<HeadNorms<B>>,
     /// A STAR-KV latent layer's ranks and up-projections; `None` for full K/V.
@@ -86,6 +89,11 @@ pub(super) struct StepContext<'s, B: Backend> {
 }
 
 impl<B: Backend> DecoderLayer<B> {
+    /// Whether an fp8 cache holds this layer's keys (`super::FP8_MAX_KEY_BIAS`).
+    pub(super) fn fp8_keys_fit(&self) -> bool {
+        super::fp8_holds_key_bias(self.key_bias_max_abs)
+    }
+
     /// The layer's input RMSNorm of the residual stream, fused with adding the previous layer's
     /// MLP output `pending` when there is one.
     pub(super) fn input_norm(

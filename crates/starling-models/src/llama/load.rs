@@ -352,7 +352,15 @@ impl<B: Backend> LlamaModel<B> {
             };
             let layer_rope = config.layer_rope(l);
             let rope = (layer_rope != &config.rope).then(|| rope_spec(layer_rope, config.head_dim));
+            // Read back once at load: what the fp8 cache's per-layer choice needs (a few KB).
+            let key_bias_max_abs = match (&qkv_bias, &latent) {
+                (Some(bias), None) => {
+                    super::key_bias_max_abs(&backend.to_host(bias)?.data()[q..q + kv])
+                }
+                _ => 0.0,
+            };
             layers.push(DecoderLayer {
+                key_bias_max_abs,
                 window_tokens: config.layer_window_tokens(l),
                 // Set from the model's cache groups once every layer is loaded.
                 cache_group: 0,
@@ -421,6 +429,7 @@ impl<B: Backend> LlamaModel<B> {
             cache_groups,
             final_norm,
             lm_head,
+            activation_cache_dtype: backend.kv_cache_dtype(),
             config: config.clone(),
         })
     }

@@ -8,6 +8,7 @@
 //! forward pass and the single-sequence reference runs built on it).
 
 mod forward;
+mod fp8_fit;
 mod head;
 mod latent;
 mod layer;
@@ -20,6 +21,10 @@ use starling_kv::{CacheDtype, CacheGroups, CacheLayout, LayerLayout};
 use crate::config::ModelConfig;
 use crate::ModelError;
 
+pub use fp8_fit::{
+    fp8_exempt_layers_of, fp8_holds_key_bias, fp8_max_key_bias, key_bias_max_abs, FP8_MAX_KEY_BIAS,
+    FP8_MAX_KEY_BIAS_ENV,
+};
 pub use head::Logits;
 pub use latent::{LatentLayerWeights, LatentRanks};
 pub use options::{ActivationCapture, ForwardOptions, QueryCapture};
@@ -39,6 +44,9 @@ pub struct LlamaModel<B: Backend> {
     final_norm: B::Tensor,
     /// `None` when the LM head is tied to the embedding matrix.
     lm_head: Option<B::Tensor>,
+    /// The backend's own cache dtype, which layers an fp8 cache cannot hold keep
+    /// ([`fp8_exempt_layers`](Self::fp8_exempt_layers)).
+    activation_cache_dtype: CacheDtype,
 }
 
 impl<B: Backend> LlamaModel<B> {
@@ -55,6 +63,8 @@ impl<B: Backend> LlamaModel<B> {
     /// What each layer caches per token with `dtype` elements: full K/V, or the latent ranks of
     /// a STAR-KV layer. The one description the engine sizes, checks and allocates the cache
     /// from.
+    /// With `dtype` fp8, the layers an fp8 cache cannot hold
+    /// ([`fp8_exempt_layers`](Self::fp8_exempt_layers)) keep the backend's own dtype.
     pub fn cache_layout(&self, dtype: CacheDtype) -> CacheLayout {
         let layers = self
             .layers
@@ -63,12 +73,24 @@ impl<B: Backend> LlamaModel<B> {
                 None => LayerLayout::Full {
                     num_kv_heads: self.config.num_kv_heads,
                     head_dim: self.config.head_dim,
-                    dtype,
+                    dtype: if dtype == CacheDtype::Fp8 && !layer.fp8_keys_fit() {
+                        self.activation_cache_dtype
+                    } else {
+                        dtype
+                    },
                 },
                 Some(latent) => latent.ranks.layout(dtype),
             })
             .collect();
         CacheLayout { layers }
+    }
+
+    /// The layers whose keys an fp8 cache cannot hold (a key bias above [`FP8_MAX_KEY_BIAS`]):
+    /// under `--kv-cache-dtype fp8` they keep the activation dtype.
+    pub fn fp8_exempt_layers(&self) -> Vec<usize> {
+        (0..self.layers.len())
+            .filter(|&l| !self.layers[l].fp8_keys_fit())
+            .collect()
     }
 
     /// Which layers share a block table ([`CacheGroups`]): one group unless the model mixes
@@ -97,7 +119,14 @@ impl<B: Backend> LlamaModel<B> {
         if self.cache_groups.num_groups() == 1 {
             return per_layer;
         }
-        let slot = per_layer.layers.first().cloned();
+        // Cache tensors are shared across groups: one layer that keeps the activation dtype
+        // keeps it for every slot.
+        let slot = per_layer
+            .layers
+            .iter()
+            .find(|l| l.dtype() != dtype)
+            .or(per_layer.layers.first())
+            .cloned();
         CacheLayout {
             layers: slot
                 .map(|l| vec![l; self.cache_groups.num_slots()])
