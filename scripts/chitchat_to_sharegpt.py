@@ -77,6 +77,7 @@ def main() -> None:
     else:
         chitchat = fetch_dataset_json()
     conversations = convert(chitchat)
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     tmp = args.output + ".partial"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(conversations, f, ensure_ascii=False)

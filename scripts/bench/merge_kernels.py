@@ -34,6 +34,30 @@ lines += ["", "| KV write | tokens | write ms | copy ms | write / copy |", "|---
 for item in ours["kv_write"]:
     r = item["row"]
     lines.append(f"| {item['shape']} | {r['tokens']} | {r['write_ms']:.4f} | {r['copy_ms']:.4f} | {r['ratio_to_copy']:.2f} |")
+if ours.get("fp8_attention"):
+    lines += [
+        "",
+        "fp8 cache (`--kv-cache-dtype fp8`) beside bf16 and FA2 (bf16), same run:",
+        "",
+        "| kind | shape | batch | seq | query | bf16 ms | fp8 ms | bf16 / fp8 | FA2 ms | FA2 / fp8 | fp8 KV GB/s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+for item in ours.get("fp8_attention", []):
+    b, q, shape = item["bf16"], item["fp8"], item["shape"]
+    f = index.get((shape, q["batch"], q["seq_tokens"], q["query_tokens"]), {})
+    fms = f.get("median_ms")
+    fa2_ms = f"{fms:.4f}" if fms else "n/a"
+    vs_fa2 = f"{fms / q['median_ms']:.2f}" if fms else "n/a"
+    lines.append(
+        f"| {q['kind']} | {shape} | {q['batch']} | {q['seq_tokens']} | {q['query_tokens']} | "
+        f"{b['median_ms']:.4f} | {q['median_ms']:.4f} | {item['speedup_vs_bf16']:.2f} | "
+        f"{fa2_ms} | {vs_fa2} | {q['achieved_tb_s'] * 1000:.0f} |"
+    )
+if ours.get("fp8_kv_write"):
+    lines += ["", "| fp8 KV write | tokens | bf16 ms | fp8 ms | fp8 / bf16 |", "|---|---:|---:|---:|---:|"]
+for item in ours.get("fp8_kv_write", []):
+    b, q = item["bf16"], item["fp8"]
+    lines.append(f"| {item['shape']} | {q['tokens']} | {b['write_ms']:.4f} | {q['write_ms']:.4f} | {q['write_ms'] / b['write_ms']:.2f} |")
 lines += [
     "",
     "STAR-KV latent attention beside the dense kernel of the same heads and FA2 (dense), same run:",

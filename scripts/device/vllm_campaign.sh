@@ -29,8 +29,10 @@
 #   call N+3    carry [".device/starling", ".device/qwen_tokenizer", ".device/sharegpt.json", ".device/vparts/SHA256SUMS"]
 #               command: bash scripts/device/vllm_campaign.sh
 # Results: $OUT/vllm_campaign.tgz (campaign.json, campaign.md, PNGs, every server's log) and
-# $OUT/campaign.md. Knobs: KV_MEM (0.75GiB), LIMIT (seconds for this call, 570), and the grids
-# below (CONC_POINTS, CTX_POINTS, LONG_POINTS, RATES, CONC_WORKLOADS, LONG_INPUT, CTX_OUTPUT).
+# $OUT/campaign.md. Knobs: KV_MEM (0.75GiB), LIMIT (seconds for this call, 570), CAMPAIGNS (all,
+# or e.g. concurrency), FP8=1 (adds starling-fp8, starling-fp8-keydiff and vllm-fp8: both
+# engines' `--kv-cache-dtype fp8`; NO_KEYDIFF=1 drops starling-keydiff), and the grids below
+# (CONC_POINTS, CTX_POINTS, LONG_POINTS, RATES, CONC_WORKLOADS, LONG_INPUT, CTX_OUTPUT).
 # DRY_RUN=1 (a check on the CPU machine, no vLLM): S=<starling binary> MODEL=<an HF dir>
 # OUT=<dir>, tiny grids; only step 4 runs, with the two Starling engines on --device cpu.
 set -uo pipefail
@@ -53,6 +55,9 @@ RATES=${RATES:-4,16}
 CONC_WORKLOADS=${CONC_WORKLOADS:-random:1024:256,random:4096:128}
 LONG_INPUT=${LONG_INPUT:-128}
 CTX_OUTPUT=${CTX_OUTPUT:-64}
+CAMPAIGNS=${CAMPAIGNS:-all}
+FP8=${FP8:-0}
+NO_KEYDIFF=${NO_KEYDIFF:-0}
 DEVICE=cuda
 [ "$DRY_RUN" = 1 ] && DEVICE=cpu
 WHEEL=vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl
@@ -113,11 +118,17 @@ VLLM_NO_USAGE_STATS=1 python3 -m vllm.entrypoints.openai.api_server --model $MOD
 --max-num-seqs 256 --max-num-batched-tokens 8192 --seed 0"
 remain=$((LIMIT - SECONDS - 25))
 echo "== campaigns (${remain} s left)"
+KEYDIFF="--kv-compression '{\"method\":\"keydiff\",\"ratio\":0.5}'"
 engines=(--engine "starling=$SERVE")
 [ "$DRY_RUN" = 1 ] || engines+=(--engine "vllm=$VLLM")
-engines+=(--engine "starling-keydiff=$SERVE --kv-compression '{\"method\":\"keydiff\",\"ratio\":0.5}'")
+[ "$NO_KEYDIFF" = 1 ] || engines+=(--engine "starling-keydiff=$SERVE $KEYDIFF")
+if [ "$FP8" = 1 ]; then
+  engines+=(--engine "starling-fp8-keydiff=$SERVE --kv-cache-dtype fp8 $KEYDIFF")
+  engines+=(--engine "starling-fp8=$SERVE --kv-cache-dtype fp8")
+  [ "$DRY_RUN" = 1 ] || engines+=(--engine "vllm-fp8=$VLLM --kv-cache-dtype fp8")
+fi
 timeout -s INT -k 30 "$remain" "$S" bench campaign "${engines[@]}" \
-  --kv-cache-memory "$KV_MEM" --max-model-len 8192 --seed 0 --output-root "$RUN" \
+  --campaigns "$CAMPAIGNS" --kv-cache-memory "$KV_MEM" --max-model-len 8192 --seed 0 --output-root "$RUN" \
   --boot-timeout-s 300 --point-timeout-s 120 \
   --concurrency-workloads "$CONC_WORKLOADS" --concurrency-points "$CONC_POINTS" \
   --requests-per-concurrency 1 --min-requests 4 --max-requests 128 \
