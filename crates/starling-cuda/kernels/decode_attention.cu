@@ -8,13 +8,12 @@
 // reductions and G exponentials: arithmetic-bound at batch ≥ 16. Here S = Q·Kᵀ and O += P·V run on
 // the tensor cores and the softmax costs 4 exponentials per lane per 16 keys whatever G is.
 //
-// K/V tiles of DM_BN = 64 keys are copied from the paged cache through the block table with
-// 16-byte cp.async copies into a ring of DM_STAGES tiles (dynamic shared memory, swizzled as the
-// prefill kernel's), so DM_STAGES - 1 tiles (64 KiB at head_dim 128) are in flight while one is
-// computed: decode is bound by bytes in flight. Each of the four warps owns 16 keys of every tile:
-// it copies them itself, keeps its own online softmax (log2 domain), and synchronises with no
-// other warp until the warps are merged in shared memory at the end. Every K/V byte is read from
-// global memory once per (token, KV head).
+// K/V tiles of DM_BN = 64 keys are copied from the paged cache through the block table by all
+// 128 threads with 16-byte cp.async copies into a ring of DM_STAGES tiles (dynamic shared memory,
+// swizzled as the prefill kernel's), so DM_STAGES - 1 tiles (64 KiB at head_dim 128) are in flight
+// while one is computed: decode is bound by bytes in flight. Each of the four warps owns 16 keys of
+// every tile and keeps its own online softmax (log2 domain); the warps are merged in shared memory
+// at the end. Every K/V byte is read from global memory once per (token, KV head).
 //
 // Causality and compaction are attention.cu's: the token sees the context positions below
 // tok_visible (physical lengths), from tok_visible - window on under a sliding window. With
@@ -29,29 +28,13 @@
 #define DM_WARPS 4
 #define DM_BN 64         // keys per tile: 16 per warp
 #define DM_STAGES 3      // tiles in the shared-memory ring (host: DECODE_MMA_STAGES)
-#define DM_STAGES_FP8 5  // fp8 tiles are half the bytes: more of them keep the bytes in flight
-                         // (host: DECODE_MMA_STAGES_FP8)
 #define DM_MAX_GROUP 8   // query heads per KV head: rows 0..7 of the 16-row fragment
 
-// Each warp copies the 16 key rows of every tile it owns itself (WarpRows) and reads nothing
-// else, so its pipeline needs warp barriers only, never a block barrier per tile: warps drift
-// apart and overlap one another's waits.
-// FP8: the planes hold e4m3 bytes. The ring then stages fp8 tiles (TILE bytes each, unswizzled),
-// and each lane converts the chunks it copied into the warp's rows of one bf16 (K, V) pair behind
-// the ring (swizzled, as the mma loops read them). Host: decode_mma_shared_bytes(D, fp8).
-template <int D, int ELEM_BYTES>
-struct WarpRows {
-    static constexpr int CPR = D * ELEM_BYTES / 16;  // 16-byte chunks per row
-    static constexpr int RPP = 32 / CPR;             // rows per pass of the warp's lanes
-    static constexpr int LPT = 16 / RPP;             // passes over the warp's 16 rows
-    static_assert(32 % CPR == 0 && 16 % RPP == 0, "warp row geometry");
-    // The tile row of pass p for this lane of warp `warp`, and its chunk.
-    static __device__ __forceinline__ int row(int warp, int lane, int p) {
-        return warp * 16 + lane / CPR + p * RPP;
-    }
-    static __device__ __forceinline__ int chunk(int lane) { return lane % CPR; }
-};
-
+// FP8: the planes hold e4m3 bytes. The ring then stages fp8 tiles (TILE bytes each), and after
+// the copies of tile `it` land each thread converts the chunks it copied into one bf16 (K, V)
+// pair behind the ring (mma_common.cuh: convert_tile_fp8); a second barrier per tile orders the
+// conversions before the mma loops (the first orders the previous tile's reads of the pair
+// before they are overwritten). Host: decode_mma_shared_bytes(D, fp8).
 template <int D, bool FP8>
 __device__ void decode_attention_mma_impl(DECODE_ATTENTION_PARAMS) {
     if (!decode_split_in_plan(plan, splits, split_len)) return;
@@ -59,17 +42,15 @@ __device__ void decode_attention_mma_impl(DECODE_ATTENTION_PARAMS) {
     constexpr int DT = D / 8;       // 8-wide column tiles of O
     constexpr int TILE = DM_BN * D; // elements of one K or V tile
     constexpr int ELEM_BYTES = FP8 ? 1 : 2;
-    constexpr int STAGES = FP8 ? DM_STAGES_FP8 : DM_STAGES;
-    typedef WarpRows<D, ELEM_BYTES> WR;
-    static_assert(DM_WARPS * 16 == DM_BN, "each warp owns 16 key rows of a tile");
+    typedef TileCopy<FP8 ? D / 2 : D, DM_THREADS, DM_BN> Copy;
     // The warp merge reuses the ring: it must fit.
-    static_assert(DM_WARPS * DM_MAX_GROUP * (D + 2) * 4 <= STAGES * 2 * TILE * ELEM_BYTES,
+    static_assert(DM_WARPS * DM_MAX_GROUP * (D + 2) * 4 <= DM_STAGES * 2 * TILE * ELEM_BYTES,
                   "merge scratch exceeds the tile ring");
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     bf16* ring = reinterpret_cast<bf16*>(smem_raw);  // stage s: K at 2s·TILE, V at (2s+1)·TILE
     unsigned char* ring8 = smem_raw;                  // FP8: the same ring, in bytes
-    bf16* k_conv = reinterpret_cast<bf16*>(smem_raw + STAGES * 2 * TILE);  // FP8 only
+    bf16* k_conv = reinterpret_cast<bf16*>(smem_raw + DM_STAGES * 2 * TILE);  // FP8 only
     bf16* v_conv = k_conv + TILE;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -83,33 +64,26 @@ __device__ void decode_attention_mma_impl(DECODE_ATTENTION_PARAMS) {
     const size_t slot_stride = (size_t)num_kv_heads * D, head_off = (size_t)kvh * D;
     // Issues the copies of the K and V tiles starting at key `kb` into ring stage `s`.
     auto load_kv_tiles = [&](int s, int kb) {
-        const int c = WR::chunk(lane);
-#pragma unroll
-        for (int p = 0; p < WR::LPT; p++) {
-            const int r = WR::row(warp, lane, p), j = kb + r;
-            const bool valid = j < kv_end;
-            // Elements (bytes for fp8) from the cache base; row 0 for a zero-filled row.
-            const size_t off =
-                valid ? (size_t)paged_slot(table, j, block_size) * slot_stride + head_off : 0;
-            if constexpr (FP8) {
-                const unsigned char* kbytes = reinterpret_cast<const unsigned char*>(k_cache);
-                const unsigned char* vbytes = reinterpret_cast<const unsigned char*>(v_cache);
-                cp_async16(reinterpret_cast<bf16*>(ring8 + 2 * s * TILE + r * D + c * 16),
-                           reinterpret_cast<const bf16*>(kbytes + off + c * 16), valid);
-                cp_async16(reinterpret_cast<bf16*>(ring8 + (2 * s + 1) * TILE + r * D + c * 16),
-                           reinterpret_cast<const bf16*>(vbytes + off + c * 16), valid);
-            } else {
-                cp_async16(ring + 2 * s * TILE + swz<D>(r, c), k_cache + off + c * 8, valid);
-                cp_async16(ring + (2 * s + 1) * TILE + swz<D>(r, c), v_cache + off + c * 8,
-                           valid);
-            }
+        unsigned slots[Copy::LPT];
+        if constexpr (FP8) {
+            tile_slots<D / 2, DM_THREADS, DM_BN>(slots, table, kb, kv_end, block_size);
+            load_tile_fp8<D, DM_THREADS, DM_BN>(ring8 + 2 * s * TILE, k_cache, slots, slot_stride,
+                                                head_off);
+            load_tile_fp8<D, DM_THREADS, DM_BN>(ring8 + (2 * s + 1) * TILE, v_cache, slots,
+                                                slot_stride, head_off);
+        } else {
+            tile_slots<D, DM_THREADS, DM_BN>(slots, table, kb, kv_end, block_size);
+            load_tile<D, DM_THREADS, DM_BN>(ring + 2 * s * TILE, k_cache, slots, slot_stride,
+                                            head_off);
+            load_tile<D, DM_THREADS, DM_BN>(ring + (2 * s + 1) * TILE, v_cache, slots,
+                                            slot_stride, head_off);
         }
     };
 
-    // Prologue: the first STAGES - 1 tiles go in flight before anything else, one commit group
+    // Prologue: the first DM_STAGES - 1 tiles go in flight before anything else, one commit group
     // per tile (possibly empty, so the group count stays uniform for the waits).
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
+    for (int s = 0; s < DM_STAGES - 1; s++) {
         if (s < n_tiles)
             load_kv_tiles(s, kv_start + s * DM_BN);
         cp_async_commit();
@@ -137,35 +111,21 @@ __device__ void decode_attention_mma_impl(DECODE_ATTENTION_PARAMS) {
     const float scale_log2 = scale * LOG2E;
 
     for (int it = 0; it < n_tiles; it++) {
-        cp_async_wait<STAGES - 2>();  // tile `it` has landed (this lane's copies)
-        // ... the warp's; and its lanes are done reading tile it - 1's rows (the stage refilled
-        // below, or for fp8 the converted pair rewritten below).
-        __syncwarp();
+        cp_async_wait<DM_STAGES - 2>();  // tile `it` has landed (this thread's copies)
+        __syncthreads();  // ... everyone's; and every warp is done with tile it - 1's stage
         {
-            // Refill the stage tile it - 1 used with tile it + STAGES - 1.
-            const int next = it + STAGES - 1;
-            if (next < n_tiles) load_kv_tiles(next % STAGES, kv_start + next * DM_BN);
+            // Refill the stage tile it - 1 used with tile it + DM_STAGES - 1.
+            const int next = it + DM_STAGES - 1;
+            if (next < n_tiles) load_kv_tiles(next % DM_STAGES, kv_start + next * DM_BN);
             cp_async_commit();
         }
-        const bf16* k_s = ring + 2 * (it % STAGES) * TILE;
+        const bf16* k_s = ring + 2 * (it % DM_STAGES) * TILE;
         const bf16* v_s = k_s + TILE;
         if constexpr (FP8) {
-            // The chunks this lane copied, as bf16 (exact) in the swizzled pair.
-            const unsigned char* staged = ring8 + 2 * (it % STAGES) * TILE;
-            const int c = WR::chunk(lane);
-#pragma unroll
-            for (int p = 0; p < WR::LPT; p++) {
-                const int r = WR::row(warp, lane, p);
-                uint4 lo, hi;
-                e4m3x16_to_bf16(*reinterpret_cast<const uint4*>(staged + r * D + c * 16), lo, hi);
-                *reinterpret_cast<uint4*>(k_conv + swz<D>(r, 2 * c)) = lo;
-                *reinterpret_cast<uint4*>(k_conv + swz<D>(r, 2 * c + 1)) = hi;
-                e4m3x16_to_bf16(*reinterpret_cast<const uint4*>(staged + TILE + r * D + c * 16),
-                                lo, hi);
-                *reinterpret_cast<uint4*>(v_conv + swz<D>(r, 2 * c)) = lo;
-                *reinterpret_cast<uint4*>(v_conv + swz<D>(r, 2 * c + 1)) = hi;
-            }
-            __syncwarp();  // the warp's conversions before its ldmatrix reads
+            const unsigned char* staged = ring8 + 2 * (it % DM_STAGES) * TILE;
+            convert_tile_fp8<D, DM_THREADS, DM_BN>(k_conv, staged);
+            convert_tile_fp8<D, DM_THREADS, DM_BN>(v_conv, staged + TILE);
+            __syncthreads();  // every thread's conversions before anyone's mma reads
             k_s = k_conv;
             v_s = v_conv;
         }

@@ -90,22 +90,11 @@ pub(crate) const DECODE_MMA_TILE_KEYS: usize = 64;
 /// K/V tiles in the decode kernel's shared-memory ring (`DM_STAGES`): all but one are in flight
 /// while one is computed.
 pub(crate) const DECODE_MMA_STAGES: usize = 3;
-/// The fp8 kernel's ring (`DM_STAGES_FP8`): its tiles are half the bytes, so more stages keep as
-/// many bytes in flight as the bf16 ring (decode is bound by bytes in flight).
-pub(crate) const DECODE_MMA_STAGES_FP8: usize = 5;
-
-/// Tiles in the decode kernel's ring for the cache's element.
-pub(crate) const fn decode_mma_stages(elem: CacheElem) -> usize {
-    match elem {
-        CacheElem::Bf16 => DECODE_MMA_STAGES,
-        CacheElem::Fp8 => DECODE_MMA_STAGES_FP8,
-    }
-}
 
 /// Dynamic shared memory of one tensor-core decode block: the ring of K and V tiles in the
 /// cache's element (and an fp8 kernel's converted bf16 pair).
 pub(crate) const fn decode_mma_shared_bytes(head_dim: usize, elem: CacheElem) -> usize {
-    decode_mma_stages(elem) * 2 * DECODE_MMA_TILE_KEYS * head_dim * elem.bytes()
+    DECODE_MMA_STAGES * 2 * DECODE_MMA_TILE_KEYS * head_dim * elem.bytes()
         + converted_pair_bytes(DECODE_MMA_TILE_KEYS, head_dim, elem)
 }
 
