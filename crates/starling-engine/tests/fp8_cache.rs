@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{tiny_model, tiny_weights, BLOCK_TOKENS};
+use common::{tiny_model, tiny_weights, total_variation, BLOCK_TOKENS};
 use starling_backend::cpu::CpuBackend;
 use starling_engine::scheduler::{AdmissionPolicy, SchedulerConfig};
 use starling_engine::testing::{EngineTester, Trace};
@@ -84,23 +84,7 @@ fn fp8_probabilities_track_the_full_precision_cache_and_eviction_composes() {
             &forced,
         )
         .unwrap();
-    let (mut total, mut worst, mut rows) = (0.0f64, 0.0f32, 0usize);
-    for (f, q) in full.requests.iter().zip(&fp8.requests) {
-        assert_eq!(f.logprob_rows.len(), q.logprob_rows.len());
-        for (a, b) in f.logprob_rows.iter().zip(&q.logprob_rows) {
-            // Total variation between the two next-token distributions.
-            let tv: f32 = a
-                .iter()
-                .zip(b)
-                .map(|(x, y)| (x.exp() - y.exp()).abs())
-                .sum::<f32>()
-                / 2.0;
-            total += f64::from(tv);
-            worst = worst.max(tv);
-            rows += 1;
-        }
-    }
-    let mean = total / rows.max(1) as f64;
+    let (mean, worst, rows) = total_variation(&full, &fp8);
     println!(
         "fp8 vs f32 cache over {rows} positions: total variation mean {mean:.4}, max {worst:.4}"
     );

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{tiny_weights, BLOCK_TOKENS};
+use common::{tiny_weights, total_variation, BLOCK_TOKENS};
 use starling_backend::cpu::CpuBackend;
 use starling_engine::scheduler::{AdmissionPolicy, SchedulerConfig};
 use starling_engine::testing::{first_divergence, EngineTester, Trace, TraceOutcome, TraceRequest};
@@ -150,6 +150,20 @@ fn preemption_and_recompute_keep_the_latent_outputs() {
     assert_same_tokens(&latent, &roomy);
 }
 
+/// `method` at ratio 0.5 keeping the same tokens for every head (`head_wise: false`), as a
+/// latent layer does.
+fn layer_wide_policy(method: CompressionMethod) -> CompressionConfig {
+    CompressionConfig {
+        method,
+        ratio: 0.5,
+        sink_tokens: 2,
+        window_tokens: 4,
+        every_n_tokens: 8,
+        seed: 3,
+        head_wise: false,
+    }
+}
+
 #[test]
 fn eviction_composes_with_latents() {
     let (cfg, weights, p) = fixture();
@@ -161,15 +175,7 @@ fn eviction_composes_with_latents() {
     ] {
         // A latent layer keeps the same tokens for every head; the reference path is told to
         // do the same (`head_wise: false`), so both evict exactly the same tokens.
-        let policy = CompressionConfig {
-            method,
-            ratio: 0.5,
-            sink_tokens: 2,
-            window_tokens: 4,
-            every_n_tokens: 8,
-            seed: 3,
-            head_wise: false,
-        };
+        let policy = layer_wide_policy(method);
         let trace = trace().with_options(|_, o| o.compression = Some(policy.clone()));
         let latent = run(
             &mut engine(latent_model(&cfg, &weights, &p), 400, 16),
@@ -288,15 +294,7 @@ fn latent_requests_sharing_with_compressed_ones_generate_what_they_do_alone() {
     // (layer-wide, as latent layers must) and share its blocks: they never compact them, so
     // the first generates exactly what it does with caching off.
     let (cfg, weights, p) = fixture();
-    let policy = CompressionConfig {
-        method: CompressionMethod::KeyDiff,
-        ratio: 0.5,
-        sink_tokens: 2,
-        window_tokens: 4,
-        every_n_tokens: 8,
-        seed: 3,
-        head_wise: false,
-    };
+    let policy = layer_wide_policy(CompressionMethod::KeyDiff);
     let mut trace = shared_prefix_trace(starling_engine::RequestOptions {
         compression: Some(policy),
         ..Default::default()
@@ -313,4 +311,78 @@ fn latent_requests_sharing_with_compressed_ones_generate_what_they_do_alone() {
     assert!(cached.compressions > 0 && cached.prefix_cache_hit_tokens > 0);
     assert_eq!(cached.requests[0].token_ids, plain.requests[0].token_ids);
     assert!(cached.requests.iter().all(|r| r.finish_reason == "length"));
+}
+
+/// A latent engine whose cache stores `kv_dtype` elements in the bytes of `f32_blocks` f32 blocks.
+fn latent_engine_in(
+    model: LlamaModel<CpuBackend>,
+    f32_blocks: usize,
+    kv_dtype: starling_evict::KvCacheDtype,
+) -> Engine<CpuBackend> {
+    let bytes = model
+        .cache_layout(CacheDtype::F32)
+        .bytes_per_block(BLOCK_TOKENS);
+    let mut config = EngineConfig {
+        kv_compression: starling_evict::KvCompression {
+            kv_dtype,
+            ..Default::default()
+        },
+        ..EngineConfig::with_defaults(256, bytes * f32_blocks as u64)
+    };
+    config.scheduler.block_size_tokens = BLOCK_TOKENS;
+    config.scheduler.max_num_batched_tokens = 16;
+    config.scheduler.max_num_seqs = 8;
+    Engine::new(CpuBackend::new(), model, None, config).unwrap()
+}
+
+#[test]
+fn fp8_latents_take_one_byte_per_element_and_track_the_full_precision_latents() {
+    use starling_evict::KvCacheDtype;
+    let (cfg, weights, p) = fixture();
+    let fp8 = latent_engine_in(latent_model(&cfg, &weights, &p), 64, KvCacheDtype::Fp8);
+    let f32 = latent_engine_in(latent_model(&cfg, &weights, &p), 64, KvCacheDtype::Auto);
+    // Latent rows of 16 + 16 + 24 elements: 56 bytes in fp8 plus the exact 4-byte position.
+    let layout = fp8.cache_layout();
+    assert!(layout
+        .layers
+        .iter()
+        .all(|l| l.is_low_rank() && l.dtype() == CacheDtype::Fp8));
+    assert_eq!(layout.bytes_per_token(), 2 * (56 + 4));
+    assert_eq!(f32.cache_layout().bytes_per_token(), 2 * (56 * 4 + 4));
+    let blocks = |e: &Engine<CpuBackend>| e.stats().kv_blocks_total;
+    assert_eq!(blocks(&fp8), 64 * (56 * 4 + 4) / (56 + 4));
+    assert!(
+        fp8.cache_report().dtype.contains("fp8"),
+        "{}",
+        fp8.cache_report()
+    );
+
+    // Teacher-forced to the same tokens, the next-token distributions move by what e4m3 rounding
+    // of the latents moves them (not at all would mean nothing was rounded; most of their mass
+    // would mean wrong bytes or positions).
+    let tester = EngineTester::default();
+    let reference = tester
+        .run(
+            &mut latent_engine_in(latent_model(&cfg, &weights, &p), 64, KvCacheDtype::Auto),
+            &trace(),
+        )
+        .unwrap();
+    let forced = trace().forced_to(&reference);
+    let mut fp8 = fp8;
+    let mut f32 = f32;
+    let a = tester.run(&mut f32, &forced).unwrap();
+    let b = tester.run(&mut fp8, &forced).unwrap();
+    let (mean, _, rows) = total_variation(&a, &b);
+    println!("fp8 vs f32 latents over {rows} positions: total variation mean {mean:.4}");
+    assert!(mean > 0.0 && mean < 0.2, "mean {mean:.4}");
+
+    // Eviction compacts fp8 latent blocks and gives blocks back.
+    let policy = layer_wide_policy(CompressionMethod::KeyDiff);
+    let evicting = trace().with_options(|_, o| o.compression = Some(policy.clone()));
+    let mut engine = latent_engine_in(latent_model(&cfg, &weights, &p), 64, KvCacheDtype::Fp8);
+    let outcome = run(&mut engine, &evicting);
+    assert!(
+        outcome.compressions > 0 && outcome.evicted_blocks > 0,
+        "{outcome:?}"
+    );
 }

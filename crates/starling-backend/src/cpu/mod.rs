@@ -88,14 +88,15 @@ impl BackendCore for CpuBackend {
     }
 
     fn alloc_kv_cache(&self, spec: &KvCacheSpec) -> Result<CpuKvCache, BackendError> {
-        use starling_kv::{CacheDtype, LayerLayout};
+        use starling_kv::CacheDtype;
         match (&spec.layout, spec.layout.dtype()) {
             (_, CacheDtype::F32) => {}
-            // fp8 full K/V: e4m3-rounded values in f32 slots (`CpuKvCache::set_slot`).
-            (LayerLayout::Full { .. }, CacheDtype::Fp8) => {}
+            // fp8 full K/V and fp8 STAR-KV latents: e4m3-rounded values in f32 slots
+            // (`CpuKvCache::set_slot`); a latent layer's positions stay exact.
+            (_, CacheDtype::Fp8) => {}
             (_, dtype) => {
                 return Err(BackendError::Shape(format!(
-                    "the CPU backend caches f32 (and fp8 full K/V), not {dtype:?} for {:?}",
+                    "the CPU backend caches f32 (and fp8), not {dtype:?} for {:?}",
                     spec.layout
                 )))
             }

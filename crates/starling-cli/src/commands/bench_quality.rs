@@ -78,15 +78,17 @@ pub fn run(args: QualityArgs) -> Result<()> {
 /// reference: a STAR-KV model (`star_kv balanced (distilled low-rank)`) or an fp8 cache
 /// (`fp8 cache`). The reference then comes from a [`ReferencePass`].
 fn engine_wide_compression(engine: &EngineArgs) -> Option<String> {
-    if let Some(s) = engine.kv_compression.star_kv() {
-        return Some(format!(
-            "star_kv {} ({} low-rank)",
-            s.rank_profile,
-            s.factors.name()
-        ));
-    }
+    let star_kv = engine
+        .kv_compression
+        .star_kv()
+        .map(|s| format!("star_kv {} ({} low-rank)", s.rank_profile, s.factors.name()));
     let dtype = engine.cache_compression().kv_dtype;
-    (dtype != starling_evict::KvCacheDtype::Auto).then(|| format!("{} cache", dtype.name()))
+    let dtype =
+        (dtype != starling_evict::KvCacheDtype::Auto).then(|| format!("{} cache", dtype.name()));
+    match (star_kv, dtype) {
+        (Some(s), Some(d)) => Some(format!("{s} + {d}")),
+        (s, d) => s.or(d),
+    }
 }
 
 /// The main pass: the reference (unless recorded by a [`ReferencePass`]) and every method.

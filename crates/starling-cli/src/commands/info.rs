@@ -64,14 +64,27 @@ pub fn fp8_layout(config: &ModelConfig, auto_dtype: CacheDtype, exempt: &[usize]
         return full_layout(config, auto_dtype);
     }
     let mut layout = full_layout(config, CacheDtype::Fp8);
-    for &l in exempt {
-        layout.layers[l] = LayerLayout::Full {
-            num_kv_heads: config.num_kv_heads,
-            head_dim: config.head_dim,
-            dtype: auto_dtype,
-        };
-    }
+    keep_exempt_layers(&mut layout, exempt, auto_dtype);
     layout
+}
+
+/// The full layers of `layout` among `exempt` back in `auto_dtype` (fp8's per-layer rule; latent
+/// layers carry no key bias and stay as they are).
+fn keep_exempt_layers(layout: &mut CacheLayout, exempt: &[usize], auto_dtype: CacheDtype) {
+    for &l in exempt {
+        if let Some(LayerLayout::Full {
+            num_kv_heads,
+            head_dim,
+            ..
+        }) = layout.layers.get(l)
+        {
+            layout.layers[l] = LayerLayout::Full {
+                num_kv_heads: *num_kv_heads,
+                head_dim: *head_dim,
+                dtype: auto_dtype,
+            };
+        }
+    }
 }
 
 /// `; layers 0, 1 stay bf16 (key bias over 32: too large for fp8)` for the fp8 line, or nothing.
@@ -245,12 +258,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
     if let Some(evicting) = print_eviction_fit(&engine, &full, c) {
         refusal = evicting.err();
     }
-    // STAR-KV latents are not stored in fp8 (the engine refuses the pair): no rows to compare.
-    let rows = if fp8 {
-        Vec::new()
-    } else {
-        star_kv_rows(&args, c)?
-    };
+    let rows = star_kv_rows(&args, c)?;
     let configured_star_kv = args.engine.kv_compression.star_kv().is_some();
     if !rows.is_empty() {
         println!(
@@ -258,9 +266,13 @@ pub fn run(args: InfoArgs) -> Result<()> {
         );
     }
     for row in rows {
-        let layout = row.allocation.cache_layout(auto_dtype);
+        // Under fp8 the latents are fp8 too; the full layers follow the dense rule.
+        let mut layout = row.allocation.cache_layout(dtype);
+        if fp8 {
+            keep_exempt_layers(&mut layout, &fp8_exempt, auto_dtype);
+        }
         let bytes = layout.bytes_per_token();
-        let ranks_bytes = row.allocation.elements_per_token() * auto_dtype.bytes();
+        let ranks_bytes = row.allocation.elements_per_token() * dtype.bytes();
         let sized = CacheSizing::from_budget(
             engine.kv_cache_memory_bytes,
             &layout,

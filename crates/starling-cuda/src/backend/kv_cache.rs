@@ -77,6 +77,13 @@ impl CudaBackend {
                 }
                 CacheElem::Fp8
             }
+            (LayerLayout::LowRank { .. }, CacheDtype::Fp8) => {
+                return Err(CudaError::Shape(
+                    "fp8 STAR-KV latents have no CUDA kernels yet (the CPU reference stores \
+                     them): use --kv-cache-dtype auto with a STAR-KV checkpoint on the GPU"
+                        .into(),
+                ))
+            }
             (layout, dtype) => {
                 return Err(CudaError::Shape(format!(
                     "the CUDA backend caches bf16 (and fp8 full K/V of head widths that are \

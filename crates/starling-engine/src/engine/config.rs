@@ -3,10 +3,9 @@
 
 use starling_backend::Backend;
 use starling_evict::{KvCacheDtype, KvCompression};
-use starling_kv::{CacheDtype, CacheLayout};
+use starling_kv::CacheDtype;
 
 use crate::scheduler::{AdmissionPolicy, SchedulerConfig};
-use crate::EngineError;
 
 /// Everything the engine needs to size its cache and batch requests.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,22 +65,4 @@ pub(crate) fn cache_dtype<B: Backend>(kv_dtype: KvCacheDtype, backend: &B) -> Ca
         KvCacheDtype::Auto => backend.kv_cache_dtype(),
         KvCacheDtype::Fp8 => CacheDtype::Fp8,
     }
-}
-
-/// An fp8 cache stores full K/V only: a model whose layers hold latents (a STAR-KV checkpoint,
-/// or `--synthetic-latent-share`) is refused with the reason, before anything is allocated.
-pub(crate) fn check_dtype_fits_layout(
-    kv_dtype: KvCacheDtype,
-    layout: &CacheLayout,
-) -> Result<(), EngineError> {
-    let latent_layers = layout.num_low_rank_layers();
-    if kv_dtype == KvCacheDtype::Fp8 && latent_layers > 0 {
-        return Err(EngineError::InvalidRequest(format!(
-            "--kv-cache-dtype fp8 stores full K/V only, and {latent_layers} of the model's {} \
-             layers hold STAR-KV latents (quantised latents are not built): use \
-             --kv-cache-dtype auto with latents",
-            layout.layers.len()
-        )));
-    }
-    Ok(())
 }

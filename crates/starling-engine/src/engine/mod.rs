@@ -151,7 +151,6 @@ impl<B: Backend> Engine<B> {
         let evicting = eviction.evicts();
         let dtype = cache_dtype(kv_compression.kv_dtype, &backend);
         let layout = model.cache_layout(dtype);
-        config::check_dtype_fits_layout(kv_compression.kv_dtype, &layout)?;
         let sched = &config.scheduler;
         let release_window_tokens = if evicting {
             None

@@ -114,3 +114,27 @@ pub fn engine_with_prefix_caching(
     };
     Engine::new(CpuBackend::new(), model, None, config).unwrap()
 }
+
+/// Total variation between two runs' next-token distributions, position by position (both
+/// teacher-forced to the same tokens): `(mean, max, positions)`.
+pub fn total_variation(
+    a: &starling_engine::testing::TraceOutcome,
+    b: &starling_engine::testing::TraceOutcome,
+) -> (f64, f32, usize) {
+    let (mut total, mut worst, mut rows) = (0.0f64, 0.0f32, 0usize);
+    for (x, y) in a.requests.iter().zip(&b.requests) {
+        assert_eq!(x.logprob_rows.len(), y.logprob_rows.len());
+        for (u, v) in x.logprob_rows.iter().zip(&y.logprob_rows) {
+            let tv = u
+                .iter()
+                .zip(v)
+                .map(|(s, t)| (s.exp() - t.exp()).abs())
+                .sum::<f32>()
+                / 2.0;
+            total += f64::from(tv);
+            worst = worst.max(tv);
+            rows += 1;
+        }
+    }
+    (total / rows.max(1) as f64, worst, rows)
+}

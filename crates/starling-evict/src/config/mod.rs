@@ -452,16 +452,6 @@ impl KvCompression {
     /// is given, so a setting built in code is held to what the parser enforces.
     pub fn validate(&self) -> Result<(), EvictError> {
         self.eviction.validate()?;
-        if self.star_kv.is_some() && self.kv_dtype != KvCacheDtype::Auto {
-            return Err(invalid(
-                "kv_dtype",
-                format!(
-                    "{} stores full K/V only; STAR-KV latents are cached in the activation \
-                     dtype (quantised latents are not built): use \"auto\" with star_kv",
-                    self.kv_dtype.name()
-                ),
-            ));
-        }
         if let Some(selection) = &self.star_kv {
             if selection.checkpoint.as_os_str().is_empty() {
                 return Err(invalid("checkpoint", "expected a non-empty path"));
