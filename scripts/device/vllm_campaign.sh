@@ -112,7 +112,9 @@ mkdir -p "$RUN"
 SERVE="$S serve --device $DEVICE --model $MODEL --served-model-name qwen --port {port} \
 --max-model-len {max_model_len} --kv-cache-memory {kv_cache_memory_bytes} --max-num-seqs 256 \
 --max-num-batched-tokens 8192"
-VLLM="env PYTHONPATH=$SITE VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+# $VSITE kept literal (the servers' shell expands it), so recorded commands name no machine path.
+export VSITE=$SITE
+VLLM="env PYTHONPATH=\$VSITE VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
 VLLM_NO_USAGE_STATS=1 python3 -m vllm.entrypoints.openai.api_server --model $MODEL \
 --served-model-name qwen --port {port} --max-model-len 24576 --kv-cache-memory-bytes {kv_cache_memory_bytes} \
 --max-num-seqs 256 --max-num-batched-tokens 8192 --seed 0"
