@@ -1,0 +1,115 @@
+//! Property tests of the one cache description's arithmetic: for any mix of full and latent
+//! layers in any element type (fp8 included), the bytes per token are the layers' elements times
+//! their element's bytes plus a latent layer's positions, the budget buys exactly
+//! `budget / bytes_per_block` blocks, and storing the same layout in fp8 instead of bf16 buys
+//! the blocks its byte ratio says (twice as many for full K/V, positions excepted for latents).
+
+use proptest::prelude::*;
+use starling_kv::{CacheDtype, CacheLayout, CacheSizing, LayerLayout, POSITION_BYTES};
+
+fn dtype() -> impl Strategy<Value = CacheDtype> {
+    prop_oneof![
+        Just(CacheDtype::F32),
+        Just(CacheDtype::F16),
+        Just(CacheDtype::BF16),
+        Just(CacheDtype::Fp8),
+    ]
+}
+
+fn layer() -> impl Strategy<Value = LayerLayout> {
+    let full = (
+        1usize..=8,
+        prop_oneof![Just(64usize), Just(128), Just(256)],
+        dtype(),
+    )
+        .prop_map(|(num_kv_heads, head_dim, dtype)| LayerLayout::Full {
+            num_kv_heads,
+            head_dim,
+            dtype,
+        });
+    let latent = (
+        prop::collection::vec(1usize..=128, 1..=8),
+        1usize..=1024,
+        dtype(),
+    )
+        .prop_map(|(keys, value, dtype)| LayerLayout::low_rank_padded(&keys, value, dtype));
+    prop_oneof![full, latent]
+}
+
+/// `layout` with every layer's element type replaced by `dtype`.
+fn in_dtype(layout: &CacheLayout, dtype: CacheDtype) -> CacheLayout {
+    let layers = layout
+        .layers
+        .iter()
+        .map(|l| match l {
+            LayerLayout::Full {
+                num_kv_heads,
+                head_dim,
+                ..
+            } => LayerLayout::Full {
+                num_kv_heads: *num_kv_heads,
+                head_dim: *head_dim,
+                dtype,
+            },
+            LayerLayout::LowRank {
+                key_rank_per_head,
+                value_rank,
+                ..
+            } => LayerLayout::LowRank {
+                key_rank_per_head: key_rank_per_head.clone(),
+                value_rank: *value_rank,
+                dtype,
+            },
+        })
+        .collect();
+    CacheLayout { layers }
+}
+
+proptest! {
+    #[test]
+    fn bytes_and_blocks_follow_the_layers(
+        layers in prop::collection::vec(layer(), 1..=40),
+        block in prop_oneof![Just(1usize), Just(16), Just(32)],
+        budget in 1u64..(16u64 << 30),
+    ) {
+        let layout = CacheLayout { layers };
+        let expected: u64 = layout
+            .layers
+            .iter()
+            .map(|l| {
+                l.elements_per_token() * l.dtype().bytes()
+                    + if l.is_low_rank() { POSITION_BYTES } else { 0 }
+            })
+            .sum();
+        prop_assert_eq!(layout.bytes_per_token(), expected);
+        prop_assert_eq!(layout.bytes_per_block(block), expected * block as u64);
+        let sizing = CacheSizing::from_budget(budget, &layout, block).unwrap();
+        prop_assert_eq!(sizing.num_blocks as u64, budget / (expected * block as u64));
+        // Whatever is left over is less than one block.
+        prop_assert!(budget - sizing.num_blocks as u64 * sizing.bytes_per_block < sizing.bytes_per_block);
+    }
+
+    #[test]
+    fn fp8_buys_the_byte_ratio_in_blocks(
+        layers in prop::collection::vec(layer(), 1..=40),
+        budget in (1u64 << 20)..(16u64 << 30),
+    ) {
+        let layout = CacheLayout { layers };
+        let bf16 = in_dtype(&layout, CacheDtype::BF16);
+        let fp8 = in_dtype(&layout, CacheDtype::Fp8);
+        let positions: u64 = layout.layers.iter().filter(|l| l.is_low_rank()).count() as u64
+            * POSITION_BYTES;
+        // Elements halve; positions stay 4 bytes each.
+        prop_assert_eq!(
+            2 * (fp8.bytes_per_token() - positions),
+            bf16.bytes_per_token() - positions
+        );
+        let blocks = |l: &CacheLayout| CacheSizing::from_budget(budget, l, 16).unwrap().num_blocks;
+        prop_assert_eq!(blocks(&fp8) as u64, budget / (fp8.bytes_per_token() * 16));
+        prop_assert!(blocks(&fp8) >= blocks(&bf16));
+        if positions == 0 {
+            // Full K/V only: exactly twice the tokens, up to one block's rounding.
+            prop_assert!(blocks(&fp8) / 2 <= blocks(&bf16) && blocks(&bf16) <= blocks(&fp8).div_ceil(2));
+        }
+    }
+}
