@@ -18,7 +18,15 @@ use starling_models::ModelConfig;
 const BLOCKS_F32: usize = 64;
 
 fn engine(kv_dtype: KvCacheDtype, eviction: CompressionConfig) -> Engine<CpuBackend> {
-    let model = tiny_model();
+    engine_of(tiny_model(), kv_dtype, eviction)
+}
+
+/// An engine on `model` whose budget holds `BLOCKS_F32` blocks of the model's f32 cache.
+fn engine_of(
+    model: LlamaModel<CpuBackend>,
+    kv_dtype: KvCacheDtype,
+    eviction: CompressionConfig,
+) -> Engine<CpuBackend> {
     let bytes_per_block =
         Engine::cache_layout_of(&CpuBackend::new(), &model).bytes_per_block(BLOCK_TOKENS);
     let config = EngineConfig {
@@ -138,25 +146,7 @@ fn layers_whose_key_bias_an_fp8_cache_cannot_hold_keep_the_activation_dtype() {
         .iter()
         .all(|l| l.dtype() == CacheDtype::F32));
     // The engine sizes and allocates what the layout says, and its report names the layer.
-    let bytes_per_block =
-        Engine::cache_layout_of(&CpuBackend::new(), &model).bytes_per_block(BLOCK_TOKENS);
-    let config = EngineConfig {
-        scheduler: SchedulerConfig {
-            max_num_seqs: 8,
-            max_num_batched_tokens: 64,
-            max_model_len_tokens: 256,
-            block_size_tokens: BLOCK_TOKENS,
-            admission: AdmissionPolicy::Optimistic,
-        },
-        kv_cache_memory_bytes: bytes_per_block * BLOCKS_F32 as u64,
-        kv_compression: KvCompression {
-            kv_dtype: KvCacheDtype::Fp8,
-            ..Default::default()
-        },
-        enable_prefix_caching: false,
-        model_identity: None,
-    };
-    let engine = Engine::new(CpuBackend::new(), model, None, config).unwrap();
+    let engine = engine_of(model, KvCacheDtype::Fp8, CompressionConfig::default());
     let report = engine.cache_report();
     assert!(
         report.dtype.starts_with("fp8") && report.dtype.contains("layers 1"),

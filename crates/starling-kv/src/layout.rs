@@ -87,6 +87,30 @@ impl LayerLayout {
         }
     }
 
+    /// The same geometry stored in `dtype` (a backend's own element, or fp8).
+    pub fn with_dtype(&self, dtype: CacheDtype) -> Self {
+        match self {
+            LayerLayout::Full {
+                num_kv_heads,
+                head_dim,
+                ..
+            } => LayerLayout::Full {
+                num_kv_heads: *num_kv_heads,
+                head_dim: *head_dim,
+                dtype,
+            },
+            LayerLayout::LowRank {
+                key_rank_per_head,
+                value_rank,
+                ..
+            } => LayerLayout::LowRank {
+                key_rank_per_head: key_rank_per_head.clone(),
+                value_rank: *value_rank,
+                dtype,
+            },
+        }
+    }
+
     /// Whether this layer holds latents (STAR-KV) rather than full K/V.
     pub fn is_low_rank(&self) -> bool {
         matches!(self, LayerLayout::LowRank { .. })

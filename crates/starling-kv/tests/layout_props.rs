@@ -38,31 +38,9 @@ fn layer() -> impl Strategy<Value = LayerLayout> {
 
 /// `layout` with every layer's element type replaced by `dtype`.
 fn in_dtype(layout: &CacheLayout, dtype: CacheDtype) -> CacheLayout {
-    let layers = layout
-        .layers
-        .iter()
-        .map(|l| match l {
-            LayerLayout::Full {
-                num_kv_heads,
-                head_dim,
-                ..
-            } => LayerLayout::Full {
-                num_kv_heads: *num_kv_heads,
-                head_dim: *head_dim,
-                dtype,
-            },
-            LayerLayout::LowRank {
-                key_rank_per_head,
-                value_rank,
-                ..
-            } => LayerLayout::LowRank {
-                key_rank_per_head: key_rank_per_head.clone(),
-                value_rank: *value_rank,
-                dtype,
-            },
-        })
-        .collect();
-    CacheLayout { layers }
+    CacheLayout {
+        layers: layout.layers.iter().map(|l| l.with_dtype(dtype)).collect(),
+    }
 }
 
 proptest! {

@@ -50,26 +50,7 @@ impl KvCacheSpec {
 
     /// The same geometry stored in `dtype` (a backend's own: the CPU caches f32, CUDA bf16).
     pub fn with_dtype(&self, dtype: CacheDtype) -> Self {
-        let layout = match &self.layout {
-            LayerLayout::Full {
-                num_kv_heads,
-                head_dim,
-                ..
-            } => LayerLayout::Full {
-                num_kv_heads: *num_kv_heads,
-                head_dim: *head_dim,
-                dtype,
-            },
-            LayerLayout::LowRank {
-                key_rank_per_head,
-                value_rank,
-                ..
-            } => LayerLayout::LowRank {
-                key_rank_per_head: key_rank_per_head.clone(),
-                value_rank: *value_rank,
-                dtype,
-            },
-        };
+        let layout = self.layout.with_dtype(dtype);
         Self {
             layout,
             ..self.clone()

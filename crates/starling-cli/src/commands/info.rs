@@ -72,17 +72,12 @@ pub fn fp8_layout(config: &ModelConfig, auto_dtype: CacheDtype, exempt: &[usize]
 /// layers carry no key bias and stay as they are).
 fn keep_exempt_layers(layout: &mut CacheLayout, exempt: &[usize], auto_dtype: CacheDtype) {
     for &l in exempt {
-        if let Some(LayerLayout::Full {
-            num_kv_heads,
-            head_dim,
-            ..
-        }) = layout.layers.get(l)
+        if let Some(layer) = layout
+            .layers
+            .get_mut(l)
+            .filter(|layer| !layer.is_low_rank())
         {
-            layout.layers[l] = LayerLayout::Full {
-                num_kv_heads: *num_kv_heads,
-                head_dim: *head_dim,
-                dtype: auto_dtype,
-            };
+            *layer = layer.with_dtype(auto_dtype);
         }
     }
 }
