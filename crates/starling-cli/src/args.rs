@@ -230,7 +230,7 @@ fn parse_compression(text: &str) -> Result<starling_evict::KvCompression, String
     if let Some(selection) = setting.star_kv() {
         selection
             .rank_profile
-            .parse::<starling_starkv::RankProfile>()
+            .parse::<starling_starkv::ProfileRef>()
             .map_err(|e| e.to_string())?;
     }
     Ok(setting)

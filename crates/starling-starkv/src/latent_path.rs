@@ -18,7 +18,7 @@ use starling_models::{LayerTensor, ModelConfig, WeightMap};
 use crate::checkpoint::StarKvCheckpoint;
 use crate::reference_path::load_profile;
 use crate::{
-    AppliedSides, KvShape, LayerProjections, Matrix, ModelProjections, RankProfile, StarKvError,
+    AppliedSides, KvShape, LayerProjections, Matrix, ModelProjections, ProfileRef, StarKvError,
 };
 
 /// Loads the `profile` checkpoint under `dir` for the model (`config`, `weights`; refused when
@@ -26,7 +26,7 @@ use crate::{
 /// (`None`: the layer stays full) for [`starling_models::llama::LlamaModel::load_latent`].
 pub fn load_latent_layers(
     dir: &Path,
-    profile: RankProfile,
+    profile: impl Into<ProfileRef>,
     sides: AppliedSides,
     config: &ModelConfig,
     weights: &WeightMap,

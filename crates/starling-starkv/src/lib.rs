@@ -28,6 +28,7 @@ mod latent_path;
 mod matrix;
 mod model_factors;
 mod pipeline;
+mod profile_ref;
 mod projections;
 mod reference_path;
 mod report;
@@ -48,6 +49,7 @@ pub use latent_path::{latent_layers, load_latent_layers};
 pub use matrix::Matrix;
 pub use model_factors::{FactorId, FactorKind, LayerFactors, ModelFactors};
 pub use pipeline::{svd_checkpoint, CalibrationPlan};
+pub use profile_ref::ProfileRef;
 pub use projections::{LayerProjections, ModelProjections};
 pub use reference_path::{
     apply_projection_sides, apply_projections, load_and_apply, load_profile, profile_dir,

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use starling_models::{LayerTensor, ModelConfig, WeightMap};
 
 use crate::checkpoint::{weights_identity, StarKvCheckpoint, MANIFEST_FILE};
-use crate::{KvShape, Matrix, ModelProjections, RankProfile, StarKvError};
+use crate::{KvShape, Matrix, ModelProjections, ProfileRef, StarKvError};
 
 /// Which factors of a checkpoint the reference path applies. Keys or values alone are
 /// ablations: they show which side of a profile costs the quality.
@@ -109,11 +109,11 @@ fn replace(
 
 /// The checkpoint directory of `profile` under `dir`: `dir` itself when it holds a manifest
 /// (a single-profile checkpoint), else `dir/<profile>` as `starling calibrate` writes them.
-pub fn profile_dir(dir: &Path, profile: RankProfile) -> PathBuf {
+pub fn profile_dir(dir: &Path, profile: impl Into<ProfileRef>) -> PathBuf {
     if dir.join(MANIFEST_FILE).is_file() {
         dir.to_owned()
     } else {
-        dir.join(profile.name())
+        dir.join(profile.into().dir_name())
     }
 }
 
@@ -121,18 +121,20 @@ pub fn profile_dir(dir: &Path, profile: RankProfile) -> PathBuf {
 /// made for other weights or for another profile.
 pub fn load_profile(
     dir: &Path,
-    profile: RankProfile,
+    profile: impl Into<ProfileRef>,
     config: &ModelConfig,
     weights: &WeightMap,
 ) -> Result<StarKvCheckpoint, StarKvError> {
+    let profile = profile.into();
     let path = profile_dir(dir, profile);
     let identity = weights_identity(weights);
     let checkpoint = StarKvCheckpoint::load(&path, config, &identity)?;
-    if checkpoint.manifest.profile != Some(profile) {
-        let made = checkpoint
-            .manifest
-            .profile
-            .map_or_else(|| "no named profile".to_owned(), |p| p.name().to_owned());
+    if !profile.matches(&checkpoint.manifest) {
+        let manifest = &checkpoint.manifest;
+        let made = manifest.profile.map_or_else(
+            || format!("{}‰ removed, no named profile", manifest.removed_permille),
+            |p| p.name().to_owned(),
+        );
         return Err(StarKvError::InvalidArgument(format!(
             "rank_profile `{profile}` was asked for, but {} is `{made}`",
             path.display()
@@ -145,7 +147,7 @@ pub fn load_profile(
 /// (its manifest says what was applied).
 pub fn load_and_apply(
     dir: &Path,
-    profile: RankProfile,
+    profile: impl Into<ProfileRef>,
     sides: AppliedSides,
     config: &ModelConfig,
     weights: &mut WeightMap,

@@ -11,8 +11,8 @@ use starling_starkv::checkpoint::{
 };
 use starling_starkv::{
     apply_projection_sides, apply_projections, load_and_apply, svd_checkpoint, AppliedSides,
-    CalibrationPlan, LayerRanks, ModelFactors, ModelProjections, RankAllocation, RankProfile,
-    RankStrategy, StarKvError, UncompressedLayers,
+    CalibrationPlan, LayerRanks, ModelFactors, ModelProjections, ProfileRef, RankAllocation,
+    RankProfile, RankStrategy, StarKvError, UncompressedLayers,
 };
 
 /// A 4-layer Qwen2-style model (K/V biases, so the "biases unchanged" rule is exercised).
@@ -244,5 +244,45 @@ fn checkpoints_for_other_weights_or_profiles_are_refused_and_change_nothing() {
     )
     .unwrap_err();
     assert!(err.to_string().contains("aggressive"), "{err}");
+    assert_eq!(weights_identity(&same), weights_identity(&weights));
+}
+
+#[test]
+fn a_share_without_a_name_loads_by_its_folder_name_and_only_as_that_share() {
+    let (config, weights) = model(9);
+    let dir = tempfile::tempdir().unwrap();
+    let factors = ModelFactors::compute(&config, &weights, &keep_first(), None).unwrap();
+    let half: ProfileRef = "50%".parse().unwrap();
+    let mut plan =
+        CalibrationPlan::for_profile(RankProfile::Balanced, RankStrategy::GreedyEnergy, 3);
+    plan.profile = half.profile();
+    plan.target = half.target();
+    svd_checkpoint(&config, &weights_identity(&weights), &factors, &plan)
+        .unwrap()
+        .save(dir.path().join(half.dir_name()))
+        .unwrap();
+
+    let by_folder: ProfileRef = "removed-50pct".parse().unwrap();
+    let mut applied = weights.clone();
+    let checkpoint = load_and_apply(
+        dir.path(),
+        by_folder,
+        AppliedSides::Both,
+        &config,
+        &mut applied,
+    )
+    .unwrap();
+    assert_eq!(checkpoint.manifest.removed_permille, 500);
+    assert_eq!(checkpoint.manifest.profile, None);
+    assert_ne!(weights_identity(&applied), weights_identity(&weights));
+
+    // The folder given directly but asked for as another share, or as a named profile.
+    let single = dir.path().join("removed-50pct");
+    let mut same = weights.clone();
+    for asked in ["60%", "balanced"] {
+        let asked: ProfileRef = asked.parse().unwrap();
+        let err = load_and_apply(&single, asked, AppliedSides::Both, &config, &mut same);
+        assert!(err.unwrap_err().to_string().contains("500‰ removed"));
+    }
     assert_eq!(weights_identity(&same), weights_identity(&weights));
 }

@@ -27,12 +27,16 @@ use starling_starkv::distill::{
 };
 use starling_starkv::threshold::ThresholdInit;
 use starling_starkv::{
-    calibration_windows, svd_checkpoint, AttentionInputMoments, CalibrationPlan, ModelFactors,
-    RankProfile, RankStrategy, ThresholdConfig, UncompressedLayers, Whitener,
-    DEFAULT_RELATIVE_FLOOR,
+    calibration_windows, svd_checkpoint, AttentionInputMoments, BudgetTarget, CalibrationPlan,
+    ModelFactors, ProfileRef, RankProfile, RankStrategy, ThresholdConfig, UncompressedLayers,
+    Whitener, DEFAULT_RELATIVE_FLOOR,
 };
 
 use super::bench_eval::{essay_tokens, EssaysArg};
+use super::calibrate_torch::{
+    chat_corpus_tokens, DistillBackend, JobKnobs, TorchArgs, TorchRunner, DEFAULT_TORCH_REFINE_LR,
+    DEFAULT_TORCH_WINDOW_TOKENS,
+};
 use crate::args::DeviceArg;
 use crate::device::{with_backend, BackendJob};
 use crate::session::{open_model, tokenizer_for};
@@ -65,7 +69,8 @@ pub struct CalibrateArgs {
     #[arg(long, short = 'm', default_value = starling_hub::DEFAULT_ALIAS)]
     model: String,
     /// Rank profiles to write, comma-separated: aggressive (30% of K/V cache bytes removed),
-    /// balanced (15%), conservative (8%).
+    /// balanced (15%), conservative (8%), or a share removed such as `55%` (written to
+    /// DIR/removed-55pct/).
     #[arg(
         long,
         value_delimiter = ',',
@@ -101,18 +106,22 @@ pub struct CalibrateArgs {
     /// start from.
     #[arg(long)]
     distill_steps: Option<usize>,
-    /// Tokens per distillation (and refinement) window.
-    #[arg(long, default_value_t = 128)]
-    distill_window_tokens: usize,
+    /// Tokens per distillation (and refinement) window. Default: 128 on the CPU, 4096 with
+    /// `--distill-backend torch`.
+    #[arg(long)]
+    distill_window_tokens: Option<usize>,
     /// Projection-refinement steps per profile, after its ranks are fixed (by `--strategy`
     /// or by `--distill-steps`): the kept factors are trained by knowledge distillation, one
     /// calibration window per step, forward and backward on the CPU. 0 keeps the SVD factors.
     #[arg(long, default_value_t = 0)]
     refine_steps: usize,
-    /// Adam's step size for `--refine-steps`, relative to each projection matrix's RMS entry
-    /// (the default moves an entry by about 0.5% of its matrix's typical entry per step).
-    #[arg(long, default_value_t = RefineConfig::DEFAULT_LEARNING_RATE)]
-    refine_lr: f64,
+    /// Adam's step size for refinement, relative to each projection matrix's RMS entry.
+    /// Default: 5e-3 on the CPU (about 0.5% of a matrix's typical entry per step), 1e-3 with
+    /// `--distill-backend torch` (hundreds of steps, cosine-decayed to a tenth).
+    #[arg(long)]
+    refine_lr: Option<f64>,
+    #[command(flatten)]
+    torch: TorchArgs,
     /// Where the calibration forward passes run.
     #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
     device: DeviceArg,
@@ -171,9 +180,18 @@ impl CalibrateArgs {
             calibration_tokens,
             window_tokens: 512,
             distill_steps: Some(0),
-            distill_window_tokens: 128,
+            distill_window_tokens: None,
             refine_steps: 0,
-            refine_lr: RefineConfig::DEFAULT_LEARNING_RATE,
+            refine_lr: None,
+            torch: TorchArgs {
+                distill_backend: DistillBackend::Cpu,
+                distill_tokens: 0,
+                refine_tokens: 0,
+                distill_batch_windows: 1,
+                distill_in_file_order: false,
+                python: "python3".into(),
+                distill_time_limit_s: 0,
+            },
             device: DeviceArg::Auto,
             essays: EssaysArg { essays_dir: None },
         }
@@ -220,10 +238,11 @@ pub fn write_checkpoints<B: Backend>(
     let profiles = parse_profiles(&args.profiles)?;
     let distill = distill_config(args)?;
     let refine = refine_config(args)?;
+    let torch = torch_phases(args)?;
     let config = model.config;
     let identity = model.identity;
 
-    let text = if args.no_whiten && distill.is_none() && refine.is_none() {
+    let text = if args.no_whiten && distill.is_none() && refine.is_none() && torch.is_none() {
         None
     } else {
         bar.set_message("tokenising the calibration essays");
@@ -263,49 +282,98 @@ pub fn write_checkpoints<B: Backend>(
                     model.weights,
                     &factors,
                     &text.ids,
-                    args.distill_window_tokens,
+                    window_tokens(args),
                 )
                 .context("preparing distillation")?,
             )
         }
         _ => None,
     };
+    let (runner, chat_source) = match (&torch, &text) {
+        (Some(_), Some(text)) => {
+            bar.set_message("torch distillation: rendering and tokenising the conversations");
+            let (ids, source) = chat_corpus_tokens(model.tokenizer, &text.ids)?;
+            let targets: Vec<(String, BudgetTarget)> = profiles
+                .iter()
+                .map(|p| (p.name.clone(), p.target))
+                .collect();
+            let knobs = JobKnobs {
+                window_tokens: window_tokens(args),
+                refine_lr: refine_lr(args),
+                seed: args.seed,
+                init: match args.strategy {
+                    StrategyArg::Uniform => ThresholdInit::Uniform,
+                    _ => ThresholdInit::GreedyEnergy,
+                },
+            };
+            let runner = TorchRunner::prepare(
+                model,
+                &factors,
+                &ids,
+                &targets,
+                &args.output,
+                &knobs,
+                &args.torch,
+            )?;
+            (Some(runner), Some(source))
+        }
+        _ => (None, None),
+    };
     let mut lines = Vec::with_capacity(profiles.len());
-    for profile in profiles {
-        let mut plan = CalibrationPlan::for_profile(profile, strategy.clone(), args.seed);
+    for choice in &profiles {
+        let name = choice.name.as_str();
+        let mut plan = choice.plan(strategy.clone(), args.seed);
         plan.calibration = calibration.clone();
-        if let (Some(text), Some(_)) = (&text, &distiller) {
+        if let (Some(text), true) = (&text, distiller.is_some() || runner.is_some()) {
             if plan.calibration.data.is_empty() {
                 plan.calibration.data = text.essay_names.clone();
                 plan.calibration.dataset_sha256 = Some(text.dataset_sha256.clone());
             }
         }
-        let mut checkpoint = match (&distill, distiller.as_mut()) {
-            (Some(d), Some(distiller)) => {
+        if let Some(source) = &chat_source {
+            plan.calibration.data.push(source.clone());
+        }
+        let mut checkpoint = match (&distill, distiller.as_mut(), &runner, &torch) {
+            (_, _, Some(runner), Some(phases)) if phases.thresholds => {
+                let (checkpoint, line) = runner
+                    .thresholds(name, model, &factors, &plan, bar)
+                    .with_context(|| format!("distilling profile {name} on torch"))?;
+                lines.push(line);
+                checkpoint
+            }
+            (Some(d), Some(distiller), _, _) => {
                 bar.set_message(format!(
-                    "{profile}: distilling thresholds ({} steps of {} tokens)",
+                    "{name}: distilling thresholds ({} steps of {} tokens)",
                     d.steps, d.window_tokens
                 ));
                 let (outcome, report) = distill_with(distiller, &factors, &plan, d)
-                    .with_context(|| format!("distilling profile {profile}"))?;
+                    .with_context(|| format!("distilling profile {name}"))?;
                 let last_kl = report.steps.last().map_or(f64::NAN, |s| s.kl);
                 lines.push(format!(
-                    "{:<13} distilled {} steps, last-step KL {last_kl:.4} nats/token",
-                    profile.name(),
+                    "{name:<13} distilled {} steps, last-step KL {last_kl:.4} nats/token",
                     report.steps.len()
                 ));
                 distilled_checkpoint(config, identity, &factors, &plan, &outcome, &report)
-                    .with_context(|| format!("profile {profile}"))?
+                    .with_context(|| format!("profile {name}"))?
             }
             _ => {
-                bar.set_message(format!("{profile}: allocating ranks ({})", strategy.name()));
+                bar.set_message(format!("{name}: allocating ranks ({})", strategy.name()));
                 svd_checkpoint(config, identity, &factors, &plan)
-                    .with_context(|| format!("profile {profile}"))?
+                    .with_context(|| format!("profile {name}"))?
             }
         };
+        if let (Some(runner), Some(phases)) = (&runner, &torch) {
+            if phases.refine {
+                let (refined, line) = runner
+                    .refine(name, checkpoint, bar)
+                    .with_context(|| format!("refining profile {name} on torch"))?;
+                lines.push(line);
+                checkpoint = refined;
+            }
+        }
         if let (Some(r), Some(distiller)) = (&refine, distiller.as_mut()) {
             let what = format!(
-                "{profile}: refining projections ({} steps of {} tokens)",
+                "{name}: refining projections ({} steps of {} tokens)",
                 r.steps,
                 distiller.window_tokens()
             );
@@ -319,27 +387,25 @@ pub fn write_checkpoints<B: Backend>(
                         step.kl
                     ));
                 })
-                .with_context(|| format!("refining profile {profile}"))?;
+                .with_context(|| format!("refining profile {name}"))?;
             let (first, last) = (
                 report.steps.first().map_or(f64::NAN, |s| s.kl),
                 report.steps.last().map_or(f64::NAN, |s| s.kl),
             );
             lines.push(format!(
-                "{:<13} refined {} steps, last-step KL {last:.4} nats/token (first step {first:.4})",
-                profile.name(),
+                "{name:<13} refined {} steps, last-step KL {last:.4} nats/token (first step {first:.4})",
                 report.steps.len()
             ));
             checkpoint = refined_checkpoint(checkpoint, refined, &report)
-                .with_context(|| format!("profile {profile}"))?;
+                .with_context(|| format!("profile {name}"))?;
         }
-        let dir = args.output.join(profile.name());
+        let dir = args.output.join(name);
         checkpoint
             .save(&dir)
             .with_context(|| format!("writing {}", dir.display()))?;
         let r = &checkpoint.manifest.compression;
         lines.push(format!(
-            "{:<13} KV {:>6} of {:>6} B/token (bf16, {:.1}% removed), parameter rate C {:.3} → {}",
-            profile.name(),
+            "{name:<13} KV {:>6} of {:>6} B/token (bf16, {:.1}% removed), parameter rate C {:.3} → {}",
             r.kv_bytes_per_token_compressed,
             r.kv_bytes_per_token_original,
             100.0 * r.kv_removed_share,
@@ -360,19 +426,39 @@ pub fn write_checkpoints<B: Backend>(
     } else {
         "weight SVD only".to_owned()
     };
-    let distilled = match &distill {
-        Some(d) => format!(
+    let distilled = match (&distill, &torch) {
+        (_, Some(phases)) => format!(
+            "torch: {} thresholds + {} refinement tokens per profile in windows of {}{}",
+            if phases.thresholds {
+                args.torch.distill_tokens
+            } else {
+                0
+            },
+            if phases.refine {
+                args.torch.refine_tokens
+            } else {
+                0
+            },
+            window_tokens(args),
+            if phases.thresholds {
+                String::new()
+            } else {
+                format!(", ranks by {}", strategy.name())
+            }
+        ),
+        (Some(d), None) => format!(
             "distilled {} steps × {} tokens from {}",
             d.steps,
             d.window_tokens,
             strategy.name()
         ),
-        None => format!("ranks by {}, no distillation", strategy.name()),
+        (None, None) => format!("ranks by {}, no distillation", strategy.name()),
     };
     let refined = match &refine {
         Some(r) => format!(
             ", projections refined {} steps × {} tokens",
-            r.steps, args.distill_window_tokens
+            r.steps,
+            window_tokens(args)
         ),
         None => String::new(),
     };
@@ -462,6 +548,12 @@ const DEFAULT_DISTILL_STEPS: usize = 16;
 /// flag under `--strategy learned`. The thresholds start from `--strategy`'s allocation where
 /// distillation can (uniform or greedy).
 fn distill_config(args: &CalibrateArgs) -> Result<Option<DistillConfig>> {
+    if args.torch.distill_backend == DistillBackend::Torch {
+        if args.distill_steps.is_some_and(|s| s > 0) {
+            bail!("--distill-steps is the CPU backend's; --distill-backend torch counts --distill-tokens");
+        }
+        return Ok(None);
+    }
     let steps = match (args.distill_steps, args.strategy) {
         (Some(0), _) | (None, StrategyArg::Learned) => return Ok(None),
         (Some(steps), _) => steps,
@@ -476,7 +568,7 @@ fn distill_config(args: &CalibrateArgs) -> Result<Option<DistillConfig>> {
     };
     Ok(Some(DistillConfig {
         steps,
-        window_tokens: args.distill_window_tokens,
+        window_tokens: window_tokens(args),
         init,
         ..DistillConfig::default()
     }))
@@ -487,23 +579,103 @@ fn refine_config(args: &CalibrateArgs) -> Result<Option<RefineConfig>> {
     if args.refine_steps == 0 {
         return Ok(None);
     }
+    if args.torch.distill_backend == DistillBackend::Torch {
+        bail!(
+            "--refine-steps is the CPU backend's; --distill-backend torch counts --refine-tokens"
+        );
+    }
     let refine = RefineConfig {
         steps: args.refine_steps,
-        learning_rate: args.refine_lr,
+        learning_rate: refine_lr(args),
     };
     refine.validate().context("--refine-lr")?;
     Ok(Some(refine))
 }
 
-/// The profiles named on the command line, in order, each once.
-fn parse_profiles(names: &[String]) -> Result<Vec<RankProfile>> {
-    let mut profiles = Vec::with_capacity(names.len());
+/// Which torch phases run (`None` on the CPU backend).
+struct TorchPhases {
+    thresholds: bool,
+    refine: bool,
+}
+
+fn torch_phases(args: &CalibrateArgs) -> Result<Option<TorchPhases>> {
+    let torch = &args.torch;
+    if torch.distill_backend == DistillBackend::Cpu {
+        return Ok(None);
+    }
+    let phases = TorchPhases {
+        thresholds: torch.distill_tokens > 0,
+        refine: torch.refine_tokens > 0,
+    };
+    if !phases.thresholds && !phases.refine {
+        bail!("--distill-backend torch with --distill-tokens 0 and --refine-tokens 0 has nothing to run");
+    }
+    if phases.thresholds && args.strategy == StrategyArg::Learned {
+        bail!("torch distillation starts from --strategy uniform or greedy, not learned");
+    }
+    if torch.distill_batch_windows == 0 {
+        bail!("--distill-batch-windows must be at least 1");
+    }
+    Ok(Some(phases))
+}
+
+/// `--distill-window-tokens`, or its default for the backend.
+fn window_tokens(args: &CalibrateArgs) -> usize {
+    args.distill_window_tokens
+        .unwrap_or(match args.torch.distill_backend {
+            DistillBackend::Cpu => 128,
+            DistillBackend::Torch => DEFAULT_TORCH_WINDOW_TOKENS,
+        })
+}
+
+/// `--refine-lr`, or its default for the backend.
+fn refine_lr(args: &CalibrateArgs) -> f64 {
+    args.refine_lr.unwrap_or(match args.torch.distill_backend {
+        DistillBackend::Cpu => RefineConfig::DEFAULT_LEARNING_RATE,
+        DistillBackend::Torch => DEFAULT_TORCH_REFINE_LR,
+    })
+}
+
+/// A profile to write: a named one, or a share removed (`55%`), and its folder's name.
+#[derive(Clone, Debug, PartialEq)]
+struct ProfileChoice {
+    /// The checkpoint folder's name.
+    name: String,
+    profile: Option<RankProfile>,
+    target: BudgetTarget,
+}
+
+impl ProfileChoice {
+    fn parse(text: &str) -> Result<Self> {
+        let chosen: ProfileRef = text.parse()?;
+        Ok(Self {
+            name: chosen.dir_name(),
+            profile: chosen.profile(),
+            target: chosen.target(),
+        })
+    }
+
+    fn plan(&self, strategy: RankStrategy, seed: u64) -> CalibrationPlan {
+        let mut plan = CalibrationPlan::for_profile(
+            self.profile.unwrap_or(RankProfile::Balanced),
+            strategy,
+            seed,
+        );
+        plan.profile = self.profile;
+        plan.target = self.target;
+        plan
+    }
+}
+
+/// The profiles named on the command line, in order, each share once.
+fn parse_profiles(names: &[String]) -> Result<Vec<ProfileChoice>> {
+    let mut profiles: Vec<ProfileChoice> = Vec::with_capacity(names.len());
     for name in names {
-        let profile: RankProfile = name.trim().parse()?;
-        if profiles.contains(&profile) {
-            bail!("--profiles names `{profile}` twice");
+        let choice = ProfileChoice::parse(name)?;
+        if profiles.iter().any(|p| p.target == choice.target) {
+            bail!("--profiles names the share of `{}` twice", choice.name);
         }
-        profiles.push(profile);
+        profiles.push(choice);
     }
     if profiles.is_empty() {
         bail!("--profiles is empty");
@@ -551,5 +723,63 @@ mod tests {
         // Learned thresholds cannot seed distillation: off by default, refused when asked for.
         assert_eq!(distill_steps(&["--strategy", "learned"]).unwrap(), None);
         assert!(distill_steps(&["--strategy", "learned", "--distill-steps", "2"]).is_err());
+    }
+
+    fn args_of(flags: &[&str]) -> CalibrateArgs {
+        let argv = ["calibrate", "--output", "out"].iter().chain(flags);
+        Cli::try_parse_from(argv).unwrap().args
+    }
+
+    #[test]
+    fn the_torch_backend_counts_tokens_and_refuses_the_cpu_flags() {
+        let cpu = args_of(&[]);
+        assert!(torch_phases(&cpu).unwrap().is_none());
+        assert_eq!((window_tokens(&cpu), refine_lr(&cpu)), (128, 5e-3));
+        let torch = args_of(&["--distill-backend", "torch", "--refine-tokens", "1000"]);
+        let phases = torch_phases(&torch).unwrap().unwrap();
+        assert!(phases.thresholds && phases.refine);
+        assert_eq!(
+            distill_config(&torch).unwrap(),
+            None,
+            "no CPU distillation as well"
+        );
+        assert_eq!(
+            (window_tokens(&torch), refine_lr(&torch)),
+            (DEFAULT_TORCH_WINDOW_TOKENS, DEFAULT_TORCH_REFINE_LR)
+        );
+        for bad in [
+            &["--distill-backend", "torch", "--distill-steps", "3"][..],
+            &["--distill-backend", "torch", "--refine-steps", "3"],
+            &["--distill-backend", "torch", "--distill-tokens", "0"],
+            &["--distill-backend", "torch", "--strategy", "learned"],
+            &["--distill-backend", "torch", "--distill-batch-windows", "0"],
+        ] {
+            let args = args_of(bad);
+            let refused = distill_config(&args).is_err()
+                || refine_config(&args).is_err()
+                || torch_phases(&args).is_err();
+            assert!(refused, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn profiles_are_names_or_shares_each_once() {
+        let names: Vec<String> = ["balanced", "55%", "removed-60pct"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let choices = parse_profiles(&names).unwrap();
+        let dirs: Vec<&str> = choices.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(dirs, ["balanced", "removed-55pct", "removed-60pct"]);
+        let plan = choices[1].plan(RankStrategy::GreedyEnergy, 0);
+        assert_eq!((plan.profile, plan.target.permille()), (None, 550));
+        assert_eq!(
+            choices[0].plan(RankStrategy::Uniform, 0).profile,
+            Some(RankProfile::Balanced)
+        );
+        // Balanced is 15%: naming it twice, as a name and as a share, is refused.
+        let twice: Vec<String> = vec!["balanced".into(), "15%".into()];
+        assert!(parse_profiles(&twice).is_err());
+        assert!(parse_profiles(&["120%".to_owned()]).is_err());
     }
 }

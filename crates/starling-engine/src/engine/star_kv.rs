@@ -7,7 +7,7 @@ use starling_backend::Backend;
 use starling_evict::{StarKvCache, StarKvFactors, StarKvSelection};
 use starling_models::llama::LlamaModel;
 use starling_models::{ModelConfig, WeightMap};
-use starling_starkv::{AppliedSides, RankProfile};
+use starling_starkv::{AppliedSides, ProfileRef};
 
 use super::EngineError;
 
@@ -47,7 +47,7 @@ pub fn load_model<B: Backend>(
     let Some(selection) = selection else {
         return Ok((LlamaModel::load(backend, config, weights)?, None));
     };
-    let profile: RankProfile = selection.rank_profile.parse()?;
+    let profile: ProfileRef = selection.rank_profile.parse()?;
     let sides = match selection.factors {
         StarKvFactors::Both => AppliedSides::Both,
         StarKvFactors::Keys => AppliedSides::KeysOnly,
@@ -69,7 +69,7 @@ pub fn load_model<B: Backend>(
     };
     let report = &checkpoint.manifest.compression;
     let info = StarKvInfo {
-        profile: profile.name().to_owned(),
+        profile: profile.dir_name(),
         cache: selection.cache.name().to_owned(),
         factors: selection.factors.name().to_owned(),
         checkpoint_name: dir.file_name().map_or_else(

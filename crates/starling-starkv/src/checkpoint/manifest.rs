@@ -139,6 +139,34 @@ pub struct RefinementRecord {
     pub last_step_kl: f64,
 }
 
+/// One point of a training curve: the mean KL(original ‖ compressed) per position over a run
+/// of consecutive optimisation steps, and the tokens trained on by the end of that run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CurvePoint {
+    /// `thresholds` (rank distillation) or `refine` (projection refinement).
+    pub phase: String,
+    /// Tokens of this phase trained on by the last step of the run.
+    pub tokens_seen: u64,
+    /// Mean KL of the run's steps, nats per position.
+    pub kl: f64,
+}
+
+/// At most this many points per phase: longer runs are averaged in equal runs of steps.
+pub const CURVE_POINTS: usize = 64;
+
+/// The curve of a phase whose steps had `kls`, each step `tokens_per_step` tokens.
+pub fn loss_curve(phase: &str, kls: &[f64], tokens_per_step: u64) -> Vec<CurvePoint> {
+    let per_point = kls.len().div_ceil(CURVE_POINTS).max(1);
+    kls.chunks(per_point)
+        .enumerate()
+        .map(|(i, run)| CurvePoint {
+            phase: phase.to_owned(),
+            tokens_seen: ((i * per_point + run.len()) as u64) * tokens_per_step,
+            kl: run.iter().sum::<f64>() / run.len() as f64,
+        })
+        .collect()
+}
+
 /// Everything `manifest.json` holds.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -169,6 +197,10 @@ pub struct Manifest {
     /// How the projections were refined, when they were (absent in older manifests).
     #[serde(default)]
     pub refinement: Option<RefinementRecord>,
+    /// The training curves of distillation and refinement, in order (empty when neither ran,
+    /// and in older manifests).
+    #[serde(default)]
+    pub loss_curve: Vec<CurvePoint>,
     /// The seed of every random choice made while calibrating.
     pub seed: u64,
 }

@@ -16,9 +16,13 @@ use starling_models::ModelConfig;
 
 pub use identity::{weights_identity, IDENTITY_SCHEME};
 pub use manifest::{
-    CalibrationInfo, LayerManifest, LayerThresholds, Manifest, ModelIdentity, ProjectionDtype,
-    RefinementRecord, ThresholdRecord, FORMAT_VERSION, METHOD,
+    loss_curve, CalibrationInfo, CurvePoint, LayerManifest, LayerThresholds, Manifest,
+    ModelIdentity, ProjectionDtype, RefinementRecord, ThresholdRecord, CURVE_POINTS,
+    FORMAT_VERSION, METHOD,
 };
+pub(crate) use tensors::read_projections;
+#[cfg(test)]
+pub(crate) use tensors::write_projections;
 
 use crate::spectra::canonical_ids;
 use crate::threshold::LearnedThresholds;
@@ -114,6 +118,7 @@ impl StarKvCheckpoint {
             calibration: settings.calibration,
             thresholds,
             refinement: None,
+            loss_curve: Vec::new(),
             seed: settings.seed,
         };
         Ok(Self {

@@ -27,6 +27,7 @@
 mod config;
 mod distiller;
 mod error;
+pub mod external;
 mod frozen;
 mod frozen_linear;
 mod loss;
@@ -76,29 +77,52 @@ pub fn distill_with(
     distill: &DistillConfig,
 ) -> Result<(AllocationOutcome, DistillReport), DistillError> {
     distill.validate()?;
-    let shape = factors.shape();
-    let budget = CacheBudget::new(&shape, plan.target, factors.uncompressed())?;
+    let budget = CacheBudget::new(&factors.shape(), plan.target, factors.uncompressed())?;
     let target = budget.compressed_elements_per_token;
     let spectra = ModelSpectra::of(factors)?;
     let scaled = distiller.student().scaled().to_vec();
     let start = train::initial_alphas(&spectra, &scaled, target, distill.init)?;
     let trained = train::train(distiller, &start, target, distill)?;
-    let (learned, allocation) = project::project_to_budget(
-        shape,
-        factors.uncompressed(),
+    let tokens_seen = (trained.steps.len() * distiller.window_tokens()) as u64;
+    learned_outcome(
+        factors,
         &scaled,
+        target,
+        distill.sharpness,
+        trained,
+        distiller.windows(),
+        tokens_seen,
+    )
+}
+
+/// The allocation and report of thresholds trained to `target` elements (by this process or
+/// by an external trainer): the thresholds projected onto the budget exactly, as
+/// [`crate::RankStrategy::LearnedThresholds`] does.
+pub(crate) fn learned_outcome(
+    factors: &ModelFactors,
+    scaled: &[Vec<f64>],
+    target: u64,
+    sharpness: f64,
+    trained: train::Trained,
+    windows: usize,
+    tokens_seen: u64,
+) -> Result<(AllocationOutcome, DistillReport), DistillError> {
+    let (learned, allocation) = project::project_to_budget(
+        factors.shape(),
+        factors.uncompressed(),
+        scaled,
         &trained.alphas,
         target,
     )?;
     let report = DistillReport {
-        windows: distiller.windows(),
-        tokens_seen: (trained.steps.len() * distiller.window_tokens()) as u64,
+        windows,
+        tokens_seen,
         target_elements: target,
         learned_hard_rank: learned.iter().sum(),
         steps: trained.steps,
     };
     let thresholds = LearnedThresholds {
-        sharpness: distill.sharpness,
+        sharpness,
         alphas: trained.alphas,
         effective_ranks: learned,
         multiplier: trained.multiplier,

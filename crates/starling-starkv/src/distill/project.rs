@@ -3,7 +3,7 @@
 use starling_models::ModelConfig;
 
 use super::{DistillError, DistillReport};
-use crate::checkpoint::{CheckpointSettings, StarKvCheckpoint};
+use crate::checkpoint::{loss_curve, CheckpointSettings, StarKvCheckpoint};
 use crate::exact_budget::meet_budget;
 use crate::threshold::effective_rank;
 use crate::{
@@ -74,10 +74,10 @@ pub fn distilled_checkpoint(
         thresholds: outcome.thresholds.clone(),
         seed: plan.seed,
     };
-    Ok(StarKvCheckpoint::new(
-        config,
-        weights_sha256.to_owned(),
-        projections,
-        settings,
-    )?)
+    let mut checkpoint =
+        StarKvCheckpoint::new(config, weights_sha256.to_owned(), projections, settings)?;
+    let kls: Vec<f64> = report.steps.iter().map(|s| s.kl).collect();
+    let tokens_per_step = report.tokens_seen / (steps.max(1));
+    checkpoint.manifest.loss_curve = loss_curve("thresholds", &kls, tokens_per_step);
+    Ok(checkpoint)
 }

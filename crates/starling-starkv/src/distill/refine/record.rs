@@ -2,7 +2,7 @@
 //! checkpoint it refines, with the refinement recorded.
 
 use super::RefineReport;
-use crate::checkpoint::{RefinementRecord, StarKvCheckpoint};
+use crate::checkpoint::{loss_curve, RefinementRecord, StarKvCheckpoint};
 use crate::distill::DistillError;
 use crate::ModelProjections;
 
@@ -39,6 +39,11 @@ pub fn refined_checkpoint(
         first_step_kl: first.kl,
         last_step_kl: last.kl,
     });
+    let kls: Vec<f64> = report.steps.iter().map(|s| s.kl).collect();
+    let tokens_per_step = report.tokens_seen / steps.max(1);
+    manifest
+        .loss_curve
+        .extend(loss_curve("refine", &kls, tokens_per_step));
     checkpoint.projections = refined;
     Ok(checkpoint)
 }

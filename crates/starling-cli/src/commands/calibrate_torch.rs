@@ -1,0 +1,379 @@
+//! `starling calibrate --distill-backend torch`: threshold distillation and projection
+//! refinement at the reference's scale (millions of tokens) by the PyTorch trainer
+//! `scripts/starkv_distill_torch.py`, embedded in this binary and run by `--python` on its GPU.
+//!
+//! This process keeps every STAR-KV decision (`starling_starkv::distill::external`): it writes
+//! the job (factors, calibration tokens, each profile's budget and starting thresholds), runs
+//! the trainer once per profile and phase, streams its JSON step lines into the progress bar,
+//! projects the returned thresholds onto the budget exactly and builds the checkpoints. A run
+//! stopped by `--distill-time-limit-s` (or killed) resumes from the trainer's saved state when
+//! the same command is run again: the job directory under the output is kept while the job is
+//! unchanged.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use indicatif::ProgressBar;
+use starling_models::chat::{ChatMessage, ChatTemplate};
+use starling_models::tokenizer::Tokenizer;
+use starling_models::RopeStyle;
+use starling_starkv::checkpoint::StarKvCheckpoint;
+use starling_starkv::distill::external::{
+    ExternalJob, JobModel, JobRefine, JobSettings, JobThresholds, RefineResult, ThresholdsResult,
+    REFINE_RESULT, THRESHOLDS_RESULT,
+};
+use starling_starkv::distill::{distilled_checkpoint, DistillConfig};
+use starling_starkv::threshold::ThresholdInit;
+use starling_starkv::{BudgetTarget, CalibrationPlan, ModelFactors};
+
+use super::calibrate::CalibrationModel;
+
+/// The trainer, written into the job directory at each run.
+const TRAINER_SOURCE: &str = include_str!("../../../../scripts/starkv_distill_torch.py");
+const TRAINER_FILE: &str = "starkv_distill_torch.py";
+/// The trainer's exit status for "paused at the time limit, state saved".
+const EXIT_PAUSED: i32 = 75;
+/// The job directory under `--output`.
+pub const JOB_DIR: &str = ".torch-job";
+
+/// Where distillation and refinement run.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DistillBackend {
+    /// candle's CPU autograd in this process (`--distill-steps`, `--refine-steps`): small
+    /// models, CI.
+    Cpu,
+    /// The embedded PyTorch trainer on `--python`'s GPU (`--distill-tokens`,
+    /// `--refine-tokens`): millions of tokens of essays and chat conversations.
+    Torch,
+}
+
+/// The flags of the torch backend.
+#[derive(Args, Debug, Clone)]
+pub struct TorchArgs {
+    /// Where distillation and refinement run: `cpu` (candle's autograd in this process, for
+    /// small models and CI) or `torch` (the embedded PyTorch trainer run by `--python`, on its
+    /// GPU: calibration text is the held-in essays plus the chitchat conversations in the
+    /// model's chat template; `--distill-tokens`, `--refine-tokens`).
+    #[arg(long, value_enum, default_value_t = DistillBackend::Cpu)]
+    pub distill_backend: DistillBackend,
+    /// torch: calibration tokens per profile for the thresholds (0: keep `--strategy`'s ranks).
+    #[arg(long, default_value_t = 2_097_152)]
+    pub distill_tokens: u64,
+    /// torch: calibration tokens per profile for refining the kept projections afterwards
+    /// (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub refine_tokens: u64,
+    /// torch: windows per optimisation step (each `--distill-window-tokens` long).
+    #[arg(long, default_value_t = 2)]
+    pub distill_batch_windows: usize,
+    /// torch: the Python interpreter that has torch, transformers and safetensors (and the
+    /// `gguf` package for a GGUF model).
+    #[arg(long, default_value = "python3")]
+    pub python: OsString,
+    /// torch: take windows in file order (essays first) instead of a seeded shuffle per
+    /// epoch: the CPU distiller's order, for checking the two backends against each other.
+    #[arg(long)]
+    pub distill_in_file_order: bool,
+    /// torch: pause each trainer run after this many seconds, state saved (run the same
+    /// command again to resume); 0: no limit.
+    #[arg(long, default_value_t = 0)]
+    pub distill_time_limit_s: u64,
+}
+
+/// Tokens per window of the torch trainer when `--distill-window-tokens` is not given.
+pub const DEFAULT_TORCH_WINDOW_TOKENS: usize = 4096;
+/// The torch refinement's default step size (relative to each matrix's RMS entry, cosine-decayed
+/// to a tenth): hundreds of steps, so smaller than the CPU's few-step default.
+pub const DEFAULT_TORCH_REFINE_LR: f64 = 1e-3;
+
+/// The essays' tokens followed by every chitchat conversation rendered in the model's chat
+/// template (the trainer shuffles windows, so the two mix), and the names of the sources.
+pub fn chat_corpus_tokens(tokenizer: &Tokenizer, essay_ids: &[u32]) -> Result<(Vec<u32>, String)> {
+    let options = starling_hub::FetchOptions::from_env()?;
+    let path = starling_bench::sharegpt::ensure_cached(&options.home, &options.python)?;
+    let conversations = starling_bench::sharegpt::load_exchanges(&path)?;
+    let template = ChatTemplate::for_tokenizer(tokenizer).context("the model's chat template")?;
+    let mut ids = essay_ids.to_vec();
+    for (index, exchanges) in conversations.iter().enumerate() {
+        let messages: Vec<ChatMessage> = exchanges
+            .iter()
+            .flat_map(|(user, reply)| [ChatMessage::user(user), ChatMessage::assistant(reply)])
+            .collect();
+        let text = template
+            .render(&messages, false)
+            .with_context(|| format!("rendering conversation {index}"))?;
+        ids.extend(
+            tokenizer
+                .encode(&text, false)
+                .with_context(|| format!("tokenising conversation {index}"))?,
+        );
+    }
+    let name = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    Ok((
+        ids,
+        format!("{name} ({} conversations)", conversations.len()),
+    ))
+}
+
+/// The run-wide settings of a job besides the torch flags.
+pub struct JobKnobs {
+    /// Tokens per window.
+    pub window_tokens: usize,
+    /// Refinement step size.
+    pub refine_lr: f64,
+    /// Seed of the window order.
+    pub seed: u64,
+    /// The allocation the thresholds start from.
+    pub init: ThresholdInit,
+}
+
+/// One prepared job: its directory and how to run the trainer.
+pub struct TorchRunner {
+    job: ExternalJob,
+    dir: PathBuf,
+    script: PathBuf,
+    args: TorchArgs,
+}
+
+impl TorchRunner {
+    /// Writes the job for `profiles` (name and target) into `output/`[`JOB_DIR`] (kept as it
+    /// is when it already holds this job: a resumed run).
+    pub fn prepare(
+        model: &CalibrationModel<'_>,
+        factors: &ModelFactors,
+        text_ids: &[u32],
+        profiles: &[(String, BudgetTarget)],
+        output: &Path,
+        knobs: &JobKnobs,
+        args: &TorchArgs,
+    ) -> Result<Self> {
+        let defaults = DistillConfig::default();
+        let settings = JobSettings {
+            window_tokens: knobs.window_tokens,
+            batch_windows: args.distill_batch_windows,
+            shuffle: !args.distill_in_file_order,
+            seed: knobs.seed,
+            thresholds: JobThresholds {
+                tokens: args.distill_tokens,
+                learning_rate: defaults.learning_rate,
+                sharpness: defaults.sharpness,
+                dual_rate: defaults.dual_rate,
+                initial_multiplier: defaults.initial_multiplier,
+            },
+            refine: JobRefine {
+                tokens: args.refine_tokens,
+                learning_rate: knobs.refine_lr,
+            },
+            init: knobs.init,
+        };
+        let job_model = JobModel {
+            path: model.path.display().to_string(),
+            weights_sha256: model.identity.to_owned(),
+            key_rows_interleaved: model.config.rope.style == RopeStyle::Interleaved,
+        };
+        let (job, files) = ExternalJob::new(job_model, factors, text_ids, profiles, &settings)
+            .context("preparing the torch distillation job")?;
+        let dir = output.join(JOB_DIR);
+        let resumed = job.write(&dir, &files)?;
+        if resumed {
+            eprintln!("resuming the torch distillation job in {}", dir.display());
+        }
+        let script = dir.join(TRAINER_FILE);
+        std::fs::write(&script, TRAINER_SOURCE)
+            .with_context(|| format!("writing {}", script.display()))?;
+        Ok(Self {
+            job,
+            dir,
+            script,
+            args: args.clone(),
+        })
+    }
+
+    /// The profile's distilled checkpoint and its summary line (the trainer runs unless its
+    /// result is already in the job directory).
+    pub fn thresholds(
+        &self,
+        name: &str,
+        model: &CalibrationModel<'_>,
+        factors: &ModelFactors,
+        plan: &CalibrationPlan,
+        bar: &ProgressBar,
+    ) -> Result<(StarKvCheckpoint, String)> {
+        let out = self.dir.join(name);
+        if !out.join(THRESHOLDS_RESULT).is_file() {
+            self.run_trainer("thresholds", name, None, bar)?;
+        }
+        let result = ThresholdsResult::read(&out)?;
+        let (outcome, report) = result.outcome(&self.job, name, factors)?;
+        let mut plan = plan.clone();
+        plan.calibration.window_tokens = result.window_tokens as u64;
+        let checkpoint = distilled_checkpoint(
+            model.config,
+            model.identity,
+            factors,
+            &plan,
+            &outcome,
+            &report,
+        )?;
+        let (first, last) = (
+            result.steps.first().map_or(f64::NAN, |s| s.kl),
+            result.steps.last().map_or(f64::NAN, |s| s.kl),
+        );
+        let line = format!(
+            "{name:<13} distilled on torch: {} steps × {} windows × {} tokens ({} tokens), KL {first:.4} → {last:.4} nats/token, {:.0} tokens/s",
+            result.steps.len(),
+            result.batch_windows,
+            result.window_tokens,
+            result.tokens_seen,
+            tokens_per_s(result.tokens_seen, result.steps.iter().map(|s| s.elapsed_ms)),
+        );
+        Ok((checkpoint, line))
+    }
+
+    /// `checkpoint` with projections refined by the trainer, and its summary line.
+    pub fn refine(
+        &self,
+        name: &str,
+        checkpoint: StarKvCheckpoint,
+        bar: &ProgressBar,
+    ) -> Result<(StarKvCheckpoint, String)> {
+        let out = self.dir.join(name);
+        if !out.join(REFINE_RESULT).is_file() {
+            // The trainer reads the unrefined projections (f32) from a checkpoint folder.
+            let unrefined = out.join("unrefined");
+            checkpoint
+                .save(&unrefined)
+                .with_context(|| format!("writing {}", unrefined.display()))?;
+            self.run_trainer("refine", name, Some(&unrefined), bar)?;
+        }
+        let result = RefineResult::read(&out)?;
+        let refined = result.apply(&out, checkpoint)?;
+        let (first, last) = (
+            result.steps.first().map_or(f64::NAN, |s| s.kl),
+            result.steps.last().map_or(f64::NAN, |s| s.kl),
+        );
+        let line = format!(
+            "{name:<13} refined on torch: {} steps ({} tokens), KL {first:.4} → {last:.4} nats/token, {:.0} tokens/s",
+            result.steps.len(),
+            result.tokens_seen,
+            tokens_per_s(result.tokens_seen, result.steps.iter().map(|s| s.elapsed_ms)),
+        );
+        Ok((refined, line))
+    }
+
+    fn run_trainer(
+        &self,
+        phase: &str,
+        profile: &str,
+        checkpoint: Option<&Path>,
+        bar: &ProgressBar,
+    ) -> Result<()> {
+        let mut command = Command::new(&self.args.python);
+        command
+            .arg(&self.script)
+            .arg(phase)
+            .arg("--job")
+            .arg(&self.dir)
+            .arg("--profile")
+            .arg(profile)
+            .arg("--time-limit-s")
+            .arg(self.args.distill_time_limit_s.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if let Some(dir) = checkpoint {
+            command.arg("--checkpoint").arg(dir);
+        }
+        bar.set_message(format!("{profile}: {phase} on torch: loading the model"));
+        let mut child = command.spawn().with_context(|| {
+            format!(
+                "starting {} (--python): it needs torch, transformers and safetensors",
+                self.args.python.to_string_lossy()
+            )
+        })?;
+        if let Some(stdout) = child.stdout.take() {
+            for line in BufReader::new(stdout).lines() {
+                let line = line.context("reading the trainer's output")?;
+                match serde_json::from_str::<serde_json::Value>(&line) {
+                    Ok(record) => bar.set_message(progress_message(profile, &record)),
+                    Err(_) => bar.println(line),
+                }
+            }
+        }
+        let status = child.wait().context("waiting for the trainer")?;
+        match status.code() {
+            Some(0) => Ok(()),
+            Some(EXIT_PAUSED) => bail!(
+                "the torch trainer paused ({phase}, profile {profile}) at --distill-time-limit-s; its state is in {}: run the same command again to resume",
+                self.dir.display()
+            ),
+            _ => bail!("the torch trainer failed ({phase}, profile {profile}): {status}"),
+        }
+    }
+}
+
+/// Tokens per second over steps that took `elapsed_ms` each.
+fn tokens_per_s(tokens: u64, elapsed_ms: impl Iterator<Item = u64>) -> f64 {
+    let ms: u64 = elapsed_ms.sum();
+    if ms == 0 {
+        return 0.0;
+    }
+    tokens as f64 * 1000.0 / ms as f64
+}
+
+/// The bar's message for one of the trainer's JSON lines.
+fn progress_message(profile: &str, record: &serde_json::Value) -> String {
+    let phase = record["phase"].as_str().unwrap_or("?");
+    if phase == "loaded" {
+        return format!(
+            "{profile}: the trainer loaded the model in {} s (factors reproduce its K/V weights to {:.2e})",
+            record["seconds"], record["factor_error"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
+    format!(
+        "{profile}: {phase} step {}/{} KL {:.4} ({} tokens)",
+        record["step"].as_u64().map_or(0, |s| s + 1),
+        record["steps"],
+        record["kl"].as_f64().unwrap_or(f64::NAN),
+        record["tokens_seen"],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_lines_read_the_trainers_records() {
+        let step: serde_json::Value = serde_json::from_str(
+            r#"{"phase":"thresholds","steps":10,"tokens_seen":8192,"step":0,"kl":0.25}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            progress_message("balanced", &step),
+            "balanced: thresholds step 1/10 KL 0.2500 (8192 tokens)"
+        );
+        let loaded: serde_json::Value =
+            serde_json::from_str(r#"{"phase":"loaded","seconds":3.5,"factor_error":0.001}"#)
+                .unwrap();
+        assert!(progress_message("b", &loaded).contains("3.5 s"));
+        assert_eq!(tokens_per_s(1000, [250, 250].into_iter()), 2000.0);
+        assert_eq!(tokens_per_s(1000, std::iter::empty()), 0.0);
+    }
+
+    #[test]
+    fn the_embedded_trainer_speaks_this_job_format() {
+        let format = starling_starkv::distill::external::JOB_FORMAT;
+        assert!(TRAINER_SOURCE.contains(&format!("job.get(\"format\") != {format}")));
+        assert!(TRAINER_SOURCE.contains(&format!("EXIT_PAUSED = {EXIT_PAUSED}")));
+        for file in [THRESHOLDS_RESULT, REFINE_RESULT] {
+            assert!(TRAINER_SOURCE.contains(file), "{file}");
+        }
+    }
+}

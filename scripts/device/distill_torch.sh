@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# STAR-KV distillation at scale on the device (issue 16): `starling calibrate --distill-backend
+# torch` on Qwen2.5-Coder-1.5B, then held-out perplexity (and NIAH) of each checkpoint beside the
+# uncompressed model. One step per call (each under the 10-minute command limit); checkpoints stay
+# in $HOME between calls of a lease.
+# Carried: .device/starling (stripped release build), .device/essays/paul-graham-essays,
+# .device/wheels/gguf-0.19.0-py3-none-any.whl (transformers reads GGUF with it; the device has
+# torch, transformers and accelerate), .device/chitchat_sharegpt.json.gz (the cached chitchat
+# conversion). The GGUF is staged as $HOME/stage/q.* pieces and joined by `assemble`.
+#   distill_torch.sh setup                  wheels, the conversation file, version check
+#   distill_torch.sh assemble               join + verify the pieces
+#   distill_torch.sh calibrate NAME PROFILES [calibrate flags…]   torch backend → $HOME/ckpt_NAME
+#   distill_torch.sh svd NAME PROFILES      whitened SVD only (the ablation's first row)
+#   distill_torch.sh eval TAG DIR PROFILE [niah]   quality (+ NIAH) of one checkpoint → $OUT
+#   distill_torch.sh baseline [niah]        the same benches without compression
+#   distill_torch.sh pack                   manifests and trainer records → $OUT/records.tgz
+set -uo pipefail
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64 PYTHONUNBUFFERED=1 PYTHONPATH=$HOME/site
+gguf=$HOME/stage/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
+step=$1
+shift
+quality() { # TAG [--kv-compression JSON]
+  local tag=$1
+  shift
+  .device/starling bench quality --device cuda --model "$gguf" --methods none --context-tokens 4096 \
+    --eval-tokens 256 --num-windows 6 --essays-dir .device/essays/paul-graham-essays "$@" \
+    --output "$OUT/q_$tag" 2>&1 | grep -E "^\| none \||perplexity" | tail -3
+}
+niah() { # TAG [--kv-compression JSON]
+  local tag=$1
+  shift
+  timeout 280 .device/starling bench niah --device cuda --model "$gguf" --contexts 1k,4k,8k,16k,30k \
+    --depths "${NIAH_DEPTHS:-0,10,20,30,40,50,60,70,80,90,100}" --methods none \
+    --essays-dir .device/essays/paul-graham-essays "$@" --output "$OUT/niah_$tag" 2>&1 \
+    | grep -A4 "facts found" | tail -3
+}
+case "$step" in
+setup)
+  python3 -m pip install -q --no-index --no-deps --target "$HOME/site" .device/wheels/gguf-*.whl
+  mkdir -p "$HOME/.cache/starling/datasets"
+  gunzip -c .device/chitchat_sharegpt.json.gz > "$HOME/.cache/starling/datasets/chitchat_sharegpt.json"
+  python3 -c 'import torch, transformers, gguf, accelerate; print("torch", torch.__version__, "transformers", transformers.__version__, torch.cuda.get_device_name())'
+  ;;
+assemble)
+  cat "$HOME"/stage/q.* > "$gguf" && rm -f "$HOME"/stage/q.*
+  echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  $gguf" | sha256sum -c -
+  ;;
+calibrate | svd)
+  name=$1 profiles=$2
+  shift 2
+  if [ "$step" = calibrate ]; then backend=(--distill-backend torch); else backend=(--distill-steps 0); fi
+  date -u +%FT%TZ
+  .device/starling calibrate --device cuda --model "$gguf" --profiles "$profiles" \
+    --essays-dir .device/essays/paul-graham-essays --output "$HOME/ckpt_$name" "${backend[@]}" "$@" 2>&1 \
+    | grep -v -E "GGUF tensors|Loading weights|^\s*$" | tail -15 | tee -a "$OUT/calibrate_$name.log"
+  date -u +%FT%TZ
+  ;;
+eval)
+  tag=$1 dir=$2 profile=$3 with_niah=${4:-}
+  kv="{\"method\":\"star_kv\",\"checkpoint\":\"$dir\",\"rank_profile\":\"$profile\"}"
+  quality "$tag" --kv-compression "$kv"
+  [ -n "$with_niah" ] && niah "$tag" --kv-compression "$kv"
+  ;;
+baseline)
+  quality uncompressed
+  [ -n "${1:-}" ] && niah uncompressed
+  ;;
+pack)
+  (cd "$HOME" && find ckpt_* -name manifest.json -o -name thresholds.json -o -name refine.json \
+    -o -name job.json | tar czf "$OUT/records.tgz" -T -)
+  ;;
+*)
+  echo "unknown step $step" >&2
+  exit 2
+  ;;
+esac
