@@ -13,6 +13,7 @@ mod error;
 pub mod fp8;
 mod graphs;
 mod host_tensor;
+pub mod int8;
 mod kernel_profile;
 pub mod sampling;
 

@@ -336,30 +336,9 @@ fn latent_engine_in(
 }
 
 #[test]
-fn fp8_latents_take_one_byte_per_element_and_track_the_full_precision_latents() {
+fn quantised_latents_take_one_byte_per_element_and_track_the_full_precision_latents() {
     use starling_evict::KvCacheDtype;
     let (cfg, weights, p) = fixture();
-    let fp8 = latent_engine_in(latent_model(&cfg, &weights, &p), 64, KvCacheDtype::Fp8);
-    let f32 = latent_engine_in(latent_model(&cfg, &weights, &p), 64, KvCacheDtype::Auto);
-    // Latent rows of 16 + 16 + 24 elements: 56 bytes in fp8 plus the exact 4-byte position.
-    let layout = fp8.cache_layout();
-    assert!(layout
-        .layers
-        .iter()
-        .all(|l| l.is_low_rank() && l.dtype() == CacheDtype::Fp8));
-    assert_eq!(layout.bytes_per_token(), 2 * (56 + 4));
-    assert_eq!(f32.cache_layout().bytes_per_token(), 2 * (56 * 4 + 4));
-    let blocks = |e: &Engine<CpuBackend>| e.stats().kv_blocks_total;
-    assert_eq!(blocks(&fp8), 64 * (56 * 4 + 4) / (56 + 4));
-    assert!(
-        fp8.cache_report().dtype.contains("fp8"),
-        "{}",
-        fp8.cache_report()
-    );
-
-    // Teacher-forced to the same tokens, the next-token distributions move by what e4m3 rounding
-    // of the latents moves them (not at all would mean nothing was rounded; most of their mass
-    // would mean wrong bytes or positions).
     let tester = EngineTester::default();
     let reference = tester
         .run(
@@ -368,13 +347,40 @@ fn fp8_latents_take_one_byte_per_element_and_track_the_full_precision_latents() 
         )
         .unwrap();
     let forced = trace().forced_to(&reference);
-    let mut fp8 = fp8;
-    let mut f32 = f32;
-    let a = tester.run(&mut f32, &forced).unwrap();
-    let b = tester.run(&mut fp8, &forced).unwrap();
-    let (mean, _, rows) = total_variation(&a, &b);
-    println!("fp8 vs f32 latents over {rows} positions: total variation mean {mean:.4}");
-    assert!(mean > 0.0 && mean < 0.2, "mean {mean:.4}");
+    let mut f32 = latent_engine_in(latent_model(&cfg, &weights, &p), 64, KvCacheDtype::Auto);
+    assert_eq!(f32.cache_layout().bytes_per_token(), 2 * (56 * 4 + 4));
+    let full_precision = tester.run(&mut f32, &forced).unwrap();
+    // Latent rows of 16 + 16 + 24 elements: 56 bytes in fp8 or int8 plus the exact 4-byte
+    // position; int8 adds a 2-byte scale per latent (two key heads and the value: 6 bytes).
+    let mut moved = Vec::new();
+    for (kv_dtype, dtype, name, row_bytes) in [
+        (KvCacheDtype::Fp8, CacheDtype::Fp8, "fp8", 56 + 4),
+        (KvCacheDtype::Int8, CacheDtype::Int8, "int8", 56 + 6 + 4),
+    ] {
+        let mut engine = latent_engine_in(latent_model(&cfg, &weights, &p), 64, kv_dtype);
+        let layout = engine.cache_layout();
+        assert!(layout
+            .layers
+            .iter()
+            .all(|l| l.is_low_rank() && l.dtype() == dtype));
+        assert_eq!(layout.bytes_per_token(), 2 * row_bytes);
+        assert_eq!(
+            engine.stats().kv_blocks_total,
+            64 * (56 * 4 + 4) / row_bytes as usize
+        );
+        let report = engine.cache_report();
+        assert!(report.dtype.contains(name), "{report}");
+        // Teacher-forced to the same tokens, the next-token distributions move by what the
+        // rounding of the latents moves them (not at all would mean nothing was rounded; most
+        // of their mass would mean wrong bytes or positions).
+        let quantised = tester.run(&mut engine, &forced).unwrap();
+        let (mean, _, rows) = total_variation(&full_precision, &quantised);
+        println!("{name} vs f32 latents over {rows} positions: total variation mean {mean:.4}");
+        assert!(mean > 0.0 && mean < 0.2, "{name}: mean {mean:.4}");
+        moved.push(mean);
+    }
+    // 127 steps of a per-latent scale resolve finer than e4m3's 3 mantissa bits.
+    assert!(moved[1] < moved[0], "int8 {} vs fp8 {}", moved[1], moved[0]);
 
     // Eviction compacts fp8 latent blocks and gives blocks back.
     let policy = layer_wide_policy(CompressionMethod::KeyDiff);

@@ -19,6 +19,10 @@ pub enum CacheDtype {
     BF16,
     /// 8-bit float (e4m3 / e5m2; the byte count is the same).
     Fp8,
+    /// Symmetric 8-bit integers with one scale per vector ([`SCALE_BYTES`] each): per token, a
+    /// full layer scales each KV head's key row and value row, a latent layer each key head's
+    /// latent and its value latent (per-token scales, as KIVI and KVQuant do for values).
+    Int8,
 }
 
 impl CacheDtype {
@@ -27,10 +31,18 @@ impl CacheDtype {
         match self {
             CacheDtype::F32 => 4,
             CacheDtype::F16 | CacheDtype::BF16 => 2,
-            CacheDtype::Fp8 => 1,
+            CacheDtype::Fp8 | CacheDtype::Int8 => 1,
         }
     }
+
+    /// Whether each stored vector carries a scale ([`SCALE_BYTES`]).
+    pub fn is_scaled(self) -> bool {
+        self == CacheDtype::Int8
+    }
 }
+
+/// Bytes of the scale an [`CacheDtype::Int8`] vector stores (an IEEE half).
+pub const SCALE_BYTES: u64 = 2;
 
 /// What one layer stores per token.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -153,6 +165,18 @@ impl LayerLayout {
         }
     }
 
+    /// Vectors one token stores in this layer, each with its own scale in a scaled dtype: a
+    /// key row and a value row per KV head (full), a latent per key head plus the value latent
+    /// (low-rank).
+    pub fn vectors_per_token(&self) -> u64 {
+        match self {
+            LayerLayout::Full { num_kv_heads, .. } => 2 * *num_kv_heads as u64,
+            LayerLayout::LowRank {
+                key_rank_per_head, ..
+            } => key_rank_per_head.len() as u64 + 1,
+        }
+    }
+
     /// Element type of the layer.
     pub fn dtype(&self) -> CacheDtype {
         match self {
@@ -160,12 +184,18 @@ impl LayerLayout {
         }
     }
 
-    /// Bytes one token occupies in this layer, positions included (saturating: absurd configs
-    /// become "too big", never wrap around).
+    /// Bytes one token occupies in this layer, positions and scales included (saturating:
+    /// absurd configs become "too big", never wrap around).
     pub fn bytes_per_token(&self) -> u64 {
+        let scales = if self.dtype().is_scaled() {
+            self.vectors_per_token().saturating_mul(SCALE_BYTES)
+        } else {
+            0
+        };
         let elements = self
             .elements_per_token()
-            .saturating_mul(self.dtype().bytes());
+            .saturating_mul(self.dtype().bytes())
+            .saturating_add(scales);
         match self {
             LayerLayout::Full { .. } => elements,
             LayerLayout::LowRank { .. } => elements.saturating_add(POSITION_BYTES),
@@ -231,6 +261,34 @@ mod tests {
         assert_eq!(CacheDtype::F16.bytes(), 2);
         assert_eq!(CacheDtype::BF16.bytes(), 2);
         assert_eq!(CacheDtype::Fp8.bytes(), 1);
+        assert_eq!(CacheDtype::Int8.bytes(), 1);
+    }
+
+    #[test]
+    fn int8_layers_count_a_scale_per_vector() {
+        let full = LayerLayout::Full {
+            num_kv_heads: 2,
+            head_dim: 128,
+            dtype: CacheDtype::Int8,
+        };
+        // A key row and a value row per KV head, each with its half-precision scale.
+        assert_eq!(full.bytes_per_token(), 2 * 2 * 128 + 4 * SCALE_BYTES);
+        let latent = LayerLayout::LowRank {
+            key_rank_per_head: vec![32, 48],
+            value_rank: 96,
+            dtype: CacheDtype::Int8,
+        };
+        assert_eq!(latent.vectors_per_token(), 3);
+        assert_eq!(
+            latent.bytes_per_token(),
+            32 + 48 + 96 + 3 * SCALE_BYTES + POSITION_BYTES
+        );
+        // fp8 carries no scale: the same geometry costs the scales less.
+        let fp8 = latent.with_dtype(CacheDtype::Fp8);
+        assert_eq!(
+            fp8.bytes_per_token() + 3 * SCALE_BYTES,
+            latent.bytes_per_token()
+        );
     }
 
     #[test]

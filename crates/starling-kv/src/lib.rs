@@ -44,6 +44,7 @@ pub use groups::{group_blocks_for_tokens, group_held_tokens, CacheGroup, CacheGr
 pub use ids::{BlockId, SeqId};
 pub use layout::{
     stored_rank, CacheDtype, CacheLayout, LayerLayout, LATENT_RANK_MULTIPLE, POSITION_BYTES,
+    SCALE_BYTES,
 };
 pub use manager::{
     CompactedPrefixQuery, KvCacheConfig, KvCacheManager, PrefixCacheStats, PrefixHit, PrefixQuery,

@@ -1,11 +1,11 @@
 //! Property tests of the one cache description's arithmetic: for any mix of full and latent
 //! layers in any element type (fp8 included), the bytes per token are the layers' elements times
-//! their element's bytes plus a latent layer's positions, the budget buys exactly
+//! their element's bytes plus a latent layer's positions and an int8 vector's scale, the budget buys exactly
 //! `budget / bytes_per_block` blocks, and storing the same layout in fp8 instead of bf16 buys
 //! the blocks its byte ratio says (twice as many for full K/V, positions excepted for latents).
 
 use proptest::prelude::*;
-use starling_kv::{CacheDtype, CacheLayout, CacheSizing, LayerLayout, POSITION_BYTES};
+use starling_kv::{CacheDtype, CacheLayout, CacheSizing, LayerLayout, POSITION_BYTES, SCALE_BYTES};
 
 fn dtype() -> impl Strategy<Value = CacheDtype> {
     prop_oneof![
@@ -13,6 +13,7 @@ fn dtype() -> impl Strategy<Value = CacheDtype> {
         Just(CacheDtype::F16),
         Just(CacheDtype::BF16),
         Just(CacheDtype::Fp8),
+        Just(CacheDtype::Int8),
     ]
 }
 
@@ -55,8 +56,15 @@ proptest! {
             .layers
             .iter()
             .map(|l| {
+                let vectors = match l {
+                    LayerLayout::Full { num_kv_heads, .. } => 2 * *num_kv_heads as u64,
+                    LayerLayout::LowRank { key_rank_per_head, .. } => {
+                        key_rank_per_head.len() as u64 + 1
+                    }
+                };
                 l.elements_per_token() * l.dtype().bytes()
                     + if l.is_low_rank() { POSITION_BYTES } else { 0 }
+                    + if l.dtype() == CacheDtype::Int8 { vectors * SCALE_BYTES } else { 0 }
             })
             .sum();
         prop_assert_eq!(layout.bytes_per_token(), expected);
@@ -85,6 +93,11 @@ proptest! {
         let blocks = |l: &CacheLayout| CacheSizing::from_budget(budget, l, 16).unwrap().num_blocks;
         prop_assert_eq!(blocks(&fp8) as u64, budget / (fp8.bytes_per_token() * 16));
         prop_assert!(blocks(&fp8) >= blocks(&bf16));
+        // int8 stores the fp8 layout's bytes plus one half-precision scale per vector.
+        let int8 = in_dtype(&layout, CacheDtype::Int8);
+        let vectors: u64 = layout.layers.iter().map(LayerLayout::vectors_per_token).sum();
+        prop_assert_eq!(int8.bytes_per_token(), fp8.bytes_per_token() + vectors * SCALE_BYTES);
+        prop_assert!(blocks(&int8) <= blocks(&fp8) && blocks(&int8) >= blocks(&bf16));
         if positions == 0 {
             // Full K/V only: exactly twice the tokens, up to one block's rounding.
             prop_assert!(blocks(&fp8) / 2 <= blocks(&bf16) && blocks(&bf16) <= blocks(&fp8).div_ceil(2));

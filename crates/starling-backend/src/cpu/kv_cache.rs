@@ -111,17 +111,41 @@ impl CpuKvCache {
 
     /// Overwrites flat slot `slot` with one key-plane row, one value-plane row and (a latent
     /// layer) its position. The caller checks the slot and the row widths. An fp8 cache holds
-    /// each element rounded to e4m3 ([`crate::fp8`]), as the GPU's one-byte slots do, so every
-    /// reader (attention, scores, compaction) sees what the GPU's would.
+    /// each element rounded to e4m3 ([`crate::fp8`]) and an int8 cache each vector quantised
+    /// under its own scale ([`crate::int8`]), as one-byte GPU slots hold them, so every reader
+    /// (attention, scores, compaction) sees what a GPU's would.
     pub(super) fn set_slot(&mut self, slot: usize, k: &[f32], v: &[f32], position: u32) {
         let (kw, vw) = (self.key_width, self.value_width);
         let keys = &mut self.keys[slot * kw..(slot + 1) * kw];
         keys.copy_from_slice(k);
         let values = &mut self.values[slot * vw..(slot + 1) * vw];
         values.copy_from_slice(v);
-        if self.spec.layout.dtype() == starling_kv::CacheDtype::Fp8 {
-            crate::fp8::e4m3_round_slice(keys);
-            crate::fp8::e4m3_round_slice(values);
+        match self.spec.layout.dtype() {
+            starling_kv::CacheDtype::Fp8 => {
+                crate::fp8::e4m3_round_slice(keys);
+                crate::fp8::e4m3_round_slice(values);
+            }
+            // One scale per KV head's row (full) or per latent (low-rank), as the layout counts.
+            starling_kv::CacheDtype::Int8 => match &self.spec.layout {
+                starling_kv::LayerLayout::Full {
+                    num_kv_heads,
+                    head_dim,
+                    ..
+                } => {
+                    crate::int8::round_vectors(keys, std::iter::repeat_n(*head_dim, *num_kv_heads));
+                    crate::int8::round_vectors(
+                        values,
+                        std::iter::repeat_n(*head_dim, *num_kv_heads),
+                    );
+                }
+                starling_kv::LayerLayout::LowRank {
+                    key_rank_per_head, ..
+                } => {
+                    crate::int8::round_vectors(keys, key_rank_per_head.iter().copied());
+                    crate::int8::round_vector(values);
+                }
+            },
+            _ => {}
         }
         if let Some(p) = self.positions.get_mut(slot) {
             *p = position;

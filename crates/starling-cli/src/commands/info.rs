@@ -188,10 +188,15 @@ pub fn run(args: InfoArgs) -> Result<()> {
     } else {
         (CacheDtype::F32, "cpu")
     };
-    // `--kv-cache-dtype fp8` sizes full K/V at one byte per element; STAR-KV latents stay in the
-    // activation dtype (the two are not combined).
-    let fp8 = args.engine.cache_compression().kv_dtype == starling_evict::KvCacheDtype::Fp8;
-    let dtype = if fp8 { CacheDtype::Fp8 } else { auto_dtype };
+    // `--kv-cache-dtype fp8` / `int8` size K/V (and STAR-KV latents) at one byte per element,
+    // int8 plus a scale per vector.
+    let kv_dtype = args.engine.cache_compression().kv_dtype;
+    let fp8 = kv_dtype == starling_evict::KvCacheDtype::Fp8;
+    let dtype = match kv_dtype {
+        starling_evict::KvCacheDtype::Auto => auto_dtype,
+        starling_evict::KvCacheDtype::Fp8 => CacheDtype::Fp8,
+        starling_evict::KvCacheDtype::Int8 => CacheDtype::Int8,
+    };
     let dtype_name = format!("{}, {device}", format!("{dtype:?}").to_lowercase());
     let dtype_name = dtype_name.as_str();
     let full = if fp8 {
@@ -244,6 +249,22 @@ pub fn run(args: InfoArgs) -> Result<()> {
             fp8_exemption_note(&full, &fp8_exempt, auto_dtype)
         );
     }
+    if dtype == CacheDtype::Int8 {
+        let auto = full_layout(c, auto_dtype);
+        let auto_blocks =
+            CacheSizing::from_budget(engine.kv_cache_memory_bytes, &auto, sched.block_size_tokens)?
+                .num_blocks;
+        println!(
+            "int8 cache:    {} per token vs {} in {} → {} blocks vs {} ({:.2}×; symmetric int8, \
+             a half-precision scale per KV head row and token; CPU reference only so far)",
+            format_bytes(full.bytes_per_token()),
+            format_bytes(auto.bytes_per_token()),
+            format!("{auto_dtype:?}").to_lowercase(),
+            dense_blocks,
+            auto_blocks,
+            dense_blocks as f64 / auto_blocks.max(1) as f64,
+        );
+    }
     // Whether the cache the flags configure boots: the exit status says it, so a script can
     // ask `starling info` before it starts a server.
     let mut refusal = pf.as_ref().err().map(|e| format!("full K/V: {e}"));
@@ -268,6 +289,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
         }
         let bytes = layout.bytes_per_token();
         let ranks_bytes = row.allocation.elements_per_token() * dtype.bytes();
+        // (int8's scales are in `bytes`, not in the ranks alone.)
         let sized = CacheSizing::from_budget(
             engine.kv_cache_memory_bytes,
             &layout,

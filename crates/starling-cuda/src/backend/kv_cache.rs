@@ -65,32 +65,38 @@ impl CudaBackend {
     /// fp8 in hardware).
     pub(crate) fn alloc_kv_cache_impl(&self, spec: &KvCacheSpec) -> Result<CudaKvCache, CudaError> {
         use starling_kv::{CacheDtype, LayerLayout};
-        let elem = match (&spec.layout, spec.layout.dtype()) {
-            (_, CacheDtype::BF16) => CacheElem::Bf16,
-            (LayerLayout::Full { head_dim, .. }, CacheDtype::Fp8) if head_dim % 8 == 0 => {
-                if !self.fp8_cache {
-                    return Err(CudaError::Shape(format!(
+        let elem =
+            match (&spec.layout, spec.layout.dtype()) {
+                (_, CacheDtype::BF16) => CacheElem::Bf16,
+                (LayerLayout::Full { head_dim, .. }, CacheDtype::Fp8) if head_dim % 8 == 0 => {
+                    if !self.fp8_cache {
+                        return Err(CudaError::Shape(format!(
                         "an fp8 KV cache needs a GPU that converts fp8 (compute capability 8.9 \
                          or newer); {} does not: use --kv-cache-dtype auto",
                         self.name
                     )));
+                    }
+                    CacheElem::Fp8
                 }
-                CacheElem::Fp8
-            }
-            (LayerLayout::LowRank { .. }, CacheDtype::Fp8) => {
-                return Err(CudaError::Shape(
-                    "fp8 STAR-KV latents have no CUDA kernels yet (the CPU reference stores \
+                (LayerLayout::LowRank { .. }, CacheDtype::Fp8) => {
+                    return Err(CudaError::Shape(
+                        "fp8 STAR-KV latents have no CUDA kernels yet (the CPU reference stores \
                      them): use --kv-cache-dtype auto with a STAR-KV checkpoint on the GPU"
+                            .into(),
+                    ))
+                }
+                (_, CacheDtype::Int8) => return Err(CudaError::Shape(
+                    "an int8 KV cache has no CUDA kernels yet (the CPU reference stores it): use \
+                     --kv-cache-dtype auto or fp8 on the GPU"
                         .into(),
-                ))
-            }
-            (layout, dtype) => {
-                return Err(CudaError::Shape(format!(
-                    "the CUDA backend caches bf16 (and fp8 full K/V of head widths that are \
+                )),
+                (layout, dtype) => {
+                    return Err(CudaError::Shape(format!(
+                        "the CUDA backend caches bf16 (and fp8 full K/V of head widths that are \
                      multiples of 8), not {dtype:?} for {layout:?}"
-                )))
-            }
-        };
+                    )))
+                }
+            };
         let (kw, vw) = spec.plane_widths();
         let (kw, vw) = (elem.words(kw), elem.words(vw));
         let slots = spec.num_slots();

@@ -175,6 +175,7 @@ pub fn bench_attention_in(
 fn dtype_name(dtype: CacheDtype) -> &'static str {
     match dtype {
         CacheDtype::Fp8 => "fp8",
+        CacheDtype::Int8 => "int8",
         CacheDtype::F32 => "f32",
         CacheDtype::F16 => "f16",
         CacheDtype::BF16 => "bf16",

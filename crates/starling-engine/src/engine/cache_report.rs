@@ -129,6 +129,7 @@ fn dtype_name(dtype: CacheDtype) -> &'static str {
         CacheDtype::F16 => "f16",
         CacheDtype::BF16 => "bf16",
         CacheDtype::Fp8 => "fp8",
+        CacheDtype::Int8 => "int8",
     }
 }
 
@@ -141,8 +142,11 @@ impl<B: Backend> Engine<B> {
         // The cache's dtype, and the layers that differ: an fp8 cache keeps the layers whose
         // keys e4m3 cannot hold in the activation dtype (`LlamaModel::fp8_exempt_layers`).
         let dtypes: Vec<CacheDtype> = self.layout.layers.iter().map(|l| l.dtype()).collect();
-        let dtype = if dtypes.contains(&CacheDtype::Fp8) {
-            CacheDtype::Fp8
+        let dtype = if let Some(quantised) = dtypes
+            .iter()
+            .find(|d| matches!(d, CacheDtype::Fp8 | CacheDtype::Int8))
+        {
+            *quantised
         } else {
             dtypes.first().copied().unwrap_or(CacheDtype::F32)
         };

@@ -64,5 +64,6 @@ pub(crate) fn cache_dtype<B: Backend>(kv_dtype: KvCacheDtype, backend: &B) -> Ca
     match kv_dtype {
         KvCacheDtype::Auto => backend.kv_cache_dtype(),
         KvCacheDtype::Fp8 => CacheDtype::Fp8,
+        KvCacheDtype::Int8 => CacheDtype::Int8,
     }
 }

@@ -355,9 +355,11 @@ struct ComposedJson {
 /// and STAR-KV latents alike. `fp8` stores full K/V as 8-bit floats (e4m3: 4 exponent bits, 3
 /// mantissa bits, largest finite 448; vLLM's `fp8` / `fp8_e4m3`, with its default scale of 1),
 /// half the bytes of bf16: values are rounded to nearest-even when written, larger magnitudes
-/// saturate to ±448, and the attention kernels read them back exactly. STAR-KV latents stay in
-/// the activation dtype (quantised latents are a layout of their own), so `fp8` with a STAR-KV
-/// checkpoint is refused by [`KvCompression::validate`].
+/// saturate to ±448, and the attention kernels read them back exactly; with a STAR-KV
+/// checkpoint the latents are stored so too (CPU reference only so far). `int8` stores
+/// symmetric 8-bit integers with one half-precision scale per vector and token (each KV head's
+/// key and value row; each key latent and the value latent), so large offsets such as Qwen2's
+/// key biases cost no precision; CPU reference only so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum KvCacheDtype {
@@ -367,6 +369,8 @@ pub enum KvCacheDtype {
     /// 8-bit float e4m3 (one byte per element), scale 1.
     #[serde(alias = "fp8_e4m3")]
     Fp8,
+    /// Symmetric int8 with a half-precision scale per vector and token.
+    Int8,
 }
 
 impl KvCacheDtype {
@@ -375,6 +379,7 @@ impl KvCacheDtype {
         match self {
             Self::Auto => "auto",
             Self::Fp8 => "fp8",
+            Self::Int8 => "int8",
         }
     }
 }
