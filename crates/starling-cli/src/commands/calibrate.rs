@@ -106,6 +106,14 @@ pub struct CalibrateArgs {
     /// start from.
     #[arg(long)]
     distill_steps: Option<usize>,
+    /// Adam's learning rate on the thresholds' logits (both backends). Default: 0.05.
+    #[arg(long)]
+    distill_lr: Option<f64>,
+    /// How fast the budget price rises per step per unit of relative excess soft rank (both
+    /// backends). Default: 2.0, set for runs of tens of steps; runs of hundreds may want less
+    /// (the soft rank then swings less around the budget).
+    #[arg(long)]
+    distill_dual_rate: Option<f64>,
     /// Tokens per distillation (and refinement) window. Default: 128 on the CPU, 4096 with
     /// `--distill-backend torch`.
     #[arg(long)]
@@ -180,6 +188,8 @@ impl CalibrateArgs {
             calibration_tokens,
             window_tokens: 512,
             distill_steps: Some(0),
+            distill_lr: None,
+            distill_dual_rate: None,
             distill_window_tokens: None,
             refine_steps: 0,
             refine_lr: None,
@@ -300,6 +310,7 @@ pub fn write_checkpoints<B: Backend>(
             let knobs = JobKnobs {
                 window_tokens: window_tokens(args),
                 refine_lr: refine_lr(args),
+                thresholds: threshold_settings(args),
                 seed: args.seed,
                 init: match args.strategy {
                     StrategyArg::Uniform => ThresholdInit::Uniform,
@@ -570,7 +581,7 @@ fn distill_config(args: &CalibrateArgs) -> Result<Option<DistillConfig>> {
         steps,
         window_tokens: window_tokens(args),
         init,
-        ..DistillConfig::default()
+        ..threshold_settings(args)
     }))
 }
 
@@ -590,6 +601,16 @@ fn refine_config(args: &CalibrateArgs) -> Result<Option<RefineConfig>> {
     };
     refine.validate().context("--refine-lr")?;
     Ok(Some(refine))
+}
+
+/// The thresholds' optimiser settings the flags ask for (the rest default).
+pub(crate) fn threshold_settings(args: &CalibrateArgs) -> DistillConfig {
+    let defaults = DistillConfig::default();
+    DistillConfig {
+        learning_rate: args.distill_lr.unwrap_or(defaults.learning_rate),
+        dual_rate: args.distill_dual_rate.unwrap_or(defaults.dual_rate),
+        ..defaults
+    }
 }
 
 /// Which torch phases run (`None` on the CPU backend).
@@ -616,6 +637,9 @@ fn torch_phases(args: &CalibrateArgs) -> Result<Option<TorchPhases>> {
     if torch.distill_batch_windows == 0 {
         bail!("--distill-batch-windows must be at least 1");
     }
+    threshold_settings(args)
+        .validate()
+        .context("--distill-lr / --distill-dual-rate")?;
     Ok(Some(phases))
 }
 
@@ -753,6 +777,8 @@ mod tests {
             &["--distill-backend", "torch", "--distill-tokens", "0"],
             &["--distill-backend", "torch", "--strategy", "learned"],
             &["--distill-backend", "torch", "--distill-batch-windows", "0"],
+            &["--distill-backend", "torch", "--distill-lr", "0"],
+            &["--distill-backend", "torch", "--distill-dual-rate=-1"],
         ] {
             let args = args_of(bad);
             let refused = distill_config(&args).is_err()

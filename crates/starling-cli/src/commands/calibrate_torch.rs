@@ -128,6 +128,8 @@ pub struct JobKnobs {
     pub window_tokens: usize,
     /// Refinement step size.
     pub refine_lr: f64,
+    /// The thresholds' optimiser settings (learning rate, sharpness, dual rate, start price).
+    pub thresholds: DistillConfig,
     /// Seed of the window order.
     pub seed: u64,
     /// The allocation the thresholds start from.
@@ -154,7 +156,7 @@ impl TorchRunner {
         knobs: &JobKnobs,
         args: &TorchArgs,
     ) -> Result<Self> {
-        let defaults = DistillConfig::default();
+        let defaults = &knobs.thresholds;
         let settings = JobSettings {
             window_tokens: knobs.window_tokens,
             batch_windows: args.distill_batch_windows,

@@ -14,7 +14,8 @@ use starling_models::llama::fp8_exempt_layers_of;
 use starling_models::{ModelConfig, RopeStyle};
 use starling_starkv::checkpoint::{read_manifest, MANIFEST_FILE};
 use starling_starkv::{
-    uniform_allocation, CacheBudget, KvShape, RankAllocation, RankProfile, UncompressedLayers,
+    uniform_allocation, BudgetTarget, CacheBudget, KvShape, ProfileRef, RankAllocation,
+    RankProfile, UncompressedLayers,
 };
 
 use crate::args::{EngineArgs, LoadFormat, ModelArg};
@@ -297,7 +298,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
         )?;
         println!(
             "  {:<13} {} per token vs {} ({:.1}% removed; the ranks alone {}) → {} blocks vs {} ({:.2}×), longest bootable context {} tokens; {}",
-            row.profile.name(),
+            row.profile.dir_name(),
             format_bytes(bytes),
             format_bytes(full.bytes_per_token()),
             100.0 * (1.0 - bytes as f64 / full.bytes_per_token().max(1) as f64),
@@ -316,7 +317,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
                 sched.max_model_len_tokens,
             )
             .err()
-            .map(|e| format!("STAR-KV {}: {e}", row.profile.name()));
+            .map(|e| format!("STAR-KV {}: {e}", row.profile.dir_name()));
         }
     }
     if let Some(ranks) = &synthetic_latent {
@@ -573,7 +574,7 @@ fn print_eviction_fit(
 
 /// One STAR-KV profile's ranks and where they came from.
 struct StarKvRow {
-    profile: RankProfile,
+    profile: ProfileRef,
     allocation: RankAllocation,
     source: String,
     /// The profile `--kv-compression` names (the one the engine would load).
@@ -603,7 +604,7 @@ fn star_kv_rows(args: &InfoArgs, config: &ModelConfig) -> Result<Vec<StarKvRow>>
             let budget = CacheBudget::new(&shape, profile.target(), &keep)
                 .with_context(|| format!("STAR-KV profile {profile}"))?;
             Ok(StarKvRow {
-                profile,
+                profile: profile.into(),
                 allocation: uniform_allocation(&shape, &budget, &keep)?,
                 source: "uniform ranks from the budget alone".to_owned(),
                 selected: false,
@@ -619,14 +620,17 @@ fn checkpoint_rows(
     config: &ModelConfig,
     selected: Option<&str>,
 ) -> Result<Vec<StarKvRow>> {
+    // Every profile folder `starling calibrate` wrote: named profiles and shares alike.
     let dirs: Vec<PathBuf> = if dir.join(MANIFEST_FILE).is_file() {
         vec![dir.to_owned()]
     } else {
-        RankProfile::ALL
-            .iter()
-            .map(|p| dir.join(p.name()))
+        let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+            .with_context(|| format!("reading {}", dir.display()))?
+            .filter_map(|entry| entry.ok().map(|e| e.path()))
             .filter(|d| d.join(MANIFEST_FILE).is_file())
-            .collect()
+            .collect();
+        found.sort();
+        found
     };
     if dirs.is_empty() {
         bail!(
@@ -646,10 +650,14 @@ fn checkpoint_rows(
                 manifest.model.shape
             );
         }
-        let Some(profile) = manifest.profile else {
-            bail!("STAR-KV checkpoint {} has no named profile", path.display());
+        let profile = match manifest.profile {
+            Some(named) => ProfileRef::Named(named),
+            None => ProfileRef::Removed(
+                BudgetTarget::removed_permille(manifest.removed_permille)
+                    .with_context(|| format!("STAR-KV checkpoint {}", path.display()))?,
+            ),
         };
-        let is_selected = selected == Some(profile.name());
+        let is_selected = selected.and_then(|s| s.parse::<ProfileRef>().ok()) == Some(profile);
         let mark = if is_selected { " (selected)" } else { "" };
         rows.push(StarKvRow {
             profile,
