@@ -5,12 +5,11 @@
 
 mod common;
 
-use common::{tiny_model, tiny_weights, total_variation, BLOCK_TOKENS};
+use common::{engine_in_dtype, tiny_model, tiny_weights, total_variation};
 use starling_backend::cpu::CpuBackend;
-use starling_engine::scheduler::{AdmissionPolicy, SchedulerConfig};
 use starling_engine::testing::{EngineTester, Trace};
-use starling_engine::{Engine, EngineConfig};
-use starling_evict::{CompressionConfig, CompressionMethod, KvCacheDtype, KvCompression};
+use starling_engine::Engine;
+use starling_evict::{CompressionConfig, CompressionMethod, KvCacheDtype};
 use starling_kv::{CacheDtype, SCALE_BYTES};
 use starling_models::llama::{fp8_max_key_bias, LlamaModel};
 use starling_models::ModelConfig;
@@ -23,26 +22,7 @@ fn engine_of(
     kv_dtype: KvCacheDtype,
     eviction: CompressionConfig,
 ) -> Engine<CpuBackend> {
-    let bytes_per_block =
-        Engine::cache_layout_of(&CpuBackend::new(), &model).bytes_per_block(BLOCK_TOKENS);
-    let config = EngineConfig {
-        scheduler: SchedulerConfig {
-            max_num_seqs: 8,
-            max_num_batched_tokens: 64,
-            max_model_len_tokens: 256,
-            block_size_tokens: BLOCK_TOKENS,
-            admission: AdmissionPolicy::Optimistic,
-        },
-        kv_cache_memory_bytes: bytes_per_block * BLOCKS_F32 as u64,
-        kv_compression: KvCompression {
-            eviction,
-            kv_dtype,
-            ..Default::default()
-        },
-        enable_prefix_caching: false,
-        model_identity: None,
-    };
-    Engine::new(CpuBackend::new(), model, None, config).unwrap()
+    engine_in_dtype(model, kv_dtype, eviction, BLOCKS_F32)
 }
 
 fn engine(kv_dtype: KvCacheDtype, eviction: CompressionConfig) -> Engine<CpuBackend> {

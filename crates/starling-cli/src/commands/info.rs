@@ -233,34 +233,29 @@ pub fn run(args: InfoArgs) -> Result<()> {
                 .num_blocks
         }
     };
-    if fp8 {
-        let auto = full_layout(c, auto_dtype);
-        let auto_blocks =
-            CacheSizing::from_budget(engine.kv_cache_memory_bytes, &auto, sched.block_size_tokens)?
-                .num_blocks;
-        println!(
-            "fp8 cache:     {} per token vs {} in {} → {} blocks vs {} ({:.2}×; e4m3, values \
-             rounded to nearest and saturated to ±448 when written{})",
-            format_bytes(full.bytes_per_token()),
-            format_bytes(auto.bytes_per_token()),
-            format!("{auto_dtype:?}").to_lowercase(),
-            dense_blocks,
-            auto_blocks,
-            dense_blocks as f64 / auto_blocks.max(1) as f64,
+    let quantised_note = match dtype {
+        CacheDtype::Fp8 => Some(format!(
+            "e4m3, values rounded to nearest and saturated to ±448 when written{}",
             fp8_exemption_note(&full, &fp8_exempt, auto_dtype)
-        );
-    }
-    if dtype == CacheDtype::Int8 {
+        )),
+        CacheDtype::Int8 => Some(
+            "symmetric int8, a half-precision scale per KV head row and token; CPU reference \
+             only so far"
+                .to_owned(),
+        ),
+        _ => None,
+    };
+    if let Some(note) = quantised_note {
         let auto = full_layout(c, auto_dtype);
         let auto_blocks =
             CacheSizing::from_budget(engine.kv_cache_memory_bytes, &auto, sched.block_size_tokens)?
                 .num_blocks;
         println!(
-            "int8 cache:    {} per token vs {} in {} → {} blocks vs {} ({:.2}×; symmetric int8, \
-             a half-precision scale per KV head row and token; CPU reference only so far)",
+            "{:<15}{} per token vs {} in {} → {} blocks vs {} ({:.2}×; {note})",
+            format!("{} cache:", dtype_label(dtype)),
             format_bytes(full.bytes_per_token()),
             format_bytes(auto.bytes_per_token()),
-            format!("{auto_dtype:?}").to_lowercase(),
+            dtype_label(auto_dtype),
             dense_blocks,
             auto_blocks,
             dense_blocks as f64 / auto_blocks.max(1) as f64,
@@ -611,6 +606,11 @@ fn star_kv_rows(args: &InfoArgs, config: &ModelConfig) -> Result<Vec<StarKvRow>>
             })
         })
         .collect()
+}
+
+/// `fp8`, `int8`, `bf16`…
+fn dtype_label(dtype: CacheDtype) -> String {
+    format!("{dtype:?}").to_lowercase()
 }
 
 /// Rows from the manifests under `dir` (ranks only; the weights are not read), checked against

@@ -5,7 +5,7 @@ use starling_backend::cpu::CpuBackend;
 use starling_engine::sampling::SamplingParams;
 use starling_engine::scheduler::{AdmissionPolicy, SchedulerConfig};
 use starling_engine::{Engine, EngineConfig};
-use starling_evict::{CompressionConfig, KvCompression};
+use starling_evict::{CompressionConfig, KvCacheDtype, KvCompression};
 use starling_models::llama::LlamaModel;
 use starling_models::{synthetic_weights, ModelConfig, WeightMap};
 
@@ -64,6 +64,37 @@ pub fn engine(
         compression,
         AdmissionPolicy::Optimistic,
     )
+}
+
+/// An engine on `model` storing `kv_dtype`, whose budget holds `f32_blocks` blocks of the
+/// model's f32 cache (so a one-byte dtype holds about four times as many): 8 sequences, 64
+/// tokens a step, 256-token contexts, no prefix caching.
+pub fn engine_in_dtype(
+    model: LlamaModel<CpuBackend>,
+    kv_dtype: KvCacheDtype,
+    eviction: CompressionConfig,
+    f32_blocks: usize,
+) -> Engine<CpuBackend> {
+    let bytes_per_block =
+        Engine::cache_layout_of(&CpuBackend::new(), &model).bytes_per_block(BLOCK_TOKENS);
+    let config = EngineConfig {
+        scheduler: SchedulerConfig {
+            max_num_seqs: 8,
+            max_num_batched_tokens: 64,
+            max_model_len_tokens: 256,
+            block_size_tokens: BLOCK_TOKENS,
+            admission: AdmissionPolicy::Optimistic,
+        },
+        kv_cache_memory_bytes: bytes_per_block * f32_blocks as u64,
+        kv_compression: KvCompression {
+            eviction,
+            kv_dtype,
+            ..Default::default()
+        },
+        enable_prefix_caching: false,
+        model_identity: None,
+    };
+    Engine::new(CpuBackend::new(), model, None, config).unwrap()
 }
 
 /// [`engine`] with the given admission policy.
