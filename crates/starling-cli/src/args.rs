@@ -272,7 +272,7 @@ mod tests {
     }
 
     #[test]
-    fn kv_cache_dtype_takes_auto_or_fp8_and_refuses_what_is_not_built_naming_auto() {
+    fn kv_cache_dtype_takes_auto_fp8_or_int8_and_refuses_what_is_not_built_naming_auto() {
         let parse = |flags: &[&str]| {
             Cli::try_parse_from(std::iter::once("starling").chain(flags.iter().copied()))
                 .map(|cli| cli.engine.cache_compression())
@@ -283,7 +283,9 @@ mod tests {
         assert_eq!(auto.map(|c| c.kv_dtype), Ok(KvCacheDtype::Auto));
         let fp8 = parse(&["--kv-cache-dtype", "fp8"]).map_err(|e| e.to_string());
         assert_eq!(fp8.map(|c| c.kv_dtype), Ok(KvCacheDtype::Fp8));
-        for bad in ["int8", "fp16"] {
+        let int8 = parse(&["--kv-cache-dtype", "int8"]).map_err(|e| e.to_string());
+        assert_eq!(int8.map(|c| c.kv_dtype), Ok(KvCacheDtype::Int8));
+        for bad in ["int4", "fp16"] {
             let err = match parse(&["--kv-cache-dtype", bad]) {
                 Err(e) => e.to_string(),
                 Ok(_) => panic!("--kv-cache-dtype {bad} accepted"),

@@ -34,8 +34,8 @@ use starling_starkv::{
 
 use super::bench_eval::{essay_tokens, EssaysArg};
 use super::calibrate_torch::{
-    chat_corpus_tokens, DistillBackend, JobKnobs, TorchArgs, TorchRunner, DEFAULT_TORCH_REFINE_LR,
-    DEFAULT_TORCH_WINDOW_TOKENS,
+    chat_corpus_tokens, DistillBackend, DistillText, JobKnobs, TorchArgs, TorchRunner,
+    DEFAULT_TORCH_REFINE_LR, DEFAULT_TORCH_WINDOW_TOKENS,
 };
 use crate::args::DeviceArg;
 use crate::device::{with_backend, BackendJob};
@@ -199,6 +199,7 @@ impl CalibrateArgs {
                 refine_tokens: 0,
                 distill_batch_windows: 1,
                 distill_in_file_order: false,
+                distill_text: DistillText::EssaysAndChat,
                 python: "python3".into(),
                 distill_time_limit_s: 0,
             },
@@ -301,8 +302,16 @@ pub fn write_checkpoints<B: Backend>(
     };
     let (runner, chat_source) = match (&torch, &text) {
         (Some(_), Some(text)) => {
-            bar.set_message("torch distillation: rendering and tokenising the conversations");
-            let (ids, source) = chat_corpus_tokens(model.tokenizer, &text.ids)?;
+            let (ids, source) = match args.torch.distill_text {
+                DistillText::EssaysAndChat => {
+                    bar.set_message(
+                        "torch distillation: rendering and tokenising the conversations",
+                    );
+                    let (ids, source) = chat_corpus_tokens(model.tokenizer, &text.ids)?;
+                    (ids, Some(source))
+                }
+                DistillText::Essays => (text.ids.clone(), None),
+            };
             let targets: Vec<(String, BudgetTarget)> = profiles
                 .iter()
                 .map(|p| (p.name.clone(), p.target))
@@ -326,7 +335,7 @@ pub fn write_checkpoints<B: Backend>(
                 &knobs,
                 &args.torch,
             )?;
-            (Some(runner), Some(source))
+            (Some(runner), source)
         }
         _ => (None, None),
     };

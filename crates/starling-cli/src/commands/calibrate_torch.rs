@@ -51,6 +51,15 @@ pub enum DistillBackend {
     Torch,
 }
 
+/// What the torch trainer is calibrated on.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DistillText {
+    /// The held-in essays, then every chitchat conversation in the chat template.
+    EssaysAndChat,
+    /// The held-in essays alone.
+    Essays,
+}
+
 /// The flags of the torch backend.
 #[derive(Args, Debug, Clone)]
 pub struct TorchArgs {
@@ -74,6 +83,11 @@ pub struct TorchArgs {
     /// `gguf` package for a GGUF model).
     #[arg(long, default_value = "python3")]
     pub python: OsString,
+    /// torch: the calibration text: the held-in essays and the chitchat conversations in the
+    /// model's chat template (a general mix), or the essays alone (the domain of the held-out
+    /// perplexity).
+    #[arg(long, value_enum, default_value_t = DistillText::EssaysAndChat)]
+    pub distill_text: DistillText,
     /// torch: take windows in file order (essays first) instead of a seeded shuffle per
     /// epoch: the CPU distiller's order, for checking the two backends against each other.
     #[arg(long)]
