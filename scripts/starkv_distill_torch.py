@@ -28,6 +28,7 @@ import sys
 import time
 
 EXIT_PAUSED = 75
+STARTED = time.time()  # the time limit counts from here, model loading included
 EXIT_BAD_JOB = 2
 
 
@@ -300,7 +301,6 @@ def run_thresholds(args, job, profile, model, factors, windows, out_dir):
         theta.data.copy_(state["theta"])
         adam.load_state_dict(state["adam"])
         multiplier, start, records = state["multiplier"], state["step"], state["records"]
-    began = time.time()
     for step in range(start, steps_total):
         t0 = time.time()
         window_ids, ids = windows.step(step)
@@ -332,7 +332,7 @@ def run_thresholds(args, job, profile, model, factors, windows, out_dir):
         tokens_seen = (step + 1) * windows.batch * job["window_tokens"]
         emit({"phase": "thresholds", "steps": steps_total, "tokens_seen": tokens_seen, **record})
         done = step + 1 == steps_total
-        out_of_time = args.time_limit_s > 0 and time.time() - began > args.time_limit_s
+        out_of_time = args.time_limit_s > 0 and time.time() - STARTED > args.time_limit_s
         if done or out_of_time or (step + 1) % args.save_every == 0:
             save_state(state_path, {"theta": theta.detach(), "adam": adam.state_dict(), "multiplier": multiplier, "step": step + 1, "records": records})
         if out_of_time and not done:
@@ -377,7 +377,6 @@ def run_refine(args, job, profile, model, windows, out_dir, checkpoint_dir):
         adam.load_state_dict(state["adam"])
         start, records = state["step"], state["records"]
     layers = sorted({int(n.split(".")[1]) for n in names})
-    began = time.time()
     for step in range(start, steps_total):
         t0 = time.time()
         # Cosine decay to a tenth of the step size: late steps polish, they do not wander.
@@ -405,7 +404,7 @@ def run_refine(args, job, profile, model, windows, out_dir, checkpoint_dir):
         tokens_seen = (step + 1) * windows.batch * job["window_tokens"]
         emit({"phase": "refine", "steps": steps_total, "tokens_seen": tokens_seen, **record})
         done = step + 1 == steps_total
-        out_of_time = args.time_limit_s > 0 and time.time() - began > args.time_limit_s
+        out_of_time = args.time_limit_s > 0 and time.time() - STARTED > args.time_limit_s
         if done or out_of_time or (step + 1) % args.save_every == 0:
             save_state(state_path, {"params": {n: p.detach() for n, p in params.items()}, "adam": adam.state_dict(), "step": step + 1, "records": records})
         if out_of_time and not done:

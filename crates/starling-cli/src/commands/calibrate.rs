@@ -27,12 +27,13 @@ use starling_starkv::distill::{
 };
 use starling_starkv::threshold::ThresholdInit;
 use starling_starkv::{
-    calibration_windows, svd_checkpoint, AttentionInputMoments, BudgetTarget, CalibrationPlan,
-    ModelFactors, ProfileRef, RankProfile, RankStrategy, ThresholdConfig, UncompressedLayers,
-    Whitener, DEFAULT_RELATIVE_FLOOR,
+    calibration_windows, svd_checkpoint, AttentionInputMoments, BudgetTarget, ModelFactors,
+    RankProfile, RankStrategy, ThresholdConfig, UncompressedLayers, Whitener,
+    DEFAULT_RELATIVE_FLOOR,
 };
 
 use super::bench_eval::{essay_tokens, EssaysArg};
+use super::calibrate_profiles::parse_profiles;
 use super::calibrate_torch::{
     chat_corpus_tokens, DistillBackend, DistillText, JobKnobs, TorchArgs, TorchRunner,
     DEFAULT_TORCH_REFINE_LR, DEFAULT_TORCH_WINDOW_TOKENS,
@@ -667,53 +668,6 @@ fn refine_lr(args: &CalibrateArgs) -> f64 {
         DistillBackend::Cpu => RefineConfig::DEFAULT_LEARNING_RATE,
         DistillBackend::Torch => DEFAULT_TORCH_REFINE_LR,
     })
-}
-
-/// A profile to write: a named one, or a share removed (`55%`), and its folder's name.
-#[derive(Clone, Debug, PartialEq)]
-struct ProfileChoice {
-    /// The checkpoint folder's name.
-    name: String,
-    profile: Option<RankProfile>,
-    target: BudgetTarget,
-}
-
-impl ProfileChoice {
-    fn parse(text: &str) -> Result<Self> {
-        let chosen: ProfileRef = text.parse()?;
-        Ok(Self {
-            name: chosen.dir_name(),
-            profile: chosen.profile(),
-            target: chosen.target(),
-        })
-    }
-
-    fn plan(&self, strategy: RankStrategy, seed: u64) -> CalibrationPlan {
-        let mut plan = CalibrationPlan::for_profile(
-            self.profile.unwrap_or(RankProfile::Balanced),
-            strategy,
-            seed,
-        );
-        plan.profile = self.profile;
-        plan.target = self.target;
-        plan
-    }
-}
-
-/// The profiles named on the command line, in order, each share once.
-fn parse_profiles(names: &[String]) -> Result<Vec<ProfileChoice>> {
-    let mut profiles: Vec<ProfileChoice> = Vec::with_capacity(names.len());
-    for name in names {
-        let choice = ProfileChoice::parse(name)?;
-        if profiles.iter().any(|p| p.target == choice.target) {
-            bail!("--profiles names the share of `{}` twice", choice.name);
-        }
-        profiles.push(choice);
-    }
-    if profiles.is_empty() {
-        bail!("--profiles is empty");
-    }
-    Ok(profiles)
 }
 
 /// A bar over the calibration stages, drawn on stderr when it is a terminal.

@@ -14,6 +14,7 @@ use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -92,8 +93,9 @@ pub struct TorchArgs {
     /// epoch: the CPU distiller's order, for checking the two backends against each other.
     #[arg(long)]
     pub distill_in_file_order: bool,
-    /// torch: pause each trainer run after this many seconds, state saved (run the same
-    /// command again to resume); 0: no limit.
+    /// torch: pause after this many seconds of this command (every trainer run, profile and
+    /// phase together, model loading included), state saved: run the same command again to
+    /// resume; 0: no limit.
     #[arg(long, default_value_t = 0)]
     pub distill_time_limit_s: u64,
 }
@@ -152,6 +154,8 @@ pub struct JobKnobs {
 
 /// One prepared job: its directory and how to run the trainer.
 pub struct TorchRunner {
+    /// When `--distill-time-limit-s` runs out (`None`: no limit).
+    deadline: Option<Instant>,
     job: ExternalJob,
     dir: PathBuf,
     script: PathBuf,
@@ -170,6 +174,7 @@ impl TorchRunner {
         knobs: &JobKnobs,
         args: &TorchArgs,
     ) -> Result<Self> {
+        let started = Instant::now();
         let defaults = &knobs.thresholds;
         let settings = JobSettings {
             window_tokens: knobs.window_tokens,
@@ -204,7 +209,9 @@ impl TorchRunner {
         let script = dir.join(TRAINER_FILE);
         std::fs::write(&script, TRAINER_SOURCE)
             .with_context(|| format!("writing {}", script.display()))?;
+        let limit = args.distill_time_limit_s;
         Ok(Self {
+            deadline: (limit > 0).then(|| started + Duration::from_secs(limit)),
             job,
             dir,
             script,
@@ -291,6 +298,20 @@ impl TorchRunner {
         checkpoint: Option<&Path>,
         bar: &ProgressBar,
     ) -> Result<()> {
+        // What is left of the command's time limit (0: none); none left is a pause too.
+        let remaining_s = match self.deadline {
+            None => 0,
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now()).as_secs();
+                if left == 0 {
+                    bail!(
+                        "paused before {phase} of profile {profile}: --distill-time-limit-s is used up; run the same command again to resume (state in {})",
+                        self.dir.display()
+                    );
+                }
+                left
+            }
+        };
         let mut command = Command::new(&self.args.python);
         command
             .arg(&self.script)
@@ -300,7 +321,7 @@ impl TorchRunner {
             .arg("--profile")
             .arg(profile)
             .arg("--time-limit-s")
-            .arg(self.args.distill_time_limit_s.to_string())
+            .arg(remaining_s.to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         if let Some(dir) = checkpoint {

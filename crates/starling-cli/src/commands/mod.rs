@@ -8,6 +8,7 @@ pub mod bench_niah;
 pub mod bench_quality;
 pub mod bench_serve;
 pub mod calibrate;
+pub mod calibrate_profiles;
 pub mod calibrate_torch;
 pub mod demo;
 pub mod generate;
