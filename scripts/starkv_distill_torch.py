@@ -285,6 +285,20 @@ def save_state(path, state):
     os.replace(tmp, path)
 
 
+def end_step(args, phase, step, steps_total, tokens_per_step, record, state_path, state):
+    """After a step: its JSON line, the state saved every `save_every` steps, at the end and at
+    the time limit, and a resumable exit (EXIT_PAUSED) when the limit is reached early.
+    `state` is a function returning what to save (called only when saving)."""
+    emit({"phase": phase, "steps": steps_total, "tokens_seen": (step + 1) * tokens_per_step, **record})
+    done = step + 1 == steps_total
+    out_of_time = args.time_limit_s > 0 and time.time() - STARTED > args.time_limit_s
+    if done or out_of_time or (step + 1) % args.save_every == 0:
+        save_state(state_path, state())
+    if out_of_time and not done:
+        print(f"paused after {phase} step {step + 1} of {steps_total}: run the same command again to resume", file=sys.stderr)
+        sys.exit(EXIT_PAUSED)
+
+
 def run_thresholds(args, job, profile, model, factors, windows, out_dir):
     cfg = job["thresholds"]
     heads = job["shape"]["num_kv_heads"]
@@ -329,15 +343,8 @@ def run_thresholds(args, job, profile, model, factors, windows, out_dir):
             torch.cuda.synchronize()
         record["elapsed_ms"] = int(1000 * (time.time() - t0))
         records.append(record)
-        tokens_seen = (step + 1) * windows.batch * job["window_tokens"]
-        emit({"phase": "thresholds", "steps": steps_total, "tokens_seen": tokens_seen, **record})
-        done = step + 1 == steps_total
-        out_of_time = args.time_limit_s > 0 and time.time() - STARTED > args.time_limit_s
-        if done or out_of_time or (step + 1) % args.save_every == 0:
-            save_state(state_path, {"theta": theta.detach(), "adam": adam.state_dict(), "multiplier": multiplier, "step": step + 1, "records": records})
-        if out_of_time and not done:
-            print(f"paused after step {step + 1} of {steps_total}: run the same command again to resume", file=sys.stderr)
-            sys.exit(EXIT_PAUSED)
+        end_step(args, "thresholds", step, steps_total, windows.batch * job["window_tokens"], record, state_path,
+                 lambda: {"theta": theta.detach(), "adam": adam.state_dict(), "multiplier": multiplier, "step": step + 1, "records": records})
     set_student(model._star_projections, None)
     result = {
         "alphas": torch.sigmoid(theta.detach()).double().tolist(),
@@ -401,15 +408,8 @@ def run_refine(args, job, profile, model, windows, out_dir, checkpoint_dir):
             torch.cuda.synchronize()
         record = {"step": step, "window": window_ids[0], "kl": kl_value, "elapsed_ms": int(1000 * (time.time() - t0))}
         records.append(record)
-        tokens_seen = (step + 1) * windows.batch * job["window_tokens"]
-        emit({"phase": "refine", "steps": steps_total, "tokens_seen": tokens_seen, **record})
-        done = step + 1 == steps_total
-        out_of_time = args.time_limit_s > 0 and time.time() - STARTED > args.time_limit_s
-        if done or out_of_time or (step + 1) % args.save_every == 0:
-            save_state(state_path, {"params": {n: p.detach() for n, p in params.items()}, "adam": adam.state_dict(), "step": step + 1, "records": records})
-        if out_of_time and not done:
-            print(f"paused after refine step {step + 1} of {steps_total}: run the same command again to resume", file=sys.stderr)
-            sys.exit(EXIT_PAUSED)
+        end_step(args, "refine", step, steps_total, windows.batch * job["window_tokens"], record, state_path,
+                 lambda: {"params": {n: p.detach() for n, p in params.items()}, "adam": adam.state_dict(), "step": step + 1, "records": records})
     set_student(model._star_projections, None)
     def finish(name, p):
         t = p.detach().float()

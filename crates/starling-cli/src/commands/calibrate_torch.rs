@@ -245,10 +245,7 @@ impl TorchRunner {
             &outcome,
             &report,
         )?;
-        let (first, last) = (
-            result.steps.first().map_or(f64::NAN, |s| s.kl),
-            result.steps.last().map_or(f64::NAN, |s| s.kl),
-        );
+        let (first, last) = first_and_last(result.steps.iter().map(|s| s.kl));
         let line = format!(
             "{name:<13} distilled on torch: {} steps × {} windows × {} tokens ({} tokens), KL {first:.4} → {last:.4} nats/token, {:.0} tokens/s",
             result.steps.len(),
@@ -278,10 +275,7 @@ impl TorchRunner {
         }
         let result = RefineResult::read(&out)?;
         let refined = result.apply(&out, checkpoint)?;
-        let (first, last) = (
-            result.steps.first().map_or(f64::NAN, |s| s.kl),
-            result.steps.last().map_or(f64::NAN, |s| s.kl),
-        );
+        let (first, last) = first_and_last(result.steps.iter().map(|s| s.kl));
         let line = format!(
             "{name:<13} refined on torch: {} steps ({} tokens), KL {first:.4} → {last:.4} nats/token, {:.0} tokens/s",
             result.steps.len(),
@@ -353,6 +347,12 @@ impl TorchRunner {
             _ => bail!("the torch trainer failed ({phase}, profile {profile}): {status}"),
         }
     }
+}
+
+/// The first and last of `kls` (NaN for none).
+fn first_and_last(mut kls: impl Iterator<Item = f64>) -> (f64, f64) {
+    let first = kls.next().unwrap_or(f64::NAN);
+    (first, kls.last().unwrap_or(first))
 }
 
 /// Tokens per second over steps that took `elapsed_ms` each.
