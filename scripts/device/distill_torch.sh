@@ -11,12 +11,19 @@
 #   distill_torch.sh assemble               join + verify the pieces
 #   distill_torch.sh calibrate NAME PROFILES [calibrate flags…]   torch backend → $HOME/ckpt_NAME
 #   distill_torch.sh svd NAME PROFILES      whitened SVD only (the ablation's first row)
-#   distill_torch.sh eval TAG DIR PROFILE [niah]   quality (+ NIAH) of one checkpoint → $OUT
+#   distill_torch.sh eval TAG DIR PROFILE [niah]   quality (+ NIAH) of one checkpoint → results/
 #   distill_torch.sh baseline [niah]        the same benches without compression
-#   distill_torch.sh pack                   manifests and trainer records → $OUT/records.tgz
+#   distill_torch.sh pack                   manifests and trainer records → results/records.tgz
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 PYTHONUNBUFFERED=1 PYTHONPATH=$HOME/site
+# The tree's trainer (it travels with every call), so a fix to it needs no rebuild of the binary.
+export STARLING_TORCH_TRAINER=${STARLING_TORCH_TRAINER:-scripts/starkv_distill_torch.py}
 gguf=$HOME/stage/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
+# Results gather in $RES across the calls of a lease; every call returns all of them so far as
+# $OUT/results.tgz (the device tool returns at most 8 files, and a later call may fail).
+RES=$HOME/results
+mkdir -p "$RES"
+trap 'tar czf "$OUT/results.tgz" -C "$HOME" results 2>/dev/null' EXIT
 step=$1
 shift
 quality() { # TAG [--kv-compression JSON]
@@ -24,14 +31,14 @@ quality() { # TAG [--kv-compression JSON]
   shift
   .device/starling bench quality --device cuda --model "$gguf" --methods none --context-tokens 4096 \
     --eval-tokens 256 --num-windows 6 --essays-dir .device/essays/paul-graham-essays "$@" \
-    --output "$OUT/q_$tag" 2>&1 | grep -E "^\| none \||perplexity" | tail -3
+    --output "$RES/q_$tag" 2>&1 | grep -E "^\| none \||perplexity" | tail -3
 }
 niah() { # TAG [--kv-compression JSON]
   local tag=$1
   shift
   timeout 280 .device/starling bench niah --device cuda --model "$gguf" --contexts 1k,4k,8k,16k,30k \
     --depths "${NIAH_DEPTHS:-0,10,20,30,40,50,60,70,80,90,100}" --methods none \
-    --essays-dir .device/essays/paul-graham-essays "$@" --output "$OUT/niah_$tag" 2>&1 \
+    --essays-dir .device/essays/paul-graham-essays "$@" --output "$RES/niah_$tag" 2>&1 \
     | grep -A4 "facts found" | tail -3
 }
 case "$step" in
@@ -52,7 +59,7 @@ calibrate | svd)
   date -u +%FT%TZ
   .device/starling calibrate --device cuda --model "$gguf" --profiles "$profiles" \
     --essays-dir .device/essays/paul-graham-essays --output "$HOME/ckpt_$name" "${backend[@]}" "$@" 2>&1 \
-    | grep -v -E "GGUF tensors|Loading weights|^\s*$" | tail -15 | tee -a "$OUT/calibrate_$name.log"
+    | grep -v -E "GGUF tensors|Loading weights|^\s*$" | tail -15 | tee -a "$RES/calibrate_$name.log"
   date -u +%FT%TZ
   ;;
 eval)
@@ -67,7 +74,7 @@ baseline)
   ;;
 pack)
   (cd "$HOME" && find ckpt_* -name manifest.json -o -name thresholds.json -o -name refine.json \
-    -o -name job.json | tar czf "$OUT/records.tgz" -T -)
+    -o -name job.json | tar czf "$RES/records.tgz" -T -)
   ;;
 *)
   echo "unknown step $step" >&2

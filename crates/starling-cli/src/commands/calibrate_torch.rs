@@ -36,6 +36,9 @@ use super::calibrate::CalibrationModel;
 /// The trainer, written into the job directory at each run.
 const TRAINER_SOURCE: &str = include_str!("../../../../scripts/starkv_distill_torch.py");
 const TRAINER_FILE: &str = "starkv_distill_torch.py";
+/// An environment variable naming a trainer file to run instead of the embedded one (for
+/// developing the trainer without rebuilding this binary; it must speak the same job format).
+pub const TRAINER_OVERRIDE_ENV: &str = "STARLING_TORCH_TRAINER";
 /// The trainer's exit status for "paused at the time limit, state saved".
 const EXIT_PAUSED: i32 = 75;
 /// The job directory under `--output`.
@@ -207,8 +210,20 @@ impl TorchRunner {
             eprintln!("resuming the torch distillation job in {}", dir.display());
         }
         let script = dir.join(TRAINER_FILE);
-        std::fs::write(&script, TRAINER_SOURCE)
-            .with_context(|| format!("writing {}", script.display()))?;
+        let source = match std::env::var_os(TRAINER_OVERRIDE_ENV) {
+            Some(path) => {
+                let path = PathBuf::from(path);
+                eprintln!(
+                    "the torch trainer is {} ({TRAINER_OVERRIDE_ENV})",
+                    path.display()
+                );
+                std::fs::read_to_string(&path).with_context(|| {
+                    format!("reading {} ({TRAINER_OVERRIDE_ENV})", path.display())
+                })?
+            }
+            None => TRAINER_SOURCE.to_owned(),
+        };
+        std::fs::write(&script, source).with_context(|| format!("writing {}", script.display()))?;
         let limit = args.distill_time_limit_s;
         Ok(Self {
             deadline: (limit > 0).then(|| started + Duration::from_secs(limit)),
