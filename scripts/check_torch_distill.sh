@@ -12,7 +12,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 common=(-m "$model" --device cpu --profiles aggressive --distill-window-tokens 128 --calibration-tokens 2048)
 "$starling" calibrate "${common[@]}" --distill-steps "$steps" --output "$work/cpu" > /dev/null
-"$starling" calibrate "${common[@]}" --distill-backend torch --python "$py" --distill-in-file-order \
+"$starling" calibrate "${common[@]}" --distill-backend torch --python "$py" --distill-in-file-order --distill-budget dual \
   --distill-batch-windows 1 --distill-tokens $((steps * 128)) --output "$work/torch" > /dev/null 2>&1
 python3 - "$work" <<'PY'
 import json, sys

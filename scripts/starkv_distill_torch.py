@@ -9,7 +9,13 @@ Phases (one profile per invocation):
               K/V weights U diag(sigma * tanh(relu(s (sigma_hat - alpha)))) R, loss mean
               KL(teacher || student) + mu (soft rank - target) / target, Adam on theta, dual
               ascent on mu -- the same objective as starling-starkv's CPU distiller
-              (src/distill/train.rs), at scale.
+              (src/distill/train.rs), at scale. With the job's `budget` = "projected"
+              instead, every step first shifts all threshold logits by one constant so the soft
+              rank equals the target (bisection, no gradient), then steps on the KL's gradient
+              with its component along the soft rank's gradient removed (the least-squares
+              price, so Adam's per-parameter steps still trade KL against rank), learning rate
+              cosine-decayed to a tenth: the dual ascent's own price swings the soft rank around
+              the budget over hundreds of steps (0.5-1.45x on the H100).
   refine      the kept factors themselves (k_down/k_up per KV head, v_down/v_up), read from a
               checkpoint's projections.safetensors, trained on the same KL at fixed ranks.
 
@@ -269,6 +275,41 @@ def threshold_weights(factors, alphas, heads, sharpness):
     return weights, soft_rank
 
 
+def spectra_table(factors, heads):
+    """Every threshold's scaled singular values, one row each in the order of the alphas
+    (per layer: its key heads, then its value factor), padded with -inf (which counts 0)."""
+    rows = []
+    for f in factors.values():
+        rows.extend(f["key"][3][h] for h in range(heads))
+        rows.append(f["value"][3])
+    table = torch.full((len(rows), max(r.numel() for r in rows)), float("-inf"), dtype=torch.float64)
+    for i, r in enumerate(rows):
+        table[i, : r.numel()] = r.detach().double().cpu()
+    return table
+
+
+def budget_shift(table, theta, sharpness, target, iterations=60):
+    """The constant b for which the soft rank of alpha = sigmoid(theta + b) equals `target`
+    (the soft rank falls as b rises); clamped to [-30, 30] where the target is out of reach."""
+    theta = theta.detach().double().cpu().unsqueeze(1)
+
+    def soft(b):
+        return float(torch.sigmoid(sharpness * (table - torch.sigmoid(theta + b))).sum())
+
+    lo, hi = -30.0, 30.0
+    if soft(lo) <= target:
+        return lo
+    if soft(hi) >= target:
+        return hi
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        if soft(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
 def hard_rank(factors, alphas, heads):
     total, index = 0, 0
     for f in factors.values():
@@ -315,16 +356,34 @@ def run_thresholds(args, job, profile, model, factors, windows, out_dir):
         theta.data.copy_(state["theta"])
         adam.load_state_dict(state["adam"])
         multiplier, start, records = state["multiplier"], state["step"], state["records"]
+    projected = cfg.get("budget", "dual") == "projected"
+    table = spectra_table(factors, heads) if projected else None
+    base_lr = cfg["learning_rate"]
     for step in range(start, steps_total):
         t0 = time.time()
         window_ids, ids = windows.step(step)
-        alphas = torch.sigmoid(theta)
+        shift = budget_shift(table, theta, cfg["sharpness"], target) if projected else 0.0
+        alphas = torch.sigmoid(theta + shift)
         weights, soft_rank = threshold_weights(factors, alphas, heads, cfg["sharpness"])
         set_student(model._star_projections, weights)
         kl = mean_kl(model, ids.to(device), args.chunk_tokens)
-        loss = kl + (soft_rank - target) * (multiplier / target)
+        if projected:
+            # At the budget by construction: the KL alone, at a step size decayed to a tenth.
+            for g in adam.param_groups:
+                g["lr"] = base_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / max(steps_total, 1))))
+            loss = kl
+        else:
+            loss = kl + (soft_rank - target) * (multiplier / target)
         adam.zero_grad(set_to_none=True)
+        if projected:
+            # The KL's gradient with its component along the soft rank's gradient removed (the
+            # least-squares price): every threshold's step then trades its KL benefit against
+            # its rank cost, as the dual's price does, without a price of its own to swing.
+            (normal,) = torch.autograd.grad(soft_rank, theta, retain_graph=True)
         loss.backward()
+        if projected:
+            g = theta.grad
+            theta.grad = g - (g * normal).sum() / normal.pow(2).sum().clamp_min(1e-30) * normal
         kl_value, soft_value = kl.detach().item(), soft_rank.detach().item()
         if not (math.isfinite(kl_value) and math.isfinite(soft_value)) or not torch.isfinite(theta.grad).all():
             fail(f"step {step}: non-finite loss or threshold gradient", status=1)
@@ -335,10 +394,15 @@ def run_thresholds(args, job, profile, model, factors, windows, out_dir):
             "soft_rank": soft_value,
             "hard_rank": hard_rank(factors, alphas.detach(), heads),
             "multiplier": multiplier,
+            "shift": shift,
             "elapsed_ms": 0,
         }
         adam.step()
-        multiplier = max(0.0, multiplier + cfg["dual_rate"] * (soft_value - target) / target)
+        if projected:
+            with torch.no_grad():
+                theta.add_(shift)  # folded in, so the next step's shift stays small
+        else:
+            multiplier = max(0.0, multiplier + cfg["dual_rate"] * (soft_value - target) / target)
         if device.type == "cuda":
             torch.cuda.synchronize()
         record["elapsed_ms"] = int(1000 * (time.time() - t0))
@@ -346,8 +410,9 @@ def run_thresholds(args, job, profile, model, factors, windows, out_dir):
         end_step(args, "thresholds", step, steps_total, windows.batch * job["window_tokens"], record, state_path,
                  lambda: {"theta": theta.detach(), "adam": adam.state_dict(), "multiplier": multiplier, "step": step + 1, "records": records})
     set_student(model._star_projections, None)
+    shift = budget_shift(table, theta, cfg["sharpness"], target) if projected else 0.0
     result = {
-        "alphas": torch.sigmoid(theta.detach()).double().tolist(),
+        "alphas": torch.sigmoid(theta.detach() + shift).double().tolist(),
         "multiplier": multiplier,
         "steps": records,
         "windows": windows.count,

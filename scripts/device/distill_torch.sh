@@ -14,6 +14,8 @@
 #   distill_torch.sh eval TAG DIR PROFILE [niah]   quality (+ NIAH) of one checkpoint → results/
 #   distill_torch.sh baseline [niah]        the same benches without compression
 #   distill_torch.sh pack                   manifests and trainer records → results/records.tgz
+#   distill_torch.sh bring DIR PROFILE      one checkpoint back to this machine: $OUT/ckpt.tgz.NN,
+#                                           15 MiB pieces (join: cat ckpt.tgz.* | tar xz)
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 PYTHONUNBUFFERED=1 PYTHONPATH=$HOME/site
 # The tree's trainer (it travels with every call), so a fix to it needs no rebuild of the binary.
@@ -75,6 +77,11 @@ baseline)
 pack)
   (cd "$HOME" && find ckpt_* -name manifest.json -o -name thresholds.json -o -name refine.json \
     -o -name job.json | tar czf "$RES/records.tgz" -T -)
+  ;;
+bring)
+  dir=$1 profile=$2
+  tar czf - -C "$dir" "$profile" | split -b 15728640 -d -a 2 - "$OUT/ckpt.tgz."
+  ls -l "$OUT"/ckpt.tgz.*
   ;;
 *)
   echo "unknown step $step" >&2

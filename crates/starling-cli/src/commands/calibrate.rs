@@ -200,7 +200,9 @@ impl CalibrateArgs {
                 refine_tokens: 0,
                 distill_batch_windows: 1,
                 distill_in_file_order: false,
+                distill_budget: super::calibrate_torch::BudgetArg::Dual,
                 distill_text: DistillText::EssaysAndChat,
+                distill_chat_share: 0.5,
                 python: "python3".into(),
                 distill_time_limit_s: 0,
             },
@@ -308,7 +310,11 @@ pub fn write_checkpoints<B: Backend>(
                     bar.set_message(
                         "torch distillation: rendering and tokenising the conversations",
                     );
-                    let (ids, source) = chat_corpus_tokens(model.tokenizer, &text.ids)?;
+                    let (ids, source) = chat_corpus_tokens(
+                        model.tokenizer,
+                        &text.ids,
+                        args.torch.distill_chat_share,
+                    )?;
                     (ids, Some(source))
                 }
                 DistillText::Essays => (text.ids.clone(), None),
@@ -646,6 +652,12 @@ fn torch_phases(args: &CalibrateArgs) -> Result<Option<TorchPhases>> {
     }
     if torch.distill_batch_windows == 0 {
         bail!("--distill-batch-windows must be at least 1");
+    }
+    if !(0.0..=1.0).contains(&torch.distill_chat_share) {
+        bail!(
+            "--distill-chat-share must be a share in [0, 1], not {}",
+            torch.distill_chat_share
+        );
     }
     threshold_settings(args)
         .validate()

@@ -24,8 +24,8 @@ use starling_models::tokenizer::Tokenizer;
 use starling_models::RopeStyle;
 use starling_starkv::checkpoint::StarKvCheckpoint;
 use starling_starkv::distill::external::{
-    ExternalJob, JobModel, JobRefine, JobSettings, JobThresholds, RefineResult, ThresholdsResult,
-    REFINE_RESULT, THRESHOLDS_RESULT,
+    BudgetControl, ExternalJob, JobModel, JobRefine, JobSettings, JobThresholds, RefineResult,
+    ThresholdsResult, REFINE_RESULT, THRESHOLDS_RESULT,
 };
 use starling_starkv::distill::{distilled_checkpoint, DistillConfig};
 use starling_starkv::threshold::ThresholdInit;
@@ -64,6 +64,24 @@ pub enum DistillText {
     Essays,
 }
 
+/// `--distill-budget`: [`BudgetControl`] on the command line.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BudgetArg {
+    /// Every step at the budget exactly (one shift of every threshold logit).
+    Projected,
+    /// The CPU distiller's dual ascent on a budget price.
+    Dual,
+}
+
+impl From<BudgetArg> for BudgetControl {
+    fn from(arg: BudgetArg) -> Self {
+        match arg {
+            BudgetArg::Projected => BudgetControl::Projected,
+            BudgetArg::Dual => BudgetControl::Dual,
+        }
+    }
+}
+
 /// The flags of the torch backend.
 #[derive(Args, Debug, Clone)]
 pub struct TorchArgs {
@@ -92,6 +110,18 @@ pub struct TorchArgs {
     /// perplexity).
     #[arg(long, value_enum, default_value_t = DistillText::EssaysAndChat)]
     pub distill_text: DistillText,
+    /// torch, `--distill-text essays-and-chat`: the share of the calibration tokens that are
+    /// chat conversations (taken in file order until the share is reached; 1: all of them).
+    #[arg(long, default_value_t = 0.5)]
+    pub distill_chat_share: f64,
+    /// torch: how the threshold phase holds the budget: `dual` (the CPU distiller's Lagrangian
+    /// price by dual ascent; over hundreds of steps its soft rank swings around the budget) or
+    /// `projected` (every step at the budget exactly, by one shift of every threshold logit and
+    /// the KL gradient's component along the soft rank's removed; learning rate
+    /// cosine-decayed). On SmolLM2 at 64 steps dual was the better of the two (BENCHMARKS.md,
+    /// session 21); the GPU comparison at hundreds of steps is still to be run.
+    #[arg(long, value_enum, default_value_t = BudgetArg::Dual)]
+    pub distill_budget: BudgetArg,
     /// torch: take windows in file order (essays first) instead of a seeded shuffle per
     /// epoch: the CPU distiller's order, for checking the two backends against each other.
     #[arg(long)]
@@ -109,15 +139,27 @@ pub const DEFAULT_TORCH_WINDOW_TOKENS: usize = 4096;
 /// to a tenth): hundreds of steps, so smaller than the CPU's few-step default.
 pub const DEFAULT_TORCH_REFINE_LR: f64 = 1e-3;
 
-/// The essays' tokens followed by every chitchat conversation rendered in the model's chat
-/// template (the trainer shuffles windows, so the two mix), and the names of the sources.
-pub fn chat_corpus_tokens(tokenizer: &Tokenizer, essay_ids: &[u32]) -> Result<(Vec<u32>, String)> {
+/// The essays' tokens followed by chitchat conversations rendered in the model's chat template
+/// (the trainer shuffles windows, so the two mix), and the names of the sources. Conversations
+/// are taken in file order until the chat is `chat_share` of the whole (all 4,017 of them are
+/// ~3.7M tokens, 96% of a mix beside ~130k essay tokens; that mix distilled 29 points worse on
+/// held-out essays than the essays alone, BENCHMARKS.md session 20).
+pub fn chat_corpus_tokens(
+    tokenizer: &Tokenizer,
+    essay_ids: &[u32],
+    chat_share: f64,
+) -> Result<(Vec<u32>, String)> {
     let options = starling_hub::FetchOptions::from_env()?;
     let path = starling_bench::sharegpt::ensure_cached(&options.home, &options.python)?;
     let conversations = starling_bench::sharegpt::load_exchanges(&path)?;
     let template = ChatTemplate::for_tokenizer(tokenizer).context("the model's chat template")?;
+    let chat_budget = chat_tokens_for_share(essay_ids.len(), chat_share);
     let mut ids = essay_ids.to_vec();
+    let mut used = 0;
     for (index, exchanges) in conversations.iter().enumerate() {
+        if ids.len() - essay_ids.len() >= chat_budget {
+            break;
+        }
         let messages: Vec<ChatMessage> = exchanges
             .iter()
             .flat_map(|(user, reply)| [ChatMessage::user(user), ChatMessage::assistant(reply)])
@@ -130,15 +172,29 @@ pub fn chat_corpus_tokens(tokenizer: &Tokenizer, essay_ids: &[u32]) -> Result<(V
                 .encode(&text, false)
                 .with_context(|| format!("tokenising conversation {index}"))?,
         );
+        used += 1;
     }
     let name = path.file_name().map_or_else(
         || path.display().to_string(),
         |n| n.to_string_lossy().into_owned(),
     );
+    let chat_tokens = ids.len() - essay_ids.len();
     Ok((
         ids,
-        format!("{name} ({} conversations)", conversations.len()),
+        format!(
+            "{name} ({used} of {} conversations, {chat_tokens} tokens)",
+            conversations.len()
+        ),
     ))
+}
+
+/// Chat tokens that make `share` of a corpus beside `essay_tokens` essay tokens (`usize::MAX`
+/// for a share of 1: every conversation).
+pub fn chat_tokens_for_share(essay_tokens: usize, share: f64) -> usize {
+    if share >= 1.0 {
+        return usize::MAX;
+    }
+    (essay_tokens as f64 * share / (1.0 - share)).ceil() as usize
 }
 
 /// The run-wide settings of a job besides the torch flags.
@@ -190,6 +246,7 @@ impl TorchRunner {
                 sharpness: defaults.sharpness,
                 dual_rate: defaults.dual_rate,
                 initial_multiplier: defaults.initial_multiplier,
+                budget: args.distill_budget.into(),
             },
             refine: JobRefine {
                 tokens: args.refine_tokens,
@@ -420,10 +477,21 @@ mod tests {
     }
 
     #[test]
+    fn the_chat_share_caps_the_conversations_beside_the_essays() {
+        assert_eq!(chat_tokens_for_share(1000, 0.5), 1000);
+        assert_eq!(chat_tokens_for_share(1000, 0.75), 3000);
+        assert_eq!(chat_tokens_for_share(1000, 0.0), 0);
+        assert_eq!(chat_tokens_for_share(1000, 1.0), usize::MAX);
+    }
+
+    #[test]
     fn the_embedded_trainer_speaks_this_job_format() {
         let format = starling_starkv::distill::external::JOB_FORMAT;
         assert!(TRAINER_SOURCE.contains(&format!("job.get(\"format\") != {format}")));
         assert!(TRAINER_SOURCE.contains(&format!("EXIT_PAUSED = {EXIT_PAUSED}")));
+        // The budget control by the name serde gives it.
+        let projected = serde_json::to_string(&BudgetControl::Projected).unwrap_or_default();
+        assert!(TRAINER_SOURCE.contains(&format!("== {projected}")));
         for file in [THRESHOLDS_RESULT, REFINE_RESULT] {
             assert!(TRAINER_SOURCE.contains(file), "{file}");
         }

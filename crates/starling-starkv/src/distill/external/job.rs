@@ -35,6 +35,24 @@ pub struct JobModel {
     pub key_rows_interleaved: bool,
 }
 
+/// How the threshold phase holds each profile's budget.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BudgetControl {
+    /// A Lagrangian price on the soft rank raised by dual ascent, at a constant learning rate:
+    /// the CPU distiller's objective (the two backends agree step for step). Over hundreds of
+    /// steps the soft rank swings around the budget (measured on the H100: 0.5-1.45x the
+    /// budget with a period of about 64 steps), so the thresholds end wherever the swing is.
+    #[default]
+    Dual,
+    /// Every step shifts all threshold logits by one constant (found by bisection, no
+    /// gradient) so the soft rank equals the budget, then takes an Adam step on the KL,
+    /// its gradient's component along the soft rank's gradient removed (the least-squares
+    /// price) and its learning rate cosine-decayed to a tenth: the KL is always that of a
+    /// student at the budget, and nothing oscillates.
+    Projected,
+}
+
 /// Threshold-distillation settings (the objective of [`super::super::DistillConfig`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct JobThresholds {
@@ -48,6 +66,9 @@ pub struct JobThresholds {
     pub dual_rate: f64,
     /// The budget price at the first step.
     pub initial_multiplier: f64,
+    /// How the budget is held (`dual_rate` and `initial_multiplier` matter for `dual` only).
+    #[serde(default)]
+    pub budget: BudgetControl,
 }
 
 /// Projection-refinement settings (0 tokens: no refinement).

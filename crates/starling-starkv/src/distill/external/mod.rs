@@ -23,8 +23,8 @@ mod results;
 mod tests;
 
 pub use job::{
-    ExternalJob, JobFiles, JobModel, JobProfile, JobRefine, JobSettings, JobThresholds,
-    FACTORS_FILE, JOB_FILE, JOB_FORMAT, TOKENS_FILE,
+    BudgetControl, ExternalJob, JobFiles, JobModel, JobProfile, JobRefine, JobSettings,
+    JobThresholds, FACTORS_FILE, JOB_FILE, JOB_FORMAT, TOKENS_FILE,
 };
 pub use results::{
     RefineResult, ThresholdsResult, REFINED_PROJECTIONS, REFINE_RESULT, THRESHOLDS_RESULT,

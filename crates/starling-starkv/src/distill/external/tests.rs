@@ -29,6 +29,7 @@ fn settings() -> JobSettings {
             sharpness: 50.0,
             dual_rate: 2.0,
             initial_multiplier: 0.0,
+            budget: BudgetControl::Projected,
         },
         refine: JobRefine {
             tokens: 0,
@@ -300,4 +301,22 @@ fn long_runs_are_averaged_into_a_bounded_curve() {
     assert_eq!(curve[0].tokens_seen, 40);
     assert_eq!(curve.last().unwrap().tokens_seen, 2000);
     assert!(crate::checkpoint::loss_curve("refine", &[], 10).is_empty());
+}
+
+#[test]
+fn the_budget_control_is_named_as_the_trainer_reads_it_and_defaults_to_dual() {
+    assert_eq!(
+        serde_json::to_string(&BudgetControl::Projected).unwrap(),
+        "\"projected\""
+    );
+    assert_eq!(
+        serde_json::to_string(&BudgetControl::Dual).unwrap(),
+        "\"dual\""
+    );
+    // A job written before the field existed reads as the dual ascent it ran.
+    let old: JobThresholds = serde_json::from_str(
+        r#"{"tokens":1,"learning_rate":0.05,"sharpness":50.0,"dual_rate":2.0,"initial_multiplier":0.0}"#,
+    )
+    .unwrap();
+    assert_eq!(old.budget, BudgetControl::Dual);
 }
