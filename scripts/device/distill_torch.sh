@@ -33,7 +33,7 @@ quality() { # TAG [--kv-compression JSON]
   shift
   .device/starling bench quality --device cuda --model "$gguf" --methods none --context-tokens 4096 \
     --eval-tokens 256 --num-windows 6 --essays-dir .device/essays/paul-graham-essays "$@" \
-    --output "$RES/q_$tag" 2>&1 | grep -E "^\| none \||perplexity" | tail -3
+    --output "$RES/q_$tag" 2>&1 | grep -E "^\| (none|star_kv) |perplexity" | tail -3
 }
 niah() { # TAG [--kv-compression JSON]
   local tag=$1
