@@ -31,8 +31,13 @@
 # Results: $OUT/vllm_campaign.tgz (campaign.json, campaign.md, PNGs, every server's log) and
 # $OUT/campaign.md. Knobs: KV_MEM (0.75GiB), LIMIT (seconds for this call, 570), CAMPAIGNS (all,
 # or e.g. concurrency), FP8=1 (adds starling-fp8, starling-fp8-keydiff and vllm-fp8: both
-# engines' `--kv-cache-dtype fp8`; NO_KEYDIFF=1 drops starling-keydiff), and the grids below
-# (CONC_POINTS, CTX_POINTS, LONG_POINTS, RATES, CONC_WORKLOADS, LONG_INPUT, CTX_OUTPUT).
+# engines' `--kv-cache-dtype fp8`; NO_KEYDIFF=1 drops starling-keydiff), ENGINES (a comma list
+# naming which of those engines run, in that order; default: what FP8/NO_KEYDIFF give),
+# KEYDIFF_RATIO (0.5), BATCHED_TOKENS (8192, every engine's tokens per step), VLLM_MAX_LEN
+# (24576: vLLM's one boot must fit KV_MEM, so a small budget needs a small value),
+# REQ_PER_CONC (1) and MAX_REQ (128) (requests per concurrency point: more averages out a
+# point's noise), and the grids below (CONC_POINTS, CTX_POINTS, LONG_POINTS, RATES,
+# CONC_WORKLOADS, LONG_INPUT, CTX_OUTPUT).
 # DRY_RUN=1 (a check on the CPU machine, no vLLM): S=<starling binary> MODEL=<an HF dir>
 # OUT=<dir>, tiny grids; only step 4 runs, with the two Starling engines on --device cpu.
 set -uo pipefail
@@ -58,6 +63,12 @@ CTX_OUTPUT=${CTX_OUTPUT:-64}
 CAMPAIGNS=${CAMPAIGNS:-all}
 FP8=${FP8:-0}
 NO_KEYDIFF=${NO_KEYDIFF:-0}
+ENGINES=${ENGINES:-}
+KEYDIFF_RATIO=${KEYDIFF_RATIO:-0.5}
+BATCHED_TOKENS=${BATCHED_TOKENS:-8192}
+VLLM_MAX_LEN=${VLLM_MAX_LEN:-24576}
+REQ_PER_CONC=${REQ_PER_CONC:-1}
+MAX_REQ=${MAX_REQ:-128}
 DEVICE=cuda
 [ "$DRY_RUN" = 1 ] && DEVICE=cpu
 WHEEL=vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl
@@ -111,29 +122,36 @@ mkdir -p "$RUN"
 #    rows measured so far).
 SERVE="$S serve --device $DEVICE --model $MODEL --served-model-name qwen --port {port} \
 --max-model-len {max_model_len} --kv-cache-memory {kv_cache_memory_bytes} --max-num-seqs 256 \
---max-num-batched-tokens 8192"
+--max-num-batched-tokens $BATCHED_TOKENS"
 # $VSITE kept literal (the servers' shell expands it), so recorded commands name no machine path.
 export VSITE=$SITE
 VLLM="env PYTHONPATH=\$VSITE VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
 VLLM_NO_USAGE_STATS=1 python3 -m vllm.entrypoints.openai.api_server --model $MODEL \
---served-model-name qwen --port {port} --max-model-len 24576 --kv-cache-memory-bytes {kv_cache_memory_bytes} \
---max-num-seqs 256 --max-num-batched-tokens 8192 --seed 0"
+--served-model-name qwen --port {port} --max-model-len $VLLM_MAX_LEN --kv-cache-memory-bytes {kv_cache_memory_bytes} \
+--max-num-seqs 256 --max-num-batched-tokens $BATCHED_TOKENS --seed 0"
 remain=$((LIMIT - SECONDS - 25))
 echo "== campaigns (${remain} s left)"
-KEYDIFF="--kv-compression '{\"method\":\"keydiff\",\"ratio\":0.5}'"
-engines=(--engine "starling=$SERVE")
-[ "$DRY_RUN" = 1 ] || engines+=(--engine "vllm=$VLLM")
-[ "$NO_KEYDIFF" = 1 ] || engines+=(--engine "starling-keydiff=$SERVE $KEYDIFF")
-if [ "$FP8" = 1 ]; then
-  engines+=(--engine "starling-fp8-keydiff=$SERVE --kv-cache-dtype fp8 $KEYDIFF")
-  engines+=(--engine "starling-fp8=$SERVE --kv-cache-dtype fp8")
-  [ "$DRY_RUN" = 1 ] || engines+=(--engine "vllm-fp8=$VLLM --kv-cache-dtype fp8")
+KEYDIFF="--kv-compression '{\"method\":\"keydiff\",\"ratio\":$KEYDIFF_RATIO}'"
+declare -A command=(
+  [starling]="$SERVE" [vllm]="$VLLM" [starling-keydiff]="$SERVE $KEYDIFF"
+  [starling-fp8-keydiff]="$SERVE --kv-cache-dtype fp8 $KEYDIFF"
+  [starling-fp8]="$SERVE --kv-cache-dtype fp8" [vllm-fp8]="$VLLM --kv-cache-dtype fp8")
+if [ -z "$ENGINES" ]; then
+  ENGINES=starling,vllm
+  [ "$NO_KEYDIFF" = 1 ] || ENGINES+=,starling-keydiff
+  [ "$FP8" = 1 ] && ENGINES+=,starling-fp8-keydiff,starling-fp8,vllm-fp8
 fi
+engines=()
+for name in ${ENGINES//,/ }; do
+  [ -n "${command[$name]:-}" ] || { echo "unknown engine $name (${!command[*]})"; exit 2; }
+  [ "$DRY_RUN" = 1 ] && [[ $name == vllm* ]] && continue
+  engines+=(--engine "$name=${command[$name]}")
+done
 timeout -s INT -k 30 "$remain" "$S" bench campaign "${engines[@]}" \
   --campaigns "$CAMPAIGNS" --kv-cache-memory "$KV_MEM" --max-model-len 8192 --seed 0 --output-root "$RUN" \
   --boot-timeout-s 300 --point-timeout-s 120 \
   --concurrency-workloads "$CONC_WORKLOADS" --concurrency-points "$CONC_POINTS" \
-  --requests-per-concurrency 1 --min-requests 4 --max-requests 128 \
+  --requests-per-concurrency "$REQ_PER_CONC" --min-requests 4 --max-requests "$MAX_REQ" \
   --context-points "$CTX_POINTS" --context-output-tokens "$CTX_OUTPUT" --context-requests 2 \
   --long-generation-points "$LONG_POINTS" --long-generation-input-tokens "$LONG_INPUT" --long-generation-requests 8 \
   --scheduler-rates "$RATES" --scheduler-workload "sharegpt:$SHAREGPT" --scheduler-requests 32 \
