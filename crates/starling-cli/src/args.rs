@@ -129,7 +129,7 @@ pub struct EngineArgs {
     /// (bf16 on CUDA, f32 on the CPU), dense K/V and STAR-KV latents alike; `fp8` (alias
     /// `fp8_e4m3`) stores full K/V in one byte per element (e4m3, scale 1, as vLLM's default),
     /// twice the blocks of bf16 (layers whose key bias e4m3 cannot hold stay in the activation
-    /// dtype); with STAR-KV it stores the latents in fp8 too (CPU only so far); `int8` stores
+    /// dtype); with STAR-KV it stores the latents in fp8 too (CUDA: sm_89+); `int8` stores
     /// symmetric 8-bit integers with a half-precision scale per KV head row (or latent) and
     /// token, no layer exempt (CPU only so far). Given, it overrides a `kv_dtype` in
     /// --kv-compression's composed form.

@@ -20,9 +20,16 @@
 //   (cuBLAS)             per KV head: W_g · B_v,gᵀ, all the group's rows at once (B_v read once).
 //   latent_value_out_bf16 bias added, rows back in the layer's output order.
 //
-// Prefill chunks are reconstructed instead (latent_gather_rows_bf16 → cuBLAS → latent_finish_kv)
+// Prefill chunks are reconstructed instead (latent_gather_rows_* → cuBLAS → latent_finish_kv)
 // into a scratch full cache that the tiled prefill kernel attends: a chunk amortises the
 // reconstruction over its rows.
+//
+// The kernels that touch the latent planes (the write, latent_scores_d{D}, latent_values_mt{MT},
+// latent_gather_rows) are instantiated per cache element, `_bf16` and `_fp8` (fp8.cuh: e4m3,
+// scale 1, one byte per element, written nearest-even and saturated to ±448 as the CPU reference
+// rounds its f32 slots); the fp8 readers convert each tile to bf16 in shared memory (exactly), so
+// everything after the tile load is the bf16 kernel's arithmetic. The rotary-absorbed kernel
+// (latent_rot.cu) has no fp8 instantiation: the host uses the reconstruction kernel for fp8.
 
 #define LS_THREADS 128
 #define LS_WARPS 4
@@ -35,14 +42,16 @@
 
 // Backend::rope_q_write_latents: RoPE on the Q heads of each [q | key latents | value latent] row
 // (rope_qk_bf16's expressions), the latents copied unrotated to the row's slot and its position
-// stored. Grid (token, item chunk): an item is a Q pair, a 16-byte chunk (8 elements) of the
-// latents, or the position. Padding rows (slot 0xffffffff) are rotated but store nothing.
-extern "C" __global__ void rope_q_write_latents_bf16(
+// stored. Grid (token, item chunk): an item is a Q pair, a chunk of 8 latent elements, or the
+// position. Padding rows (slot 0xffffffff) are rotated but store nothing. `FP8` planes are byte
+// arrays: the chunk is stored as 8 e4m3 (nearest-even, saturated to ±448: the CPU reference's
+// fp8::e4m3_from_f32 of the same bf16 value); else as 8 bf16, bit for bit.
+template <bool FP8>
+__device__ void rope_q_write_latents_impl(
     bf16* __restrict__ qkv, const unsigned* __restrict__ positions,
     const float* __restrict__ inv_freq, const unsigned* __restrict__ slots,
     bf16* __restrict__ key_plane, bf16* __restrict__ value_plane, unsigned* __restrict__ pos_plane,
     int width, int num_heads, int head_dim, int key_width, int value_width, int interleaved) {
-    pdl_entry();
     const int half = head_dim / 2;
     const int q_pairs = num_heads * half;
     const int q_size = num_heads * head_dim;
@@ -69,19 +78,45 @@ extern "C" __global__ void rope_q_write_latents_bf16(
         pos_plane[slot] = positions[blockIdx.x];
         return;
     }
-    // Latent widths are multiples of 8 (stored ranks); the row start is 16-byte aligned when the
-    // row width and q_size are, else the copy goes element by element.
+    // Latent widths are multiples of 8 (stored ranks), so a chunk never straddles the planes and
+    // its destination is 16-byte (bf16) or 8-byte (fp8) aligned; the source row start is 16-byte
+    // aligned when the row width and q_size are, else the chunk is read element by element.
     const bf16* src = row + q_size + 8 * c;
-    bf16* dst = 8 * c < key_width
-                    ? key_plane + (size_t)slot * key_width + 8 * c
-                    : value_plane + (size_t)slot * value_width + (8 * c - key_width);
+    const bool key = 8 * c < key_width;
+    bf16* plane = key ? key_plane : value_plane;
+    const size_t elem = key ? (size_t)slot * key_width + 8 * c
+                            : (size_t)slot * value_width + (8 * c - key_width);
+    uint4 raw;
     if (((width | q_size) & 7) == 0) {
-        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+        raw = *reinterpret_cast<const uint4*>(src);
     } else {
+        bf16* r = reinterpret_cast<bf16*>(&raw);
 #pragma unroll
-        for (int e = 0; e < 8; e++) dst[e] = src[e];
+        for (int e = 0; e < 8; e++) r[e] = src[e];
+    }
+    if (FP8) {
+        const bf16* r = reinterpret_cast<const bf16*>(&raw);
+        float f[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) f[e] = __bfloat162float(r[e]);
+        *reinterpret_cast<uint2*>(reinterpret_cast<unsigned char*>(plane) + elem) = pack8_e4m3(f);
+    } else {
+        *reinterpret_cast<uint4*>(plane + elem) = raw;
     }
 }
+
+#define INSTANTIATE_WRITE(NAME, FP8)                                                             \
+    extern "C" __global__ void NAME(bf16* qkv, const unsigned* positions, const float* inv_freq,  \
+                                    const unsigned* slots, bf16* key_plane, bf16* value_plane,    \
+                                    unsigned* pos_plane, int width, int num_heads, int head_dim,  \
+                                    int key_width, int value_width, int interleaved) {            \
+        pdl_entry();                                                                             \
+        rope_q_write_latents_impl<FP8>(qkv, positions, inv_freq, slots, key_plane, value_plane,   \
+                                       pos_plane, width, num_heads, head_dim, key_width,          \
+                                       value_width, interleaved);                                 \
+    }
+INSTANTIATE_WRITE(rope_q_write_latents_bf16, false)
+INSTANTIATE_WRITE(rope_q_write_latents_fp8, true)
 
 // cos/sin of position p and frequency i, as rope_qk_bf16 computes them: table[p * half + i].
 extern "C" __global__ void latent_rope_table_f32(float2* __restrict__ table,
@@ -99,11 +134,14 @@ extern "C" __global__ void latent_rope_table_f32(float2* __restrict__ table,
     }
 }
 
-// Scores of one (decode row, KV head, context split). Dynamic shared memory: B_h as
-// [D][rs] bf16 (rs = the host's padded row stride ≥ rank rounded up to 16, plus 8 so ldmatrix rows
-// fall in distinct banks), then LS_STAGES key-latent tiles [LS_BN][rs], then the bias (f32 [D])
-// and the warps' maxima.
-template <int D>
+// Scores of one (decode row, KV head, context split). Dynamic shared memory
+// (geometry.rs latent_scores_shared_bytes): B_h as [D][rs] bf16 (rs = the host's padded row
+// stride ≥ rank rounded up to 16, plus 8 so ldmatrix rows fall in distinct banks), then LS_STAGES
+// key-latent tiles [LS_BN][rs] in the cache's element, then (FP8) one bf16 tile [LS_BN][rs] that
+// each landed byte tile is converted into, then the bias (f32 [D]) and the warps' maxima.
+// An fp8 row is only 8-byte aligned (8-element chunks of one byte each), so its tiles are copied
+// in 8-byte pieces; a second barrier per tile orders the conversion before the mma reads.
+template <int D, bool FP8>
 __device__ void latent_scores_impl(
     float* __restrict__ scores,            // [score_offsets[i] + token][num_q_heads], log2 units
     float* __restrict__ part_m,            // [rows, Hq, splits]: each head's split maximum
@@ -121,10 +159,12 @@ __device__ void latent_scores_impl(
     constexpr int NT = D / 8;    // 8-wide n-tiles of a reconstructed key row
     constexpr int KS = D / 16;   // k-steps of the score over the head dim
     constexpr int HALF = D / 2;
+    constexpr int EB = FP8 ? 1 : 2;  // bytes per cache element
     extern __shared__ __align__(128) unsigned char smem_raw[];
     bf16* b_s = reinterpret_cast<bf16*>(smem_raw);                 // [D][rs]
-    bf16* z_ring = b_s + D * rs;                                   // [LS_STAGES][LS_BN][rs]
-    float* bias_s = reinterpret_cast<float*>(z_ring + LS_STAGES * LS_BN * rs);  // [D]
+    unsigned char* z_ring = smem_raw + D * rs * 2;  // [LS_STAGES][LS_BN][rs] cache elements
+    bf16* z_cvt = reinterpret_cast<bf16*>(z_ring + LS_STAGES * LS_BN * rs * EB);  // [LS_BN][rs]
+    float* bias_s = reinterpret_cast<float*>(z_cvt + (FP8 ? LS_BN * rs : 0));    // [D]
     float* max_s = bias_s + D;                                     // [LS_WARPS][8]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -159,16 +199,31 @@ __device__ void latent_scores_impl(
     // per 16-byte chunk (through L1: a sector's halves come from the same two threads).
     static_assert(LS_THREADS == 2 * LS_BN, "two threads per key-latent row");
     auto load_tile = [&](int tile, int stage) {
-        bf16* z = z_ring + stage * LS_BN * rs;
         const int r = tid >> 1;
         const int j = kv_start + tile * LS_BN + r;
         const bool in = j < kv_end;
-        const bf16* row =
-            key_plane + (size_t)(in ? paged_slot(table, j, block_size) : 0u) * key_width + offset;
+        const size_t row =
+            (size_t)(in ? paged_slot(table, j, block_size) : 0u) * key_width + offset;
+        const size_t z = ((size_t)stage * LS_BN + r) * rs;  // element index in the ring
         for (int c = tid & 1; c < cpr; c += 2) {
             const bool valid = in && 8 * c < rank;
-            cp_async16_ca(z + r * rs + 8 * c, valid ? row + 8 * c : key_plane, valid);
+            if (FP8) {
+                const size_t from = valid ? row + 8 * c : 0;
+                cp_async8(z_ring + z + 8 * c, plane_bytes(key_plane, from), valid);
+            } else {
+                cp_async16_ca(reinterpret_cast<bf16*>(z_ring) + z + 8 * c,
+                              valid ? key_plane + row + 8 * c : key_plane, valid);
+            }
         }
+    };
+    // FP8: this thread's chunks of a landed byte tile (the ones it copied) into z_cvt; rows past
+    // the context and columns past the rank were zero-filled, and convert to zeros.
+    auto convert_tile = [&](int stage) {
+        const int r = tid >> 1;
+        const unsigned char* src = z_ring + ((size_t)stage * LS_BN + r) * rs;
+        for (int c = tid & 1; c < cpr; c += 2)
+            *reinterpret_cast<uint4*>(z_cvt + r * rs + 8 * c) =
+                e4m3x8_to_bf16(*reinterpret_cast<const uint2*>(src + 8 * c));
     };
 #pragma unroll
     for (int s = 0; s < LS_STAGES - 1; s++) {
@@ -199,7 +254,15 @@ __device__ void latent_scores_impl(
             if (next < n_tiles) load_tile(next, next % LS_STAGES);
             cp_async_commit();
         }
-        const bf16* z = z_ring + (it % LS_STAGES) * LS_BN * rs;
+        const bf16* z;
+        if (FP8) {
+            // The barrier above also ended every warp's reads of z_cvt (the previous tile).
+            convert_tile(it % LS_STAGES);
+            __syncthreads();
+            z = z_cvt;
+        } else {
+            z = reinterpret_cast<const bf16*>(z_ring) + (it % LS_STAGES) * LS_BN * rs;
+        }
         const int wk = warp * 16;
         float acc[NT][4];
 #pragma unroll
@@ -296,8 +359,8 @@ __device__ void latent_scores_impl(
     }
 }
 
-#define INSTANTIATE_SCORES(D)                                                                    \
-    extern "C" __global__ void __launch_bounds__(LS_THREADS) latent_scores_d##D##_bf16(          \
+#define INSTANTIATE_SCORES(D, ELEM, FP8)                                                         \
+    extern "C" __global__ void __launch_bounds__(LS_THREADS) latent_scores_d##D##_##ELEM(        \
         float* scores, float* part_m, const bf16* qkv, int qkv_width, const bf16* key_plane,     \
         int key_width, const unsigned* pos_plane, const int* latent_heads, const bf16* key_up,   \
         const bf16* key_bias, const float2* rope_table, int interleaved, int rs,                 \
@@ -306,20 +369,25 @@ __device__ void latent_scores_impl(
         int block_size, int num_kv_heads, int group, float scale, int splits, int split_len,     \
         const unsigned* plan, int sub) {                                                         \
         pdl_entry();                                                                             \
-        latent_scores_impl<D>(scores, part_m, qkv, qkv_width, key_plane, key_width, pos_plane,   \
-                              latent_heads, key_up, key_bias, rope_table, interleaved, rs, rows, \
-                              tok_seq, tok_visible, score_offsets, block_tables, max_blocks,     \
-                              block_size, num_kv_heads, group, scale, splits, split_len, plan,   \
-                              sub);                                                              \
+        latent_scores_impl<D, FP8>(scores, part_m, qkv, qkv_width, key_plane, key_width,        \
+                                   pos_plane, latent_heads, key_up, key_bias, rope_table,        \
+                                   interleaved, rs, rows, tok_seq, tok_visible, score_offsets,   \
+                                   block_tables, max_blocks, block_size, num_kv_heads, group,    \
+                                   scale, splits, split_len, plan, sub);                         \
     }
-INSTANTIATE_SCORES(64)
-INSTANTIATE_SCORES(128)
+INSTANTIATE_SCORES(64, bf16, false)
+INSTANTIATE_SCORES(128, bf16, false)
+INSTANTIATE_SCORES(64, fp8, true)
+INSTANTIATE_SCORES(128, fp8, true)
 
 
 // Weighted value latents of one (row, split, chunk of CH = 512 / MT value columns) for all
 // MT·16 ≥ Hq heads: P = 2^(S − m_split) in shared memory, O += P · U on the tensor cores (each
 // warp owns CH / 4 columns). Writes the unnormalised partial and, from chunk 0, each head's sum.
-template <int MT>
+// `FP8` value planes are byte rows: their U tiles land as bytes (8-byte copies: a row is only
+// 8-byte aligned) and each thread converts the chunks it copied into one bf16 tile before the
+// barrier that precedes the mma (geometry.rs latent_values_static_bytes counts both).
+template <int MT, bool FP8>
 __device__ void latent_values_impl(
     float* __restrict__ part_acc,          // [rows, Hq, splits, value_width]
     float* __restrict__ part_l,            // [rows, Hq, splits]
@@ -341,7 +409,10 @@ __device__ void latent_values_impl(
     // Four 16-token tiles in flight keep ~34 KB per block moving (two left the value kernel at
     // 2.7 TB/s); at one m-tile (512 columns) only two fit the 48 KiB of static shared memory.
     constexpr int ST = MT == 1 ? 2 : LV_STAGES;
-    __shared__ __align__(16) bf16 u_s[ST * LV_BN * US];
+    constexpr int EB = FP8 ? 1 : 2;  // bytes per cache element
+    // The ring of U tiles in the cache's element, then (FP8) the one converted bf16 tile.
+    __shared__ __align__(16) unsigned char u_raw[ST * LV_BN * US * EB + (FP8 ? LV_BN * US * 2 : 0)];
+    bf16* u_cvt = reinterpret_cast<bf16*>(u_raw + ST * LV_BN * US * EB);
     __shared__ float m_s[HP];
     __shared__ float l_s[HP];
 
@@ -370,16 +441,21 @@ __device__ void latent_values_impl(
     static_assert(LV_THREADS % LV_BN == 0 && CPR % TPR == 0, "value tile copy geometry");
     const int copy_r = tid / TPR, copy_c = (tid % TPR) * CPT;
     auto load_tile = [&](int tile, int stage) {
-        bf16* u = u_s + stage * LV_BN * US;
+        const size_t u = ((size_t)stage * LV_BN + copy_r) * US;  // element index in the ring
         const int j = kv_start + tile * LV_BN + copy_r;
         const bool in = j < kv_end;
-        const bf16* row =
-            value_plane + (size_t)(in ? paged_slot(table, j, block_size) : 0u) * value_width + c0;
+        const size_t row = (size_t)(in ? paged_slot(table, j, block_size) : 0u) * value_width + c0;
 #pragma unroll
         for (int e = 0; e < CPT; e++) {
             const int c = copy_c + e;
             const bool valid = in && c0 + 8 * c < value_width;
-            cp_async16_ca(u + copy_r * US + 8 * c, valid ? row + 8 * c : value_plane, valid);
+            if (FP8) {
+                const size_t from = valid ? row + 8 * c : 0;
+                cp_async8(u_raw + u + 8 * c, plane_bytes(value_plane, from), valid);
+            } else {
+                cp_async16_ca(reinterpret_cast<bf16*>(u_raw) + u + 8 * c,
+                              valid ? value_plane + row + 8 * c : value_plane, valid);
+            }
         }
     };
     float acc[MT][NTW][4];
@@ -427,8 +503,22 @@ __device__ void latent_values_impl(
         }
         if (it + 1 < n_tiles) load_scores(it + 1);
         cp_async_wait<ST - 1>();  // tile it has landed (the next ST - 1 may be in flight)
-        __syncthreads();
-        const bf16* u = u_s + (it % ST) * LV_BN * US;
+        if (FP8) {
+            // This thread's own chunks (landed for it after its wait) into the bf16 tile, which
+            // every warp finished reading at the previous iteration's closing barrier.
+            const unsigned char* src = u_raw + ((size_t)(it % ST) * LV_BN + copy_r) * US;
+            // Two chunks at a time: fully unrolled, the eight chunks of one m-tile (512 columns)
+            // took 130 registers (3 blocks per SM instead of the bf16 kernel's 4).
+#pragma unroll 2
+            for (int e = 0; e < CPT; e++) {
+                const int c = copy_c + e;
+                *reinterpret_cast<uint4*>(u_cvt + copy_r * US + 8 * c) =
+                    e4m3x8_to_bf16(*reinterpret_cast<const uint2*>(src + 8 * c));
+            }
+        }
+        __syncthreads();  // p_s (and u_cvt) complete
+        const bf16* u =
+            FP8 ? u_cvt : reinterpret_cast<const bf16*>(u_raw) + (it % ST) * LV_BN * US;
 #pragma unroll
         for (int ks = 0; ks < LV_BN / 16; ks++) {
             unsigned a[MT][4];
@@ -447,7 +537,7 @@ __device__ void latent_values_impl(
                 }
             }
         }
-        __syncthreads();  // p_s and this stage are rewritten next
+        __syncthreads();  // p_s, u_cvt and this stage are rewritten next
     }
     cp_async_wait<0>();
 #pragma unroll
@@ -470,21 +560,25 @@ __device__ void latent_values_impl(
     }
 }
 
-#define INSTANTIATE_VALUES(MT)                                                                   \
-    extern "C" __global__ void __launch_bounds__(LV_THREADS) latent_values_mt##MT##_bf16(        \
+#define INSTANTIATE_VALUES(MT, ELEM, FP8)                                                        \
+    extern "C" __global__ void __launch_bounds__(LV_THREADS) latent_values_mt##MT##_##ELEM(      \
         float* part_acc, float* part_l, const float* scores, const float* part_m,                \
         const bf16* value_plane, int value_width, const unsigned* rows, const unsigned* tok_seq, \
         const unsigned* tok_visible, const unsigned* score_offsets,                              \
         const unsigned* block_tables, int max_blocks, int block_size, int num_q_heads,           \
         int splits, int split_len, const unsigned* plan, int sub) {                              \
         pdl_entry();                                                                             \
-        latent_values_impl<MT>(part_acc, part_l, scores, part_m, value_plane, value_width, rows, \
-                               tok_seq, tok_visible, score_offsets, block_tables, max_blocks,    \
-                               block_size, num_q_heads, splits, split_len, plan, sub);           \
+        latent_values_impl<MT, FP8>(part_acc, part_l, scores, part_m, value_plane, value_width,  \
+                                    rows, tok_seq, tok_visible, score_offsets, block_tables,     \
+                                    max_blocks, block_size, num_q_heads, splits, split_len,      \
+                                    plan, sub);                                                  \
     }
-INSTANTIATE_VALUES(1)
-INSTANTIATE_VALUES(2)
-INSTANTIATE_VALUES(4)
+INSTANTIATE_VALUES(1, bf16, false)
+INSTANTIATE_VALUES(2, bf16, false)
+INSTANTIATE_VALUES(4, bf16, false)
+INSTANTIATE_VALUES(1, fp8, true)
+INSTANTIATE_VALUES(2, fp8, true)
+INSTANTIATE_VALUES(4, fp8, true)
 
 // The splits of one (row, head) merged and normalised: w = Σ 2^(m_s − M) acc_s / Σ 2^(m_s − M) l_s,
 // written head-major (W[head][row][c]) for the per-KV-head up-projection GEMM. A row that saw no
@@ -533,13 +627,14 @@ extern "C" __global__ void latent_value_out_bf16(bf16* __restrict__ out, const b
     }
 }
 
-// rows[k] = plane[src_slots[k]] (a zero row where src_slots[k] == 0xffffffff): the latents of
-// the prefill sequences' contexts gathered in scratch-slot order, for the reconstruction GEMMs.
-// row_elems a multiple of 8 (stored ranks; positions are gathered by their own call, width 1).
-extern "C" __global__ void latent_gather_rows_bf16(bf16* __restrict__ out, const bf16* __restrict__ plane,
-                                                   const unsigned* __restrict__ src_slots,
-                                                   size_t count, int row_elems) {
-    pdl_entry();
+// rows[k] = plane[src_slots[k]] (a zero row where src_slots[k] == 0xffffffff) as bf16: the latents
+// of the prefill sequences' contexts gathered in scratch-slot order, for the reconstruction GEMMs
+// (and reconstruct_kv's). row_elems a multiple of 8 (stored ranks; positions are gathered by their
+// own call). `FP8` planes are byte rows, read 8 bytes per chunk and converted exactly.
+template <bool FP8>
+__device__ void latent_gather_rows_impl(bf16* __restrict__ out, const bf16* __restrict__ plane,
+                                        const unsigned* __restrict__ src_slots, size_t count,
+                                        int row_elems) {
     const int vpr = row_elems / 8;
     const size_t n = count * vpr;
     for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < n;
@@ -547,10 +642,23 @@ extern "C" __global__ void latent_gather_rows_bf16(bf16* __restrict__ out, const
         const size_t r = k / vpr, c = k % vpr;
         const unsigned slot = src_slots[r];
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (slot != 0xffffffffu) v = reinterpret_cast<const uint4*>(plane)[(size_t)slot * vpr + c];
+        if (slot != 0xffffffffu) {
+            const size_t chunk = (size_t)slot * vpr + c;
+            v = FP8 ? e4m3x8_to_bf16(reinterpret_cast<const uint2*>(plane)[chunk])
+                    : reinterpret_cast<const uint4*>(plane)[chunk];
+        }
         reinterpret_cast<uint4*>(out)[k] = v;
     }
 }
+
+#define INSTANTIATE_GATHER(NAME, FP8)                                                            \
+    extern "C" __global__ void NAME(bf16* out, const bf16* plane, const unsigned* src_slots,      \
+                                    size_t count, int row_elems) {                               \
+        pdl_entry();                                                                             \
+        latent_gather_rows_impl<FP8>(out, plane, src_slots, count, row_elems);                   \
+    }
+INSTANTIATE_GATHER(latent_gather_rows_bf16, false)
+INSTANTIATE_GATHER(latent_gather_rows_fp8, true)
 
 // positions[k] = pos_plane[src_slots[k]] (0 for a padding row).
 extern "C" __global__ void latent_gather_positions(unsigned* __restrict__ out,

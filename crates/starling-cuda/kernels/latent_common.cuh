@@ -1,5 +1,5 @@
 // Helpers shared by the latent kernel modules (latent.cu, latent_rot.cu). Not a module of its
-// own: the host prepends it after mma_common.cuh (kernels.rs).
+// own: the host prepends it after fp8.cuh and mma_common.cuh (kernels.rs).
 #include <cuda_fp16.h>
 
 // A compile-time flag for generic lambdas (NVRTC has no <type_traits>).
@@ -14,6 +14,28 @@ __device__ __forceinline__ void cp_async16_ca(bf16* dst, const bf16* src, bool v
     const int n = valid ? 16 : 0;
     asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
                  "r"(n));
+}
+
+// 8-byte global → shared copy through L1 (zero-filled when invalid): a chunk of 8 elements of an
+// fp8 latent row, which is only 8-byte aligned (stored ranks are multiples of 8 bytes, not 16).
+__device__ __forceinline__ void cp_async8(void* dst, const void* src, bool valid) {
+    const int n = valid ? 8 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(n));
+}
+
+// Eight e4m3 (one 8-byte chunk, the lowest byte first) as eight bf16 (one 16-byte chunk),
+// exactly: every e4m3 value is a bf16 (fp8.cuh).
+__device__ __forceinline__ uint4 e4m3x8_to_bf16(const uint2& v) {
+    return make_uint4(e4m3x2_to_bf16x2((unsigned short)(v.x & 0xffffu)),
+                      e4m3x2_to_bf16x2((unsigned short)(v.x >> 16)),
+                      e4m3x2_to_bf16x2((unsigned short)(v.y & 0xffffu)),
+                      e4m3x2_to_bf16x2((unsigned short)(v.y >> 16)));
+}
+
+// A latent plane's element `elem` as a byte pointer (fp8 planes are byte arrays passed as bf16*).
+__device__ __forceinline__ const unsigned char* plane_bytes(const bf16* plane, size_t elem) {
+    return reinterpret_cast<const unsigned char*>(plane) + elem;
 }
 
 // 4-byte global → shared copy (zero-filled when invalid).

@@ -2,9 +2,10 @@
 //! defines and sizes dynamic shared memory at load) and the launches in `crate::backend` both
 //! need. A leaf module, so that neither has to import the other.
 
-/// The element a full layer's cache planes hold, which picks the instantiation of every kernel
-/// that reads or writes them (`_bf16` or `_fp8`; `kernels/fp8.cuh`). Kernels that only move rows
-/// (copies, gathers, compaction) move an fp8 row as half as many bf16 words.
+/// The element a layer's cache planes hold (full K/V or STAR-KV latents), which picks the
+/// instantiation of every kernel that reads or writes them (`_bf16` or `_fp8`;
+/// `kernels/fp8.cuh`). Kernels that only move rows (copies, gathers, compaction) move an fp8 row
+/// as half as many bf16 words.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum CacheElem {
     /// bf16 (`--kv-cache-dtype auto`).
@@ -134,9 +135,42 @@ pub(crate) const fn latent_scores_rot_shared_bytes(
     (latents + table_rows + ROT_STAGES * keys * 4 + head_dim * 4 + 4 * 4) as u32
 }
 
-/// Dynamic shared memory of `latent_scores_d{D}` at latent row stride `rs`: `B_h`, the ring of
-/// key-latent tiles, the bias and the warps' maxima.
-pub(crate) const fn latent_scores_shared_bytes(head_dim: usize, rs: usize) -> u32 {
-    ((head_dim * rs + LATENT_SCORE_STAGES * LATENT_SCORE_KEYS * rs) * 2 + head_dim * 4 + 4 * 8 * 4)
-        as u32
+/// Dynamic shared memory of `latent_scores_d{D}_{elem}` at latent row stride `rs` (elements):
+/// `B_h` (bf16), the ring of key-latent tiles in the cache's element, for fp8 the one bf16 tile
+/// each landed byte tile is converted into, then the bias and the warps' maxima. At two stages an
+/// fp8 kernel takes the bf16 kernel's bytes (two byte tiles and one bf16 tile for two bf16 tiles).
+pub(crate) const fn latent_scores_shared_bytes(head_dim: usize, rs: usize, elem: CacheElem) -> u32 {
+    let converted = match elem {
+        CacheElem::Bf16 => 0,
+        CacheElem::Fp8 => LATENT_SCORE_KEYS * rs * 2,
+    };
+    (head_dim * rs * 2
+        + LATENT_SCORE_STAGES * LATENT_SCORE_KEYS * rs * elem.bytes()
+        + converted
+        + head_dim * 4
+        + 4 * 8 * 4) as u32
+}
+
+// Latent value kernel (`latent_values_mt{MT}` in `latent.cu`).
+
+/// Tokens per value-latent tile (`LV_BN`): one k-step of the P·U product.
+pub(crate) const LATENT_VALUE_TOKENS: usize = 16;
+/// Value-latent tiles in flight where they fit (`LV_STAGES`); two at one m-tile (512 columns).
+pub(crate) const LATENT_VALUE_STAGES: usize = 4;
+
+/// Static shared memory of `latent_values_mt{m_tiles}_{elem}`: the P tile (bf16, 16·MT head
+/// rows), the ring of U tiles (512 / MT columns, padded by 8) in the cache's element, for fp8 the
+/// one converted bf16 U tile, and each head's maximum and sum. Static shared memory is capped at
+/// 48 KiB per block.
+pub(crate) const fn latent_values_static_bytes(m_tiles: usize, elem: CacheElem) -> usize {
+    let stages = if m_tiles == 1 { 2 } else { LATENT_VALUE_STAGES };
+    let (heads, row) = (16 * m_tiles, 512 / m_tiles + 8);
+    let converted = match elem {
+        CacheElem::Bf16 => 0,
+        CacheElem::Fp8 => LATENT_VALUE_TOKENS * row * 2,
+    };
+    heads * (LATENT_VALUE_TOKENS + 8) * 2
+        + stages * LATENT_VALUE_TOKENS * row * elem.bytes()
+        + converted
+        + 2 * heads * 4
 }

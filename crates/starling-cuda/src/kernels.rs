@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaFunction};
 
-use crate::geometry::{latent_scores_rot_shared_bytes, latent_scores_shared_bytes};
+use crate::geometry::{
+    latent_scores_rot_shared_bytes, latent_scores_shared_bytes, latent_values_static_bytes,
+};
 use crate::{CudaError, KernelCache};
 
 pub(crate) use crate::geometry::CacheElem;
@@ -67,6 +69,16 @@ pub(crate) const LATENT_ROT_VARIANTS: [(usize, usize, usize); 4] =
     [(64, 2, 2), (64, 4, 2), (128, 4, 2), (128, 8, 2)];
 /// m-tiles of 16 query heads the latent value kernel is instantiated for (up to 64 heads).
 const LATENT_M_TILES: [usize; 3] = [1, 2, 4];
+// The latent value kernel's static shared memory fits the 48 KiB a block has without opting in,
+// at every m-tile count and element (checked at compile time: the kernel cannot ask for more).
+const _: () = {
+    let mut i = 0;
+    while i < LATENT_M_TILES.len() {
+        assert!(latent_values_static_bytes(LATENT_M_TILES[i], CacheElem::Bf16) <= 48 * 1024);
+        assert!(latent_values_static_bytes(LATENT_M_TILES[i], CacheElem::Fp8) <= 48 * 1024);
+        i += 1;
+    }
+};
 /// Threads per block of the latent kernels (`LS_THREADS`, `LV_THREADS`).
 pub(crate) const LATENT_THREADS: u32 = 128;
 
@@ -159,17 +171,19 @@ mod names {
     }
     pub(super) const WINDOW_POOL_SCORES: &str = "window_pool_scores";
     pub(super) const SAMPLE_ROWS: &str = "sample_rows_f32";
-    pub(super) const ROPE_Q_WRITE_LATENTS: &str = "rope_q_write_latents_bf16";
+    /// Per cache element (`by_elem`).
+    pub(super) const ROPE_Q_WRITE_LATENTS: &str = "rope_q_write_latents";
     pub(super) const LATENT_ROPE_TABLE: &str = "latent_rope_table_f32";
     pub(super) const LATENT_COMBINE: &str = "latent_combine_bf16";
     pub(super) const LATENT_VALUE_OUT: &str = "latent_value_out_bf16";
-    pub(super) const LATENT_GATHER_ROWS: &str = "latent_gather_rows_bf16";
+    /// Per cache element (`by_elem`).
+    pub(super) const LATENT_GATHER_ROWS: &str = "latent_gather_rows";
     pub(super) const LATENT_GATHER_POSITIONS: &str = "latent_gather_positions";
     pub(super) const LATENT_FINISH_KV: &str = "latent_finish_kv_bf16";
 
-    /// The latent score instantiation for head width `d`.
-    pub(super) fn latent_scores(d: usize) -> String {
-        format!("latent_scores_d{d}_bf16")
+    /// The latent score instantiation for head width `d` and the latent cache's element.
+    pub(super) fn latent_scores(d: usize, elem: super::CacheElem) -> String {
+        format!("latent_scores_d{d}_{}", elem.suffix())
     }
 
     /// The rotary-absorbed latent score instantiation for head width `d`, `ks` k-steps and `mt`
@@ -178,9 +192,10 @@ mod names {
         format!("latent_scores_rot_d{d}_k{ks}_m{mt}_bf16")
     }
 
-    /// The latent value instantiation for `mt` m-tiles of 16 query heads.
-    pub(super) fn latent_values(mt: usize) -> String {
-        format!("latent_values_mt{mt}_bf16")
+    /// The latent value instantiation for `mt` m-tiles of 16 query heads and the latent cache's
+    /// element.
+    pub(super) fn latent_values(mt: usize, elem: super::CacheElem) -> String {
+        format!("latent_values_mt{mt}_{}", elem.suffix())
     }
 
     /// The attention instantiation for head width `d`, group bound `g` and cache element.
@@ -330,17 +345,27 @@ pub fn kernel_modules() -> Vec<KernelModule> {
             name: "latent",
             source: LATENT_SRC,
             functions: owned(&[
-                names::ROPE_Q_WRITE_LATENTS,
                 names::LATENT_ROPE_TABLE,
                 names::LATENT_COMBINE,
                 names::LATENT_VALUE_OUT,
-                names::LATENT_GATHER_ROWS,
                 names::LATENT_GATHER_POSITIONS,
                 names::LATENT_FINISH_KV,
             ])
             .into_iter()
-            .chain(LATENT_HEAD_DIMS.iter().map(|&d| names::latent_scores(d)))
-            .chain(LATENT_M_TILES.iter().map(|&mt| names::latent_values(mt)))
+            .chain(by_elem(&[
+                names::ROPE_Q_WRITE_LATENTS,
+                names::LATENT_GATHER_ROWS,
+            ]))
+            .chain(
+                LATENT_HEAD_DIMS
+                    .iter()
+                    .flat_map(|&d| CacheElem::ALL.map(|e| names::latent_scores(d, e))),
+            )
+            .chain(
+                LATENT_M_TILES
+                    .iter()
+                    .flat_map(|&mt| CacheElem::ALL.map(|e| names::latent_values(mt, e))),
+            )
             .collect(),
         },
         KernelModule {
@@ -395,20 +420,21 @@ pub(crate) struct Kernels {
     pub(crate) sample_rows: CudaFunction,
     /// In [`gemv_names`] order, see [`Kernels::gemv`].
     gemv: Vec<CudaFunction>,
-    pub(crate) rope_q_write_latents: CudaFunction,
+    pub(crate) rope_q_write_latents: ByElem,
     pub(crate) latent_rope_table: CudaFunction,
     pub(crate) latent_combine: CudaFunction,
     pub(crate) latent_value_out: CudaFunction,
-    pub(crate) latent_gather_rows: CudaFunction,
+    pub(crate) latent_gather_rows: ByElem,
     pub(crate) latent_gather_positions: CudaFunction,
     pub(crate) latent_finish_kv: CudaFunction,
-    /// Latent scores by head width, where the device grants their shared memory.
-    latent_scores: Vec<(usize, CudaFunction)>,
+    /// Latent scores by head width (both cache elements), where the device grants their shared
+    /// memory.
+    latent_scores: Vec<(usize, ByElem)>,
     /// Rotary-absorbed latent scores by (head width, k-steps, m-tiles), where the device grants
     /// their shared memory.
     latent_scores_rot: Vec<((usize, usize, usize), CudaFunction)>,
-    /// Latent values by m-tiles, [`LATENT_M_TILES`] order.
-    latent_values: Vec<(usize, CudaFunction)>,
+    /// Latent values by m-tiles (both cache elements), [`LATENT_M_TILES`] order.
+    latent_values: Vec<(usize, ByElem)>,
 }
 
 impl Kernels {
@@ -478,19 +504,21 @@ impl Kernels {
         }
         let mut latent_scores = Vec::new();
         for d in LATENT_HEAD_DIMS {
-            let function = take(&names::latent_scores(d))?;
+            let [bf16, fp8] = CacheElem::ALL.map(|e| take(&names::latent_scores(d, e)));
+            let (bf16, fp8) = (bf16?, fp8?);
             // The most a layer asks for: every head at rank head_dim.
-            let bytes = latent_scores_shared_bytes(d, d + 8) as usize;
-            if opt_in_shared_memory(
-                &function,
-                bytes,
-                LATENT_THREADS,
-                &format!("latent scores d{d}"),
-                "latent layers of this head width cannot run",
-            )
-            .is_some()
-            {
-                latent_scores.push((d, function));
+            let granted = |function: &CudaFunction, elem: CacheElem| {
+                opt_in_shared_memory(
+                    function,
+                    latent_scores_shared_bytes(d, d + 8, elem) as usize,
+                    LATENT_THREADS,
+                    &format!("latent scores d{d} {}", elem.suffix()),
+                    "latent layers of this head width cannot run",
+                )
+                .is_some()
+            };
+            if granted(&bf16, CacheElem::Bf16) && granted(&fp8, CacheElem::Fp8) {
+                latent_scores.push((d, ByElem([bf16, fp8])));
             }
         }
         let mut latent_scores_rot = Vec::new();
@@ -510,17 +538,18 @@ impl Kernels {
                 latent_scores_rot.push((variant, function));
             }
         }
-        let latent_values = LATENT_M_TILES
-            .iter()
-            .map(|&mt| take(&names::latent_values(mt)).map(|f| (mt, f)))
-            .collect::<Result<_, _>>()?;
+        let mut latent_values = Vec::new();
+        for mt in LATENT_M_TILES {
+            let [bf16, fp8] = CacheElem::ALL.map(|e| take(&names::latent_values(mt, e)));
+            latent_values.push((mt, ByElem([bf16?, fp8?])));
+        }
         Ok(Self {
             site_names,
-            rope_q_write_latents: take(names::ROPE_Q_WRITE_LATENTS)?,
+            rope_q_write_latents: by_elem!(names::ROPE_Q_WRITE_LATENTS),
             latent_rope_table: take(names::LATENT_ROPE_TABLE)?,
             latent_combine: take(names::LATENT_COMBINE)?,
             latent_value_out: take(names::LATENT_VALUE_OUT)?,
-            latent_gather_rows: take(names::LATENT_GATHER_ROWS)?,
+            latent_gather_rows: by_elem!(names::LATENT_GATHER_ROWS),
             latent_gather_positions: take(names::LATENT_GATHER_POSITIONS)?,
             latent_finish_kv: take(names::LATENT_FINISH_KV)?,
             latent_scores,
@@ -602,12 +631,13 @@ impl Kernels {
             .get(((rows - 1) * GemvKind::ALL.len() + kind as usize) * GEMV_KSPLITS.len() + split)
     }
 
-    /// The latent score kernel for `head_dim`, if instantiated and runnable here.
-    pub(crate) fn latent_scores(&self, head_dim: usize) -> Option<&CudaFunction> {
+    /// The latent score kernel for `head_dim` and the latent cache's element, if instantiated
+    /// and runnable here (both elements are, or neither).
+    pub(crate) fn latent_scores(&self, head_dim: usize, elem: CacheElem) -> Option<&CudaFunction> {
         self.latent_scores
             .iter()
             .find(|(d, _)| *d == head_dim)
-            .map(|(_, f)| f)
+            .map(|(_, f)| f.get(elem))
     }
 
     /// The rotary-absorbed latent score kernel for `(head_dim, k_steps, m_tiles)`, if
@@ -624,13 +654,13 @@ impl Kernels {
             .map(|(_, f)| f)
     }
 
-    /// The latent value kernel for `m_tiles` tiles of 16 query heads: the smallest
-    /// instantiation that holds them.
-    pub(crate) fn latent_values(&self, m_tiles: usize) -> Option<&CudaFunction> {
+    /// The latent value kernel for `m_tiles` tiles of 16 query heads and the latent cache's
+    /// element: the smallest instantiation that holds them.
+    pub(crate) fn latent_values(&self, m_tiles: usize, elem: CacheElem) -> Option<&CudaFunction> {
         self.latent_values
             .iter()
             .find(|(mt, _)| *mt >= m_tiles)
-            .map(|(_, f)| f)
+            .map(|(_, f)| f.get(elem))
     }
 
     /// The tensor-core decode kernel for `head_dim` (any group of 1..=8 query heads per KV head)

@@ -32,6 +32,10 @@ mod head_norm;
 #[path = "parity/fp8.rs"]
 mod fp8;
 
+/// fp8 (e4m3) STAR-KV latent caches: the write, attention, reconstruction and row moves.
+#[path = "parity/fp8_latent.rs"]
+mod fp8_latent;
+
 /// The CPU reference's spec for a GPU cache of `spec`: f32 slots, or e4m3-rounded values in
 /// them for an fp8 cache.
 fn cpu_spec(spec: &KvCacheSpec) -> KvCacheSpec {

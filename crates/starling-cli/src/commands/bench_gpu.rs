@@ -13,7 +13,8 @@ use starling_backend::{
 };
 use starling_cuda::bench::{
     attention_meta, bench_attention, bench_attention_in, bench_kv_write, bench_kv_write_in,
-    bench_latent_attention, bench_latent_write, copy_bandwidth_tb_s, fill_cache, LatentRanks,
+    bench_latent_attention, bench_latent_attention_in, bench_latent_write, bench_latent_write_in,
+    copy_bandwidth_tb_s, fill_cache, LatentRanks,
 };
 use starling_cuda::CudaBackend;
 use starling_models::llama::{ForwardOptions, LlamaModel};
@@ -128,6 +129,7 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
         fp8_kernels(&gpu, &shapes, &decode_points, &mut fp8)?;
     }
     let (latent_rows, latent_writes) = latent_kernels(&gpu, &decode_points, args.quick)?;
+    let fp8_latent = fp8_latent_kernels(&gpu, &decode_points)?;
     write_json(
         &args.output,
         serde_json::json!({
@@ -140,6 +142,8 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
             "fp8_kv_write": fp8.writes,
             "latent_attention": latent_rows,
             "latent_write": latent_writes,
+            "fp8_latent_attention": fp8_latent.attention,
+            "fp8_latent_write": fp8_latent.writes,
         }),
     )
 }
@@ -400,6 +404,66 @@ fn latent_kernels(
         }
     }
     Ok((rows, writes))
+}
+
+/// The fp8 latent cache's rows (`--kv-cache-dtype fp8` with STAR-KV): latent attention at every
+/// decode point and one prefill chunk, and the latent projection + write, each beside the bf16
+/// latent row of the same point timed right before it (both caches filled by the latent write).
+fn fp8_latent_kernels(gpu: &CudaBackend, decode_points: &[(usize, usize)]) -> Result<Fp8Rows> {
+    use starling_kv::CacheDtype;
+    println!(
+        "\n| fp8 vs bf16 latents | shape | batch | seq | query | bf16 ms | fp8 ms | bf16 / fp8 | fp8 vs dense speed |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    let mut out = Fp8Rows::default();
+    for shape in latent_shapes()? {
+        let (label, dims, ranks) = (&shape.label, shape.dims, &shape.ranks);
+        let points = decode_points
+            .iter()
+            .map(|&(b, s)| (b, s, 1))
+            .chain([(1, 8192, 512)]);
+        for (b, s, q) in points {
+            let bf16 = bench_latent_attention_in(gpu, dims, ranks, b, s, q, CacheDtype::BF16)?;
+            let fp8 = bench_latent_attention_in(gpu, dims, ranks, b, s, q, CacheDtype::Fp8)?;
+            let speedup = bf16.latent.median_ms / fp8.latent.median_ms;
+            println!(
+                "| {} | {label} | {b} | {s} | {q} | {:.4} | {:.4} | {speedup:.2} | {:.2}× |",
+                fp8.latent.kind, bf16.latent.median_ms, fp8.latent.median_ms, fp8.speedup_vs_dense
+            );
+            out.attention.push(serde_json::json!({
+                "shape": label, "ranks": ranks, "bf16": bf16, "fp8": fp8,
+                "speedup_vs_bf16": speedup,
+            }));
+        }
+        for tokens in [16usize, 8192] {
+            let bf16 = bench_latent_write_in(
+                gpu,
+                dims,
+                ranks,
+                shape.hidden_size,
+                tokens,
+                CacheDtype::BF16,
+            )?;
+            let fp8 = bench_latent_write_in(
+                gpu,
+                dims,
+                ranks,
+                shape.hidden_size,
+                tokens,
+                CacheDtype::Fp8,
+            )?;
+            println!(
+                "| write | {label} | | {tokens} | | {:.4} | {:.4} | {:.2} | |",
+                bf16.latent_ms,
+                fp8.latent_ms,
+                bf16.latent_ms / fp8.latent_ms
+            );
+            out.writes.push(
+                serde_json::json!({ "shape": label, "ranks": ranks, "bf16": bf16, "fp8": fp8 }),
+            );
+        }
+    }
+    Ok(out)
 }
 
 /// Runs `starling bench decode`.

@@ -1,12 +1,14 @@
 //! One layer's paged cache in device memory, for every layout [`KvCacheSpec`] describes: a key
 //! plane `[num_slots, key_width]` and a value plane `[num_slots, value_width]` (slot-major; bf16,
-//! or for a full layer fp8 e4m3 bytes, stored as half as many bf16 words per row so that the
-//! row-moving kernels move them unchanged); a STAR-KV latent layer also keeps one position per
-//! slot and, for its kernels, each head's latent offset and rank.
+//! or fp8 e4m3 bytes — full K/V or STAR-KV latents — stored as half as many bf16 words per row so
+//! that the row-moving kernels move them unchanged); a STAR-KV latent layer also keeps one
+//! position per slot (a `u32`, whatever the element) and, for its kernels, each head's latent
+//! offset and rank.
 
 use cudarc::driver::CudaSlice;
 use half::bf16;
 use starling_backend::KvCacheSpec;
+use starling_kv::{CacheDtype, LayerLayout};
 
 use super::CudaBackend;
 use crate::kernels::CacheElem;
@@ -15,7 +17,7 @@ use crate::CudaError;
 /// One layer's cache on the GPU.
 pub struct CudaKvCache {
     pub(crate) spec: KvCacheSpec,
-    /// What the planes hold: bf16, or (full layers) fp8 bytes.
+    /// What the key and value planes hold: bf16, or fp8 bytes (full K/V or latents).
     pub(crate) elem: CacheElem,
     /// `[num_slots, key_width]` elements: `elem.words(key_width)` bf16 words per slot.
     pub(crate) keys: CudaSlice<bf16>,
@@ -61,42 +63,10 @@ impl CudaKvCache {
 }
 
 impl CudaBackend {
-    /// A zero-filled cache of `spec`: bf16, or fp8 for a full layer (on sm_89+, which converts
-    /// fp8 in hardware).
+    /// A zero-filled cache of `spec`: bf16, or fp8 (on sm_89+, which converts fp8 in hardware)
+    /// for a full layer of head width a multiple of 8 or a latent layer.
     pub(crate) fn alloc_kv_cache_impl(&self, spec: &KvCacheSpec) -> Result<CudaKvCache, CudaError> {
-        use starling_kv::{CacheDtype, LayerLayout};
-        let elem =
-            match (&spec.layout, spec.layout.dtype()) {
-                (_, CacheDtype::BF16) => CacheElem::Bf16,
-                (LayerLayout::Full { head_dim, .. }, CacheDtype::Fp8) if head_dim % 8 == 0 => {
-                    if !self.fp8_cache {
-                        return Err(CudaError::Shape(format!(
-                        "an fp8 KV cache needs a GPU that converts fp8 (compute capability 8.9 \
-                         or newer); {} does not: use --kv-cache-dtype auto",
-                        self.name
-                    )));
-                    }
-                    CacheElem::Fp8
-                }
-                (LayerLayout::LowRank { .. }, CacheDtype::Fp8) => {
-                    return Err(CudaError::Shape(
-                        "fp8 STAR-KV latents have no CUDA kernels yet (the CPU reference stores \
-                     them): use --kv-cache-dtype auto with a STAR-KV checkpoint on the GPU"
-                            .into(),
-                    ))
-                }
-                (_, CacheDtype::Int8) => return Err(CudaError::Shape(
-                    "an int8 KV cache has no CUDA kernels yet (the CPU reference stores it): use \
-                     --kv-cache-dtype auto or fp8 on the GPU"
-                        .into(),
-                )),
-                (layout, dtype) => {
-                    return Err(CudaError::Shape(format!(
-                        "the CUDA backend caches bf16 (and fp8 full K/V of head widths that are \
-                     multiples of 8), not {dtype:?} for {layout:?}"
-                    )))
-                }
-            };
+        let elem = cache_elem(spec, self.fp8_cache, &self.name)?;
         let (kw, vw) = spec.plane_widths();
         let (kw, vw) = (elem.words(kw), elem.words(vw));
         let slots = spec.num_slots();
@@ -129,6 +99,127 @@ impl CudaBackend {
     }
 }
 
+/// The element `spec`'s planes hold on a device named `device` (which converts fp8 in hardware
+/// when `converts_fp8`: sm_89+), or why the CUDA backend cannot cache it.
+fn cache_elem(
+    spec: &KvCacheSpec,
+    converts_fp8: bool,
+    device: &str,
+) -> Result<CacheElem, CudaError> {
+    let fp8 = match (&spec.layout, spec.layout.dtype()) {
+        (_, CacheDtype::BF16) => return Ok(CacheElem::Bf16),
+        (LayerLayout::Full { head_dim, .. }, CacheDtype::Fp8) if head_dim % 8 == 0 => {
+            CacheElem::Fp8
+        }
+        (
+            LayerLayout::LowRank {
+                key_rank_per_head,
+                value_rank,
+                ..
+            },
+            CacheDtype::Fp8,
+        ) => {
+            check_fp8_latent_ranks(key_rank_per_head, *value_rank)?;
+            CacheElem::Fp8
+        }
+        (_, CacheDtype::Int8) => {
+            return Err(CudaError::Shape(
+                "an int8 KV cache has no CUDA kernels yet (the CPU reference stores it): use \
+                     --kv-cache-dtype auto or fp8 on the GPU"
+                    .into(),
+            ))
+        }
+        (layout, dtype) => {
+            return Err(CudaError::Shape(format!(
+                "the CUDA backend caches bf16 (and fp8 full K/V of head widths that are \
+                     multiples of 8, and fp8 STAR-KV latents), not {dtype:?} for {layout:?}"
+            )))
+        }
+    };
+    if !converts_fp8 {
+        return Err(CudaError::Shape(format!(
+            "an fp8 KV cache (full K/V or STAR-KV latents) needs a GPU that converts fp8 \
+             (compute capability 8.9 or newer); {device} does not: use --kv-cache-dtype auto"
+        )));
+    }
+    Ok(fp8)
+}
+
+/// The fp8 latent kernels copy a latent row in 8-byte pieces (one byte per element; cp.async
+/// takes 4, 8 or 16 bytes, and a row starts 8-byte aligned only when every rank before it is a
+/// multiple of 8), so every stored rank must be a multiple of 8 — as the model pads them
+/// (`starling_kv::LATENT_RANK_MULTIPLE`). Refused here rather than read misaligned later.
+fn check_fp8_latent_ranks(key_rank_per_head: &[usize], value_rank: usize) -> Result<(), CudaError> {
+    let multiple = starling_kv::LATENT_RANK_MULTIPLE;
+    match key_rank_per_head
+        .iter()
+        .chain([&value_rank])
+        .find(|r| !r.is_multiple_of(multiple))
+    {
+        Some(r) => Err(CudaError::Shape(format!(
+            "an fp8 STAR-KV latent cache needs stored ranks that are multiples of {multiple} \
+             (the fp8 kernels copy 8-byte pieces); rank {r} is not"
+        ))),
+        None => Ok(()),
+    }
+}
+
 fn shape(what: &str) -> CudaError {
     CudaError::Shape(format!("{what} does not fit an int"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn latent(ranks: &[usize], value_rank: usize, dtype: CacheDtype) -> KvCacheSpec {
+        KvCacheSpec {
+            num_blocks: 4,
+            block_size_tokens: 16,
+            layout: LayerLayout::LowRank {
+                key_rank_per_head: ranks.to_vec(),
+                value_rank,
+                dtype,
+            },
+        }
+    }
+
+    fn refusal(spec: &KvCacheSpec, converts_fp8: bool) -> String {
+        match cache_elem(spec, converts_fp8, "GPU X") {
+            Ok(elem) => panic!("{spec:?} accepted as {elem:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn fp8_latents_are_cached_as_bytes_on_gpus_that_convert_fp8() {
+        let fp8 = latent(&[64, 72, 0], 128, CacheDtype::Fp8);
+        assert_eq!(cache_elem(&fp8, true, "H100").ok(), Some(CacheElem::Fp8));
+        let bf16 = latent(&[64, 72, 0], 128, CacheDtype::BF16);
+        assert_eq!(cache_elem(&bf16, false, "A100").ok(), Some(CacheElem::Bf16));
+        let full = KvCacheSpec::full(4, 16, 2, 128, CacheDtype::Fp8);
+        assert_eq!(cache_elem(&full, true, "H100").ok(), Some(CacheElem::Fp8));
+        // One byte per element: a latent row of 64 + 72 + 0 key elements is 68 bf16 words.
+        assert_eq!(CacheElem::Fp8.words(136), 68);
+    }
+
+    #[test]
+    fn fp8_caches_are_refused_with_the_reason_where_the_kernels_cannot_run() {
+        let fp8 = latent(&[64, 72], 128, CacheDtype::Fp8);
+        let old_gpu = refusal(&fp8, false);
+        assert!(
+            old_gpu.contains("8.9") && old_gpu.contains("GPU X") && old_gpu.contains("auto"),
+            "{old_gpu}"
+        );
+        // Ranks the 8-byte copies cannot take (the model always pads to multiples of 8).
+        for (ranks, value_rank) in [(vec![64, 12], 128), (vec![64, 72], 100)] {
+            let odd = latent(&ranks, value_rank, CacheDtype::Fp8);
+            let why = refusal(&odd, true);
+            assert!(why.contains("multiples of 8"), "{why}");
+        }
+        let narrow = KvCacheSpec::full(4, 16, 2, 36, CacheDtype::Fp8);
+        assert!(refusal(&narrow, true).contains("multiples of 8"));
+        let int8 = latent(&[64], 64, CacheDtype::Int8);
+        assert!(refusal(&int8, true).contains("int8"));
+    }
 }

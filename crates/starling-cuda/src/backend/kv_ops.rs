@@ -3,8 +3,11 @@
 //! compaction. Arguments are checked on the host by the functions the CPU reference uses
 //! (`starling_backend::cpu::check_*`), before anything is launched, so both backends reject the
 //! same input and a rejected call leaves the cache untouched. Rows move as bf16 words: an fp8
-//! cache's row of `w` elements is `w / 2` words ([`CudaKvCache::plane_words`]), so its gathered
-//! rows are raw words (`[len, w / 2]`), which only a scatter into an fp8 cache reads back.
+//! cache's row of `w` elements is `w / 2` words ([`CudaKvCache::plane_words`]; a latent layer's
+//! key and value planes alike, its positions two words per slot whatever the element), so its
+//! gathered rows are raw words (`[len, w / 2]`), which only a scatter into an fp8 cache reads
+//! back. An fp8 latent row of `w` bytes is `w / 2` words, a multiple of 4 but not always of 8:
+//! the row kernels then move it word by word (their scalar path), never as misaligned vectors.
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
 use half::bf16;
@@ -62,6 +65,34 @@ fn planes_mut(cache: &mut CudaKvCache) -> Vec<(&mut CudaSlice<bf16>, usize)> {
         planes.push((p, POSITION_WORDS));
     }
     planes
+}
+
+/// The row count of `rows` scattered into an fp8 cache: raw words (`gather_kv`'s), `[n, words]`
+/// for each plane, and `n` positions for a latent layer (none for a full one).
+fn fp8_scatter_len(cache: &CudaKvCache, rows: &KvRows<CudaTensor>) -> Result<usize, CudaError> {
+    let (kw, vw) = cache.plane_words();
+    let n = match (rows.keys.shape(), rows.values.shape()) {
+        ([n, k], [m, v]) if n == m && *k == kw && *v == vw => *n,
+        (k, v) => {
+            return Err(CudaError::Shape(format!(
+                "scatter_kv: rows of {k:?} and {v:?} into an fp8 cache of {kw} + {vw} words \
+                 per slot"
+            )))
+        }
+    };
+    let want_positions = if cache.spec.is_latent() { n } else { 0 };
+    if rows.positions.len() != want_positions {
+        return Err(CudaError::Shape(format!(
+            "scatter_kv: {} positions for {n} rows of an fp8 {} layer",
+            rows.positions.len(),
+            if cache.spec.is_latent() {
+                "latent"
+            } else {
+                "full"
+            }
+        )));
+    }
+    Ok(n)
 }
 
 impl CudaBackend {
@@ -248,19 +279,9 @@ impl CudaBackend {
                 rows.values.shape(),
                 rows.positions.len(),
             )?,
-            // An fp8 cache's rows are the raw words its gather_kv returned.
-            CacheElem::Fp8 => {
-                let (kw, vw) = cache.plane_words();
-                match (rows.keys.shape(), rows.values.shape()) {
-                    ([n, k], [m, v]) if n == m && *k == kw && *v == vw => *n,
-                    (k, v) => {
-                        return Err(CudaError::Shape(format!(
-                            "scatter_kv: rows of {k:?} and {v:?} into an fp8 cache of \
-                             {kw} + {vw} words per slot"
-                        )))
-                    }
-                }
-            }
+            // An fp8 cache's rows are the raw words its gather_kv returned (and, for latents,
+            // one position per row, as for bf16).
+            CacheElem::Fp8 => fp8_scatter_len(cache, rows)?,
         };
         check_block_table(
             &cache.spec,

@@ -2,7 +2,8 @@
 //! `starling_backend::cpu::latent`).
 //!
 //! - The write ([`CudaBackend::rope_q_write_latents_impl`]): one launch rotates Q and stores the
-//!   latents and the position.
+//!   latents (bf16, or e4m3 bytes for an fp8 cache: `CacheElem` picks the instantiation of every
+//!   kernel that touches the latent planes) and the position.
 //! - Decode rows ([`CudaBackend::latent_decode`]): scores from keys reconstructed on the tensor
 //!   cores per (row, KV head, split), weighted value latents per (row, split, column chunk) for
 //!   every head at once, a merge of the splits, then one cuBLAS GEMM per KV head for the value
@@ -137,6 +138,7 @@ impl CudaBackend {
             int_arg(vw, "value width")?,
             i32::from(rope.style == RopeStyle::Interleaved),
         ];
+        let function = self.kernels.rope_q_write_latents.get(cache.elem);
         let CudaKvCache {
             keys,
             values,
@@ -148,7 +150,7 @@ impl CudaBackend {
             .ok_or_else(|| CudaError::Shape("a latent cache without positions".into()))?;
         launch!(
             self,
-            &self.kernels.rope_q_write_latents,
+            function,
             config,
             qkv.bf16_mut()?,
             &batch.positions(),
@@ -263,11 +265,14 @@ impl CudaBackend {
         while m_tiles < 4 && 512 / m_tiles > vw.div_ceil(128) * 128 {
             m_tiles *= 2;
         }
-        let values_kernel = self.kernels.latent_values(m_tiles).ok_or_else(|| {
-            CudaError::Shape(format!(
-                "latent_attention: {heads} query heads unsupported on CUDA (up to 64)"
-            ))
-        })?;
+        let values_kernel = self
+            .kernels
+            .latent_values(m_tiles, cache.elem)
+            .ok_or_else(|| {
+                CudaError::Shape(format!(
+                    "latent_attention: {heads} query heads unsupported on CUDA (up to 64)"
+                ))
+            })?;
         let ranks = cache.spec.require_latent("latent_attention")?;
         let max_rank = ranks.iter().copied().max().unwrap_or(0);
         if max_rank > d {

@@ -12,6 +12,7 @@ use super::gemm::GemmShape;
 use super::kv_ops::int_arg;
 use super::latent::{positions, DeviceFactors, NULL};
 use super::{grid_for, CudaBackend, CudaBatch, CudaKvCache};
+use crate::kernels::CacheElem;
 use crate::{CudaError, CudaTensor};
 
 /// A slot no cache row lives at (padding of a scratch block).
@@ -95,7 +96,7 @@ impl CudaBackend {
             if count * width > 0 {
                 launch!(
                     self,
-                    &self.kernels.latent_gather_rows,
+                    self.kernels.latent_gather_rows.get(cache.elem),
                     grid_for(count * width / 8),
                     out,
                     plane,
@@ -189,6 +190,14 @@ impl CudaBackend {
             return Err(CudaError::Shape(format!(
                 "{op}: a full cache of {:?} for {dims:?}",
                 dense.spec.layout
+            )));
+        }
+        // The reconstructed rows are bf16 and scattered as they are: an fp8 destination would
+        // need its own quantising write (the engine reconstructs into the activation dtype).
+        if dense.elem != CacheElem::Bf16 {
+            return Err(CudaError::Shape(format!(
+                "{op}: reconstructs into a bf16 full cache, not {:?}",
+                dense.elem
             )));
         }
         let dense_bs = dense.spec.block_size_tokens;

@@ -10,7 +10,9 @@
 //!
 //! Reconstruction is the default: measured on the H200 (session 9) it ties with the absorbed
 //! kernel on the MHA 50% shape (0.64–0.70× vs 0.66–0.67× of the dense kernel at batch ≥ 16) and
-//! serves every shape. [`LatentScoreKernel`] (`STARLING_LATENT_SCORES=reconstruct|rotary`, or
+//! serves every shape. An fp8 latent cache always reconstructs (`latent_scores_d*_fp8`): the
+//! absorbed kernel has no fp8 instantiation, since it was not faster and would need its own
+//! byte-tile staging. [`LatentScoreKernel`] (`STARLING_LATENT_SCORES=reconstruct|rotary`, or
 //! [`CudaBackend::set_latent_score_kernel`]) picks one, for A/B runs and the parity tests.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,7 +23,7 @@ use half::bf16;
 use super::kv_ops::int_arg;
 use super::{CudaBackend, CudaBatch, CudaKvCache};
 use crate::geometry::{latent_scores_rot_shared_bytes, latent_scores_shared_bytes};
-use crate::kernels::LATENT_THREADS;
+use crate::kernels::{CacheElem, LATENT_THREADS};
 use crate::launch::KernelArgs;
 use crate::{CudaError, CudaTensor};
 
@@ -159,8 +161,12 @@ impl CudaBackend {
         let offsets = batch.score_offsets(0, args.count);
         let (tok_seq, tok_visible, block_tables) =
             (batch.tok_seq(), batch.tok_visible(), batch.block_tables(0));
-        let (function, shared_mem_bytes, own) = match self.rotary_scores_kernel(d, group, max_rank)
-        {
+        let rotary = match cache.elem {
+            CacheElem::Bf16 => self.rotary_scores_kernel(d, group, max_rank),
+            // No fp8 instantiation of the absorbed kernel: reconstruct (module docs).
+            CacheElem::Fp8 => None,
+        };
+        let (function, shared_mem_bytes, own) = match rotary {
             Some((function, k_steps, m_tiles)) => (
                 function,
                 latent_scores_rot_shared_bytes(d, k_steps, m_tiles),
@@ -169,7 +175,7 @@ impl CudaBackend {
                 },
             ),
             None => {
-                let function = self.kernels.latent_scores(d).ok_or_else(|| {
+                let function = self.kernels.latent_scores(d, cache.elem).ok_or_else(|| {
                     CudaError::Shape(format!(
                         "latent_attention: head_dim {d} unsupported on CUDA (64 or 128)"
                     ))
@@ -180,7 +186,7 @@ impl CudaBackend {
                     kv_heads: int_arg(kv_heads, "KV heads")?,
                     group: int_arg(group, "group")?,
                 };
-                (function, latent_scores_shared_bytes(d, rs), own)
+                (function, latent_scores_shared_bytes(d, rs, cache.elem), own)
             }
         };
         // One parameter list for both kernels (latent.cu `latent_scores_d*`, latent_rot.cu

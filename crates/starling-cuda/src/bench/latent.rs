@@ -1,14 +1,17 @@
 //! STAR-KV latent rows of `starling bench kernels`: attention on a latent cache (decode rows and
 //! prefill chunks) and the latent projection + write, each timed beside the dense kernel of the
-//! same model shape in the same process, so every figure is a ratio taken on one card at one time.
+//! same model shape in the same process, so every figure is a ratio taken on one card at one time;
+//! and the same on an fp8 latent cache (`--kv-cache-dtype fp8` with STAR-KV), whose rows the CLI
+//! sets beside the bf16 latent rows of the same point.
 
 use starling_backend::{
-    AttentionDims, BackendCore, KvCacheSpec, LatentFactors, ModelOps, RopeSpec, RopeStyle,
+    AttentionDims, BackendCore, BatchMeta, KvCacheSpec, LatentFactors, ModelOps, RopeSpec,
+    RopeStyle,
 };
 use starling_kv::{CacheDtype, LayerLayout, POSITION_BYTES};
 
-use super::{attention_meta, bench_attention, fill_cache, time_ms, AttentionRow};
-use crate::{CudaBackend, CudaError};
+use super::{attention_meta, bench_attention, dtype_name, fill_cache, time_ms, AttentionRow};
+use crate::{CudaBackend, CudaError, CudaKvCache};
 
 /// A latent layer's stored ranks (multiples of [`starling_kv::LATENT_RANK_MULTIPLE`]).
 #[derive(Debug, Clone, serde::Serialize)]
@@ -27,14 +30,19 @@ impl LatentRanks {
 
     /// Cache bytes one token holds in bf16 (latents + its position).
     pub fn bytes_per_token(&self) -> u64 {
-        ((self.key_width() + self.value_rank) * 2) as u64 + POSITION_BYTES
+        self.bytes_per_token_in(CacheDtype::BF16)
     }
 
-    fn layout(&self) -> LayerLayout {
+    /// Cache bytes one token holds with latents of `dtype` (its position stays 4 bytes).
+    pub fn bytes_per_token_in(&self, dtype: CacheDtype) -> u64 {
+        (self.key_width() + self.value_rank) as u64 * dtype.bytes() + POSITION_BYTES
+    }
+
+    fn layout(&self, dtype: CacheDtype) -> LayerLayout {
         LayerLayout::LowRank {
             key_rank_per_head: self.key_rank_per_head.clone(),
             value_rank: self.value_rank,
-            dtype: CacheDtype::BF16,
+            dtype,
         }
     }
 }
@@ -107,7 +115,8 @@ impl Factors {
 
 /// Times attention on a latent cache of `ranks` for `batch` sequences of `seq` tokens with
 /// `query` new ones each (1: decode rows through the latent decode kernels; more: one prefill
-/// chunk per sequence), and the dense kernel at the same point.
+/// chunk per sequence), and the dense kernel at the same point. The bf16 latents are random
+/// words (every slot at position 0).
 pub fn bench_latent_attention(
     backend: &CudaBackend,
     dims: AttentionDims,
@@ -116,28 +125,82 @@ pub fn bench_latent_attention(
     seq: usize,
     query: usize,
 ) -> Result<LatentAttentionRow, CudaError> {
-    let dense = bench_attention(backend, dims, batch, seq, query)?;
-    let block_size = 16;
-    let meta = attention_meta(batch, seq, query, block_size);
-    let num_blocks = batch * seq.div_ceil(block_size);
-    let spec = KvCacheSpec {
-        num_blocks,
-        block_size_tokens: block_size,
-        layout: ranks.layout(),
-    };
+    let point = AttentionPoint { batch, seq, query };
+    let spec = point.spec(ranks, CacheDtype::BF16);
     let mut cache = backend.alloc_kv_cache(&spec)?;
     fill_cache(backend, &mut cache, 13)?;
+    latent_attention_row(backend, dims, ranks, point, &cache, CacheDtype::BF16)
+}
+
+/// [`bench_latent_attention`] on a latent cache of `dtype` (bf16, or fp8: e4m3 latents), filled
+/// through the latent write (random words would hold NaN bytes in fp8) with every slot at its
+/// own position, so the bf16 and fp8 rows of one point time the same contents.
+#[allow(clippy::too_many_arguments)]
+pub fn bench_latent_attention_in(
+    backend: &CudaBackend,
+    dims: AttentionDims,
+    ranks: &LatentRanks,
+    batch: usize,
+    seq: usize,
+    query: usize,
+    dtype: CacheDtype,
+) -> Result<LatentAttentionRow, CudaError> {
+    let point = AttentionPoint { batch, seq, query };
+    let mut cache = backend.alloc_kv_cache(&point.spec(ranks, dtype))?;
+    fill_latents_by_writes(backend, &mut cache, &dims, ranks, 13)?;
+    latent_attention_row(backend, dims, ranks, point, &cache, dtype)
+}
+
+/// Sequences, context tokens per sequence, new tokens per sequence.
+#[derive(Clone, Copy)]
+struct AttentionPoint {
+    batch: usize,
+    seq: usize,
+    query: usize,
+}
+
+impl AttentionPoint {
+    const BLOCK_TOKENS: usize = 16;
+
+    fn num_blocks(&self) -> usize {
+        self.batch * self.seq.div_ceil(Self::BLOCK_TOKENS)
+    }
+
+    fn spec(&self, ranks: &LatentRanks, dtype: CacheDtype) -> KvCacheSpec {
+        KvCacheSpec {
+            num_blocks: self.num_blocks(),
+            block_size_tokens: Self::BLOCK_TOKENS,
+            layout: ranks.layout(dtype),
+        }
+    }
+}
+
+/// Times `latent_attention` at `point` over `cache` (latents of `dtype`) and the dense kernel at
+/// the same point.
+fn latent_attention_row(
+    backend: &CudaBackend,
+    dims: AttentionDims,
+    ranks: &LatentRanks,
+    point: AttentionPoint,
+    cache: &CudaKvCache,
+    dtype: CacheDtype,
+) -> Result<LatentAttentionRow, CudaError> {
+    let AttentionPoint { batch, seq, query } = point;
+    let dense = bench_attention(backend, dims, batch, seq, query)?;
+    let meta = attention_meta(batch, seq, query, AttentionPoint::BLOCK_TOKENS);
     let width = dims.q_size() + ranks.key_width() + ranks.value_rank;
     let qkv = backend.random_bf16(vec![meta.num_tokens(), width], 3, 1.0, 0.0)?;
     let factors = Factors::random(backend, &dims, ranks)?;
     let rope = rope(dims.head_dim);
-    let prepared = backend.prepare_batch(&meta, num_blocks)?;
+    let prepared = backend.prepare_batch(&meta, point.num_blocks())?;
     let ms = time_ms(backend, 3, 20, || {
-        backend.latent_attention(&qkv, &cache, &factors.view(), &dims, &rope, &prepared)?;
+        backend.latent_attention(&qkv, cache, &factors.view(), &dims, &rope, &prepared)?;
         Ok(())
     })?;
-    let kv_bytes = ranks.bytes_per_token() * (batch * seq) as u64;
+    let bytes_per_token = ranks.bytes_per_token_in(dtype);
+    let kv_bytes = bytes_per_token * (batch * seq) as u64;
     let latent = AttentionRow {
+        dtype: dtype_name(dtype),
         median_ms: ms,
         kv_bytes,
         achieved_tb_s: kv_bytes as f64 / (ms * 1e-3) / 1e12,
@@ -147,10 +210,41 @@ pub fn bench_latent_attention(
     let dense_bytes_per_token = (dims.kv_size() * 2 * 2) as f64;
     Ok(LatentAttentionRow {
         speedup_vs_dense: dense.median_ms / ms,
-        byte_ratio: dense_bytes_per_token / ranks.bytes_per_token() as f64,
+        byte_ratio: dense_bytes_per_token / bytes_per_token as f64,
         latent,
         dense,
     })
+}
+
+/// Fills every slot of a latent cache of any element with N(0, 1) latents through
+/// `rope_q_write_latents`, slot `s` at position `s` (one sequence, never compacted).
+fn fill_latents_by_writes(
+    backend: &CudaBackend,
+    cache: &mut CudaKvCache,
+    dims: &AttentionDims,
+    ranks: &LatentRanks,
+    seed: u64,
+) -> Result<(), CudaError> {
+    let spec = cache.spec().clone();
+    let slots = spec.num_slots();
+    let width = dims.q_size() + ranks.key_width() + ranks.value_rank;
+    let rope = rope(dims.head_dim);
+    let chunk = 8192.min(slots.max(1));
+    for (i, start) in (0..slots).step_by(chunk).enumerate() {
+        let n = chunk.min(slots - start);
+        let meta = BatchMeta::single_sequence(
+            start,
+            n,
+            (start as u32..(start + n) as u32).collect(),
+            (0..spec.num_blocks as u32).collect(),
+            spec.block_size_tokens,
+            Vec::new(),
+        );
+        let mut qkv = backend.random_bf16(vec![n, width], seed + i as u64, 1.0, 0.0)?;
+        let prepared = backend.prepare_batch(&meta, spec.num_blocks)?;
+        backend.rope_q_write_latents(&mut qkv, cache, dims, &rope, &prepared)?;
+    }
+    Ok(())
 }
 
 /// The QKV projection + cache write of `tokens` tokens on a latent layer against a dense one of
@@ -179,6 +273,19 @@ pub fn bench_latent_write(
     hidden_size: usize,
     tokens: usize,
 ) -> Result<LatentWriteRow, CudaError> {
+    bench_latent_write_in(backend, dims, ranks, hidden_size, tokens, CacheDtype::BF16)
+}
+
+/// [`bench_latent_write`] into a latent cache of `dtype` (fp8: quantised on write); the dense
+/// write it is set beside stays bf16.
+pub fn bench_latent_write_in(
+    backend: &CudaBackend,
+    dims: AttentionDims,
+    ranks: &LatentRanks,
+    hidden_size: usize,
+    tokens: usize,
+    dtype: CacheDtype,
+) -> Result<LatentWriteRow, CudaError> {
     let block_size = 16;
     let meta = attention_meta(1, tokens, tokens, block_size);
     let num_blocks = tokens.div_ceil(block_size);
@@ -192,7 +299,7 @@ pub fn bench_latent_write(
     let mut latent_cache = backend.alloc_kv_cache(&KvCacheSpec {
         num_blocks,
         block_size_tokens: block_size,
-        layout: ranks.layout(),
+        layout: ranks.layout(dtype),
     })?;
     let latent_ms = time_ms(backend, 3, 20, || {
         let mut qkv = backend.linear(&x, &w_latent, None)?;

@@ -11,7 +11,8 @@ use crate::{CudaBackend, CudaError, CudaKvCache};
 
 pub mod latent;
 pub use latent::{
-    bench_latent_attention, bench_latent_write, LatentAttentionRow, LatentRanks, LatentWriteRow,
+    bench_latent_attention, bench_latent_attention_in, bench_latent_write, bench_latent_write_in,
+    LatentAttentionRow, LatentRanks, LatentWriteRow,
 };
 
 /// Median milliseconds of `iters` runs of `f`, timed with device events after `warmup` runs.

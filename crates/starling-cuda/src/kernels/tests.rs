@@ -2,9 +2,9 @@
 
 use super::*;
 use crate::geometry::{
-    decode_mma_shared_bytes, prefill_shared_bytes, prefill_stages, DECODE_MMA_STAGES,
-    DECODE_MMA_THREADS, DECODE_MMA_TILE_KEYS, PREFILL_THREADS, PREFILL_TILE_KEYS,
-    PREFILL_TILE_ROWS,
+    decode_mma_shared_bytes, latent_values_static_bytes, prefill_shared_bytes, prefill_stages,
+    DECODE_MMA_STAGES, DECODE_MMA_THREADS, DECODE_MMA_TILE_KEYS, LATENT_VALUE_STAGES,
+    LATENT_VALUE_TOKENS, PREFILL_THREADS, PREFILL_TILE_KEYS, PREFILL_TILE_ROWS,
 };
 
 /// The value of `#define NAME value` in a kernel source.
@@ -99,9 +99,20 @@ fn latent_kernel_geometry_matches_the_host() {
     );
     // Head width 128 at full rank: B_h and two tiles of 64 keys (136-element rows) plus the
     // bias and the maxima fit one block's opt-in shared memory with room for a second.
-    let bytes = latent_scores_shared_bytes(128, 136) as usize;
+    let bytes = latent_scores_shared_bytes(128, 136, CacheElem::Bf16) as usize;
     assert_eq!(bytes, (128 * 136 + 2 * 64 * 136) * 2 + 512 + 128);
     assert!(2 * (bytes + 1024) <= 228 * 1024);
+    // fp8: B_h, two byte tiles and the one bf16 tile they are converted into: at two stages
+    // exactly the bf16 kernel's bytes, at every head width and rank stride.
+    let fp8 = latent_scores_shared_bytes(128, 136, CacheElem::Fp8) as usize;
+    assert_eq!(fp8, 128 * 136 * 2 + 2 * 64 * 136 + 64 * 136 * 2 + 512 + 128);
+    for (d, rs) in [(64, 24), (64, 72), (128, 40), (128, 136)] {
+        assert_eq!(
+            latent_scores_shared_bytes(d, rs, CacheElem::Fp8),
+            latent_scores_shared_bytes(d, rs, CacheElem::Bf16),
+            "d{d} rs{rs}"
+        );
+    }
     // Every rotary-absorbed variant leaves room for two resident blocks per SM (the driver
     // reserves 1 KiB per block of the 228 KiB).
     for (d, ks, mt) in LATENT_ROT_VARIANTS {
@@ -111,13 +122,59 @@ fn latent_kernel_geometry_matches_the_host() {
             "rot d{d} k{ks} m{mt}: {bytes}"
         );
     }
-    // The value kernel's static shared memory stays within 48 KiB at every m-tile count.
+    // The value kernel's geometry is the source's, and its static shared memory stays within
+    // 48 KiB at every m-tile count and element.
+    assert_eq!(define(src, "LV_BN"), LATENT_VALUE_TOKENS);
+    assert_eq!(define(src, "LV_STAGES"), LATENT_VALUE_STAGES);
     for mt in LATENT_M_TILES {
         let (ch, bn) = (512 / mt, define(src, "LV_BN"));
         let stages = if mt == 1 { 2 } else { define(src, "LV_STAGES") };
-        let static_bytes = 16 * mt * (bn + 8) * 2 + stages * bn * (ch + 8) * 2 + 2 * 16 * mt * 4;
-        assert!(static_bytes <= 48 * 1024, "mt {mt}: {static_bytes}");
+        let bf16 = 16 * mt * (bn + 8) * 2 + stages * bn * (ch + 8) * 2 + 2 * 16 * mt * 4;
+        assert_eq!(latent_values_static_bytes(mt, CacheElem::Bf16), bf16);
+        // fp8: the ring in bytes, plus one converted bf16 tile.
+        let fp8 = bf16 - stages * bn * (ch + 8) + bn * (ch + 8) * 2;
+        assert_eq!(latent_values_static_bytes(mt, CacheElem::Fp8), fp8);
+        for elem in CacheElem::ALL {
+            let bytes = latent_values_static_bytes(mt, elem);
+            assert!(bytes <= 48 * 1024, "mt {mt} {elem:?}: {bytes}");
+        }
     }
+    // At one m-tile (two stages) fp8 takes the bf16 bytes; at more (four stages), fewer.
+    assert_eq!(
+        latent_values_static_bytes(1, CacheElem::Fp8),
+        latent_values_static_bytes(1, CacheElem::Bf16)
+    );
+    assert!(
+        latent_values_static_bytes(4, CacheElem::Fp8)
+            < latent_values_static_bytes(4, CacheElem::Bf16)
+    );
+}
+
+#[test]
+fn latent_kernels_have_both_element_instantiations() {
+    let latent = kernel_modules()
+        .into_iter()
+        .find(|m| m.name == "latent")
+        .expect("the latent module");
+    for elem in CacheElem::ALL {
+        let suffix = elem.suffix();
+        let mut want = vec![
+            format!("rope_q_write_latents_{suffix}"),
+            format!("latent_gather_rows_{suffix}"),
+        ];
+        want.extend(LATENT_HEAD_DIMS.map(|d| format!("latent_scores_d{d}_{suffix}")));
+        want.extend(LATENT_M_TILES.map(|mt| format!("latent_values_mt{mt}_{suffix}")));
+        // (tests/nvrtc_compile.rs checks that every listed name is an entry of the PTX.)
+        for name in want {
+            assert!(latent.functions.contains(&name), "{name} not listed");
+        }
+    }
+    // The rotary-absorbed kernel is bf16 only: an fp8 cache reconstructs.
+    let rot = kernel_modules()
+        .into_iter()
+        .find(|m| m.name == "latent_rot")
+        .expect("the latent_rot module");
+    assert!(rot.functions.iter().all(|f| f.ends_with("_bf16")));
 }
 
 #[test]

@@ -10,9 +10,9 @@ use starling_cuda::LatentScoreKernel;
 use starling_kv::LayerLayout;
 
 /// (query heads, KV heads, head_dim, stored key rank per head, stored value rank, RoPE style).
-type LatentShape = (usize, usize, usize, Vec<usize>, usize, RopeStyle);
+pub(super) type LatentShape = (usize, usize, usize, Vec<usize>, usize, RopeStyle);
 
-fn latent_shapes() -> Vec<LatentShape> {
+pub(super) fn latent_shapes() -> Vec<LatentShape> {
     vec![
         // Qwen2.5-Coder-1.5B at about half its K/V bytes.
         (12, 2, 128, vec![64, 72], 128, RopeStyle::Neox),
@@ -28,7 +28,7 @@ fn latent_shapes() -> Vec<LatentShape> {
     ]
 }
 
-fn latent_spec(
+pub(super) fn latent_spec(
     ranks: &[usize],
     value_rank: usize,
     num_blocks: usize,
@@ -45,7 +45,7 @@ fn latent_spec(
     }
 }
 
-fn rope_for(head_dim: usize, style: RopeStyle) -> RopeSpec {
+pub(super) fn rope_for(head_dim: usize, style: RopeStyle) -> RopeSpec {
     RopeSpec {
         inv_freqs: (0..head_dim / 2)
             .map(|i| 1.0 / 1e4f32.powf(2.0 * i as f32 / head_dim as f32))
@@ -55,13 +55,13 @@ fn rope_for(head_dim: usize, style: RopeStyle) -> RopeSpec {
 }
 
 /// Factors on the host (bf16-exact) and their device copies.
-struct Factors {
+pub(super) struct Factors {
     host: [HostTensor; 4],
     device: Vec<<CudaBackend as BackendCore>::Tensor>,
 }
 
 impl Factors {
-    fn new(
+    pub(super) fn new(
         gpu: &CudaBackend,
         rng: &mut ChaCha8Rng,
         dims: &AttentionDims,
@@ -90,7 +90,7 @@ impl Factors {
         Self { host, device }
     }
 
-    fn cpu(&self) -> LatentFactors<'_, HostTensor> {
+    pub(super) fn cpu(&self) -> LatentFactors<'_, HostTensor> {
         LatentFactors {
             key_up: &self.host[0],
             key_bias: Some(&self.host[1]),
@@ -99,7 +99,7 @@ impl Factors {
         }
     }
 
-    fn gpu(&self) -> LatentFactors<'_, <CudaBackend as BackendCore>::Tensor> {
+    pub(super) fn gpu(&self) -> LatentFactors<'_, <CudaBackend as BackendCore>::Tensor> {
         LatentFactors {
             key_up: &self.device[0],
             key_bias: Some(&self.device[1]),
@@ -111,7 +111,7 @@ impl Factors {
 
 /// Every slot of both caches filled with the same latents (bf16-exact) and positions.
 #[allow(clippy::too_many_arguments)]
-fn fill_latents(
+pub(super) fn fill_latents(
     gpu: &CudaBackend,
     cpu: &CpuBackend,
     caches: (
@@ -238,7 +238,7 @@ fn assert_same_caches(
 
 /// Prints each sequence's relative error (query length, context) when the batch's is past the
 /// tolerance, so a failure names the rows it comes from.
-fn report_rows(label: &str, meta: &BatchMeta, got: &HostTensor, want: &HostTensor) {
+pub(super) fn report_rows(label: &str, meta: &BatchMeta, got: &HostTensor, want: &HostTensor) {
     if rel_err(got, want) < BF16_REL_TOL {
         return;
     }

@@ -356,7 +356,7 @@ struct ComposedJson {
 /// mantissa bits, largest finite 448; vLLM's `fp8` / `fp8_e4m3`, with its default scale of 1),
 /// half the bytes of bf16: values are rounded to nearest-even when written, larger magnitudes
 /// saturate to ±448, and the attention kernels read them back exactly; with a STAR-KV
-/// checkpoint the latents are stored so too (CPU reference only so far). `int8` stores
+/// checkpoint the latents are stored so too (both backends; CUDA needs sm_89+). `int8` stores
 /// symmetric 8-bit integers with one half-precision scale per vector and token (each KV head's
 /// key and value row; each key latent and the value latent), so large offsets such as Qwen2's
 /// key biases cost no precision; CPU reference only so far.
