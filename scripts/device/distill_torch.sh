@@ -11,7 +11,11 @@
 #   distill_torch.sh assemble               join + verify the pieces
 #   distill_torch.sh calibrate NAME PROFILES [calibrate flags…]   torch backend → $HOME/ckpt_NAME
 #   distill_torch.sh svd NAME PROFILES      whitened SVD only (the ablation's first row)
-#   distill_torch.sh eval TAG DIR PROFILE [niah]   quality (+ NIAH) of one checkpoint → results/
+#   distill_torch.sh eval TAG DIR PROFILE [niah|-] [bench flags…]   quality (+ NIAH) of one
+#                                           checkpoint → results/; the flags go to both benches
+#                                           (e.g. --kv-cache-dtype fp8, --protocol is NIAH-only:
+#                                           NIAH_FLAGS); METHODS (default none) adds eviction on
+#                                           top, e.g. METHODS=none,keydiff@0.5
 #   distill_torch.sh baseline [niah]        the same benches without compression
 #   distill_torch.sh pack                   manifests and trainer records → results/records.tgz
 #   distill_torch.sh bring DIR PROFILE      one checkpoint back to this machine: $OUT/ckpt.tgz.NN,
@@ -31,17 +35,17 @@ shift
 quality() { # TAG [--kv-compression JSON]
   local tag=$1
   shift
-  .device/starling bench quality --device cuda --model "$gguf" --methods none --context-tokens 4096 \
+  .device/starling bench quality --device cuda --model "$gguf" --methods "${METHODS:-none}" --context-tokens 4096 \
     --eval-tokens 256 --num-windows 6 --essays-dir .device/essays/paul-graham-essays "$@" \
-    --output "$RES/q_$tag" 2>&1 | grep -E "^\| (none|star_kv) |perplexity" | tail -3
+    --output "$RES/q_$tag" 2>&1 | grep -E "^\| (none|star_kv|keydiff|snapkv)|perplexity" | tail -6
 }
 niah() { # TAG [--kv-compression JSON]
   local tag=$1
   shift
   timeout 280 .device/starling bench niah --device cuda --model "$gguf" --contexts 1k,4k,8k,16k,30k \
-    --depths "${NIAH_DEPTHS:-0,10,20,30,40,50,60,70,80,90,100}" --methods none \
-    --essays-dir .device/essays/paul-graham-essays "$@" --output "$RES/niah_$tag" 2>&1 \
-    | grep -A4 "facts found" | tail -3
+    --depths "${NIAH_DEPTHS:-0,10,20,30,40,50,60,70,80,90,100}" --methods "${METHODS:-none}" \
+    --essays-dir .device/essays/paul-graham-essays ${NIAH_FLAGS:-} "$@" --output "$RES/niah_$tag" 2>&1 \
+    | grep -A6 "facts found" | tail -5
 }
 case "$step" in
 setup)
@@ -66,9 +70,11 @@ calibrate | svd)
   ;;
 eval)
   tag=$1 dir=$2 profile=$3 with_niah=${4:-}
+  shift 3
+  [ $# -gt 0 ] && shift
   kv="{\"method\":\"star_kv\",\"checkpoint\":\"$dir\",\"rank_profile\":\"$profile\"}"
-  quality "$tag" --kv-compression "$kv"
-  [ -n "$with_niah" ] && niah "$tag" --kv-compression "$kv"
+  quality "$tag" --kv-compression "$kv" "$@"
+  [ "$with_niah" = niah ] && niah "$tag" --kv-compression "$kv" "$@"
   ;;
 baseline)
   quality uncompressed
