@@ -74,7 +74,7 @@ eval)
   [ $# -gt 0 ] && shift
   kv="{\"method\":\"star_kv\",\"checkpoint\":\"$dir\",\"rank_profile\":\"$profile\"}"
   quality "$tag" --kv-compression "$kv" "$@"
-  [ "$with_niah" = niah ] && niah "$tag" --kv-compression "$kv" "$@"
+  if [ "$with_niah" = niah ]; then niah "$tag" --kv-compression "$kv" "$@"; fi
   ;;
 baseline)
   quality uncompressed

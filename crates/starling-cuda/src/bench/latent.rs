@@ -147,7 +147,7 @@ pub fn bench_latent_attention_in(
 ) -> Result<LatentAttentionRow, CudaError> {
     let point = AttentionPoint { batch, seq, query };
     let mut cache = backend.alloc_kv_cache(&point.spec(ranks, dtype))?;
-    fill_latents_by_writes(backend, &mut cache, &dims, ranks, 13)?;
+    fill_latents_by_writes(backend, &mut cache, &dims, ranks, seq, 13)?;
     latent_attention_row(backend, dims, ranks, point, &cache, dtype)
 }
 
@@ -223,26 +223,32 @@ fn fill_latents_by_writes(
     cache: &mut CudaKvCache,
     dims: &AttentionDims,
     ranks: &LatentRanks,
+    seq_tokens: usize,
     seed: u64,
 ) -> Result<(), CudaError> {
     let spec = cache.spec().clone();
-    let slots = spec.num_slots();
+    let block = spec.block_size_tokens;
+    let blocks_per_seq = seq_tokens.div_ceil(block).max(1);
     let width = dims.q_size() + ranks.key_width() + ranks.value_rank;
     let rope = rope(dims.head_dim);
-    let chunk = 8192.min(slots.max(1));
-    for (i, start) in (0..slots).step_by(chunk).enumerate() {
-        let n = chunk.min(slots - start);
-        let meta = BatchMeta::single_sequence(
-            start,
-            n,
-            (start as u32..(start + n) as u32).collect(),
-            (0..spec.num_blocks as u32).collect(),
-            spec.block_size_tokens,
-            Vec::new(),
-        );
-        let mut qkv = backend.random_bf16(vec![n, width], seed + i as u64, 1.0, 0.0)?;
-        let prepared = backend.prepare_batch(&meta, spec.num_blocks)?;
-        backend.rope_q_write_latents(&mut qkv, cache, dims, &rope, &prepared)?;
+    // Sequence b owns blocks [b · blocks_per_seq, …), as `attention_meta` lays them out. Written
+    // a chunk of one sequence at a time at its own positions: one write batch of the whole cache
+    // would sum every token's visible context past u32 (the batch's score offsets).
+    let chunk = 8192.min(seq_tokens.max(1));
+    let mut writes = 0u64;
+    for first_block in (0..spec.num_blocks).step_by(blocks_per_seq) {
+        let table: Vec<u32> = (first_block as u32..(first_block + blocks_per_seq) as u32).collect();
+        let base = first_block * block;
+        for start in (0..seq_tokens).step_by(chunk) {
+            let n = chunk.min(seq_tokens - start);
+            let slots = ((base + start) as u32..(base + start + n) as u32).collect();
+            let meta =
+                BatchMeta::single_sequence(start, n, slots, table.clone(), block, Vec::new());
+            let mut qkv = backend.random_bf16(vec![n, width], seed + writes, 1.0, 0.0)?;
+            writes += 1;
+            let prepared = backend.prepare_batch(&meta, spec.num_blocks)?;
+            backend.rope_q_write_latents(&mut qkv, cache, dims, &rope, &prepared)?;
+        }
     }
     Ok(())
 }
