@@ -17,7 +17,9 @@
 //! Run on a GPU (sm_89+): `cargo test -p starling-cuda --test parity -- --include-ignored
 //! --nocapture fp8_latent`.
 
-use super::latent::{fill_latents, latent_shapes, latent_spec, report_rows, rope_for, Factors};
+use super::latent::{
+    check_reconstruction, fill_latents, latent_shapes, latent_spec, report_rows, rope_for, Factors,
+};
 use super::*;
 use starling_backend::fp8::{e4m3_from_f32, e4m3_round, e4m3_to_f32};
 use starling_backend::{BackendCore, KvCacheOps, KvRows, ModelOps};
@@ -332,49 +334,19 @@ fn fp8_latent_attention_and_reconstruction_match_cpu() {
         let mut blocks = all_blocks(num_blocks);
         blocks.shuffle(&mut rng);
         let table = &blocks[..len.div_ceil(16)];
-        let dense = KvCacheSpec::full(len.div_ceil(16) + 2, 16, kv_heads, hd, CacheDtype::BF16);
-        let mut dense_c = cpu
-            .alloc_kv_cache(&dense.with_dtype(CacheDtype::F32))
-            .unwrap();
-        let mut dense_g = gpu.alloc_kv_cache(&dense).unwrap();
-        let dense_table: Vec<u32> = (2..2 + len.div_ceil(16) as u32).rev().collect();
-        let (fc, fg) = (factors.cpu(), factors.gpu());
-        cpu.reconstruct_kv(
-            &cache_c,
-            &fc,
+        let (_, dense_table) = check_reconstruction(
+            &cpu,
+            &gpu,
+            (&cache_c, &cache_g),
+            &factors,
             &dims,
             &rope,
             table,
             len,
-            &mut dense_c,
-            &dense_table,
-        )
-        .unwrap();
-        gpu.reconstruct_kv(
-            &cache_g,
-            &fg,
-            &dims,
-            &rope,
-            table,
-            len,
-            &mut dense_g,
-            &dense_table,
-        )
-        .unwrap();
-        let (k_c, k_g) = (
-            cpu.gather_kv(&dense_c, &dense_table, 16, len).unwrap(),
-            gpu.gather_kv(&dense_g, &dense_table, 16, len).unwrap(),
+            &label,
         );
-        check(
-            &format!("{label} reconstructed K"),
-            &gpu.to_host(&k_g.keys).unwrap(),
-            &k_c.keys,
-        );
-        check(
-            &format!("{label} reconstructed V"),
-            &gpu.to_host(&k_g.values).unwrap(),
-            &k_c.values,
-        );
+        let dense = KvCacheSpec::full(dense_table.len() + 2, 16, kv_heads, hd, CacheDtype::BF16);
+        let fg = factors.gpu();
         // Into an fp8 full cache: refused (the GPU scatters bf16 rows), nothing written.
         if hd % 8 == 0 {
             let mut fp8_dense = gpu

@@ -258,6 +258,77 @@ pub(super) fn report_rows(label: &str, meta: &BatchMeta, got: &HostTensor, want:
     }
 }
 
+/// Reconstructs `len` tokens of `table` from the latent caches (`caches`: CPU, GPU) into a fresh
+/// full cache on each side (bf16 on the GPU, f32 on the CPU; blocks in reverse order), checks
+/// the keys and values, and returns the GPU destination and its table for further checks.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn check_reconstruction(
+    cpu: &CpuBackend,
+    gpu: &CudaBackend,
+    caches: (
+        &<CpuBackend as BackendCore>::KvCache,
+        &<CudaBackend as BackendCore>::KvCache,
+    ),
+    factors: &Factors,
+    dims: &AttentionDims,
+    rope: &RopeSpec,
+    table: &[u32],
+    len: usize,
+    label: &str,
+) -> (<CudaBackend as BackendCore>::KvCache, Vec<u32>) {
+    let (cache_c, cache_g) = caches;
+    let blocks = len.div_ceil(16);
+    let dense = KvCacheSpec::full(
+        blocks + 2,
+        16,
+        dims.num_kv_heads,
+        dims.head_dim,
+        CacheDtype::BF16,
+    );
+    let mut dense_c = cpu
+        .alloc_kv_cache(&dense.with_dtype(CacheDtype::F32))
+        .unwrap();
+    let mut dense_g = gpu.alloc_kv_cache(&dense).unwrap();
+    let dense_table: Vec<u32> = (2..2 + blocks as u32).rev().collect();
+    cpu.reconstruct_kv(
+        cache_c,
+        &factors.cpu(),
+        dims,
+        rope,
+        table,
+        len,
+        &mut dense_c,
+        &dense_table,
+    )
+    .unwrap();
+    gpu.reconstruct_kv(
+        cache_g,
+        &factors.gpu(),
+        dims,
+        rope,
+        table,
+        len,
+        &mut dense_g,
+        &dense_table,
+    )
+    .unwrap();
+    let (k_c, k_g) = (
+        cpu.gather_kv(&dense_c, &dense_table, 16, len).unwrap(),
+        gpu.gather_kv(&dense_g, &dense_table, 16, len).unwrap(),
+    );
+    check(
+        &format!("{label} reconstructed K"),
+        &gpu.to_host(&k_g.keys).unwrap(),
+        &k_c.keys,
+    );
+    check(
+        &format!("{label} reconstructed V"),
+        &gpu.to_host(&k_g.values).unwrap(),
+        &k_c.values,
+    );
+    (dense_g, dense_table)
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
 fn latent_write_attention_and_reconstruction_match_cpu() {
@@ -358,47 +429,16 @@ fn latent_write_attention_and_reconstruction_match_cpu() {
         let mut blocks: Vec<u32> = (0..num_blocks as u32).collect();
         blocks.shuffle(&mut rng);
         let table = &blocks[..len.div_ceil(16)];
-        let dense = KvCacheSpec::full(len.div_ceil(16) + 2, 16, kv_heads, hd, CacheDtype::BF16);
-        let mut dense_c = cpu
-            .alloc_kv_cache(&dense.with_dtype(CacheDtype::F32))
-            .unwrap();
-        let mut dense_g = gpu.alloc_kv_cache(&dense).unwrap();
-        let dense_table: Vec<u32> = (2..2 + len.div_ceil(16) as u32).rev().collect();
-        cpu.reconstruct_kv(
-            &cache_c,
-            &factors.cpu(),
+        let (mut dense_g, dense_table) = check_reconstruction(
+            &cpu,
+            &gpu,
+            (&cache_c, &cache_g),
+            &factors,
             &dims,
             &rope,
             table,
             len,
-            &mut dense_c,
-            &dense_table,
-        )
-        .unwrap();
-        gpu.reconstruct_kv(
-            &cache_g,
-            &factors.gpu(),
-            &dims,
-            &rope,
-            table,
-            len,
-            &mut dense_g,
-            &dense_table,
-        )
-        .unwrap();
-        let (k_c, k_g) = (
-            cpu.gather_kv(&dense_c, &dense_table, 16, len).unwrap(),
-            gpu.gather_kv(&dense_g, &dense_table, 16, len).unwrap(),
-        );
-        check(
-            &format!("{label} reconstructed K"),
-            &gpu.to_host(&k_g.keys).unwrap(),
-            &k_c.keys,
-        );
-        check(
-            &format!("{label} reconstructed V"),
-            &gpu.to_host(&k_g.values).unwrap(),
-            &k_c.values,
+            &label,
         );
         // A repeated destination block is refused and writes nothing.
         let twice = vec![dense_table[0]; dense_table.len()];
