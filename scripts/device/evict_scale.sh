@@ -23,7 +23,8 @@
 #     and keydiff@0.5 with the budget off (every compaction inside its step, as before).
 #   PHASES="parity timing stall" (default), ARMS (stall arms, default below), LONG_TIMEOUT;
 #   saturation: SAT_PROMPTS (48), SAT_OUTPUT (256 tokens), SAT_ARMS ("none keydiff@0.5
-#   keydiff@0.5-unbudgeted"), TOKENIZER (default the staged Qwen GGUF; any GGUF serves the
+#   keydiff@0.5-unbudgeted"; suffixes -unbudgeted, -bN budget, -nN every_n_tokens, -before the
+#   .device/starling-before binary), TOKENIZER (default the staged Qwen GGUF; any GGUF serves the
 #   synthetic preset's API).
 set -uo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -56,8 +57,8 @@ stop() { kill -TERM "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; }
 if [[ " $PHASES " == *" parity "* ]]; then
   echo "== parity (window scores, key scores, compaction)"
   exe=$(ls .device/tests/parity-* | head -1)
-  timeout 240 "$exe" --include-ignored --test-threads 1 window_scores key_scores compaction 2>&1 \
-    | tee "$work/parity.log" | grep -E "window_scores|key_scores|compact|test result|panicked"
+  timeout 240 "$exe" --include-ignored --test-threads 1 window_scores key_scores compaction selection 2>&1 \
+    | tee "$work/parity.log" | grep -E "window_scores|key_scores|compact|select|test result|panicked"
   { echo; echo "## Parity"; echo '```'; grep -E "^window_scores|test result" "$work/parity.log"; echo '```'; } >> "$md"
 fi
 
@@ -136,7 +137,10 @@ if [[ " $PHASES " == *" saturation "* ]]; then
       *-b[0-9]*) flags=(--compaction-step-budget-tokens "${arm##*-b}") ;;
     esac
     every=""; [[ $arm == *-n[0-9]* ]] && every=",\"every_n_tokens\":${arm##*-n}"
-    STARLING_LOG=info,starling_engine::engine::compaction=debug .device/starling serve --device cuda --load-format synthetic --model qwen2.5-7b --tokenizer "${TOKENIZER:-$gguf}" \
+    # An arm ending in -before runs .device/starling-before (e.g. host selection, before the
+    # device selection of session 23), the others this tree's binary.
+    bin=.device/starling; [[ $arm == *-before ]] && bin=.device/starling-before
+    STARLING_LOG=info,starling_engine::engine::compaction=debug $bin serve --device cuda --load-format synthetic --model qwen2.5-7b --tokenizer "${TOKENIZER:-$gguf}" \
       --max-model-len 4096 --max-num-batched-tokens 1024 --kv-cache-memory 8GiB \
       --kv-compression "{\"method\":\"$method\",\"ratio\":$ratio$every}" --port $port "${flags[@]}" \
       > "$work/sat_$arm.log" 2>&1 &
@@ -164,10 +168,15 @@ for arm in sys.argv[4:]:
              open(f"{sys.argv[1]}/sat_{arm}.log", errors="replace").read())]
     ms = [x for x, _ in found]
     comp = f"{sum(ms) / len(ms):.2f} / {max(ms):.2f}" if ms else "-"
-    phases = [tuple(map(float, p)) for p in re.findall(r"\(score ([0-9.]+), select ([0-9.]+), compact ([0-9.]+)\)",
-              open(f"{sys.argv[1]}/sat_{arm}.log", errors="replace").read())]
+    log = open(f"{sys.argv[1]}/sat_{arm}.log", errors="replace").read()
+    # Host time by phase: "(score S, select L, compact C)" before session 23's device
+    # selection, "(issuing: score S, select + compact C)" after it.
+    phases = [tuple(map(float, p)) for p in re.findall(r"\(score ([0-9.]+), select ([0-9.]+), compact ([0-9.]+)\)", log)]
+    issued = [tuple(map(float, p)) for p in re.findall(r"\(issuing: score ([0-9.]+), select \+ compact ([0-9.]+)\)", log)]
     if phases:
         comp += " (score {:.2f}, select {:.2f}, compact {:.2f})".format(*(sum(p[i] for p in phases) / len(phases) for i in range(3)))
+    elif issued:
+        comp += " (issuing: score {:.2f}, select + compact {:.2f})".format(*(sum(p[i] for p in issued) / len(issued) for i in range(2)))
     steps = max((s for _, s in found), default=0)
     print(f"| {arm} | {m['output_throughput']:.0f} | {m['itl']['p99_ms']:.1f} | {m['itl']['median_ms']:.1f} | "
           f"{m['tpot']['median_ms']:.1f} | {len(ms)} | {comp} | {steps} |")

@@ -14,6 +14,7 @@ pub mod fp8;
 mod graphs;
 mod host_tensor;
 pub mod int8;
+pub mod keep;
 mod kernel_profile;
 pub mod sampling;
 
@@ -25,6 +26,7 @@ pub use batch::{BatchMeta, GroupBatchMeta, SeqBatchMeta};
 pub use error::BackendError;
 pub use graphs::{DecodeGraphConfig, DecodeGraphs, DecodeStep, DeviceForward, GraphCapture};
 pub use host_tensor::HostTensor;
+pub use keep::KeepPlan;
 pub use kernel_profile::KernelSiteTime;
 
 /// The op traits, for calling ops on a concrete backend (`CpuBackend`, `CudaBackend`): generic

@@ -105,3 +105,126 @@ extern "C" __global__ void gather_kept_rows_bf16(const bf16* __restrict__ cache,
             out[i] = cache[src];
     }
 }
+
+// starling-backend keep::KeepPlan::keep_lists: the indices each list of one layer's compaction
+// keeps, from scores[heads, n] (f32, as key_scores / window_scores leave them), written ascending
+// as keep[list * count + k], relative to the first rewritten slot `skip` (every slot before it is
+// kept in place). One CUDA block of SELECT_THREADS threads per list.
+//
+// Tokens before `first` and from `end` on are kept. Among the candidates c = first .. end (r =
+// c - first, C = end - first) those with r < sinks or r + window >= C are protected; of the
+// others the best `room` by rank key are kept: the score's bits made monotone (NaN as -inf)
+// above the reversed relative index, so keys are unique, a larger key is a better token and
+// equal scores favour the lower index, exactly as the host's rank_key. The room-th largest key
+// is found by an 8-pass radix select (8 bits a pass, a shared 256-bin histogram of the keys
+// still matching the prefix chosen so far), then one ordered pass (warp ballots and a scan of
+// the warps' counts) writes the kept tokens from `skip` on. Layer-wide plans rank every list by
+// the mean of the heads' scores, summed in head order and then divided, as the host does, so
+// the means are bit-identical. O(passes x C x heads) reads, no atomics on the output.
+#define SELECT_THREADS 1024
+#define SELECT_WARPS (SELECT_THREADS / 32)
+
+__device__ __forceinline__ float plan_score(const float* __restrict__ scores, int n, int heads,
+                                            int list, int layer_wide, int i) {
+    if (!layer_wide) return scores[(size_t)list * n + i];
+    float m = 0.f;
+    for (int h = 0; h < heads; h++) m += scores[(size_t)h * n + i];
+    return m / (float)heads;
+}
+
+__device__ __forceinline__ unsigned long long rank_key(float score, int r) {
+    // NaN ranks lowest (as -inf); `score != score` holds only for NaN.
+    const unsigned bits = score != score ? 0xff800000u : __float_as_uint(score);
+    const unsigned monotone = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+    return ((unsigned long long)monotone << 32) | (unsigned long long)(0xffffffffu - (unsigned)r);
+}
+
+extern "C" __global__ void select_kept_tokens(const float* __restrict__ scores, int n, int heads,
+                                              int layer_wide, int first, int end, int sinks,
+                                              int window, int room, int skip,
+                                              unsigned* __restrict__ keep, int count) {
+    pdl_entry();
+    __shared__ unsigned hist[256];
+    __shared__ unsigned long long s_prefix;
+    __shared__ unsigned s_remaining;
+    __shared__ unsigned warp_counts[SELECT_WARPS];
+    __shared__ unsigned warp_offsets[SELECT_WARPS];
+    __shared__ unsigned s_total;
+    const int list = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int C = end - first;
+    // Protected: the first `sinks` and the last `window` candidates.
+    const int protected_count = min(sinks + window, C);
+    const int others = C - protected_count;
+    const bool none = room <= 0, all = room >= others;
+    unsigned long long threshold = 0;
+    if (!none && !all) {
+        unsigned long long prefix = 0;
+        unsigned remaining = (unsigned)room;
+        for (int shift = 56; shift >= 0; shift -= 8) {
+            for (int d = threadIdx.x; d < 256; d += blockDim.x) hist[d] = 0;
+            __syncthreads();
+            const unsigned long long mask = shift == 56 ? 0ull : (~0ull << (shift + 8));
+            for (int r = threadIdx.x; r < C; r += blockDim.x) {
+                if (r < sinks || r + window >= C) continue;
+                const unsigned long long k =
+                    rank_key(plan_score(scores, n, heads, list, layer_wide, first + r), r);
+                if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255], 1u);
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                // The digit holding the remaining-th largest key (digit 0 when no higher one
+                // does: the keys matching the prefix number at least `remaining`).
+                unsigned above = 0;
+                int d = 255;
+                for (; d > 0; d--) {
+                    if (above + hist[d] >= remaining) break;
+                    above += hist[d];
+                }
+                s_remaining = remaining - above;
+                s_prefix = prefix | ((unsigned long long)d << shift);
+            }
+            __syncthreads();
+            prefix = s_prefix;
+            remaining = s_remaining;
+        }
+        // Keys are unique: the room-th largest is the one left.
+        threshold = prefix;
+    }
+    unsigned base = 0;
+    for (int t0 = skip; t0 < n; t0 += blockDim.x) {
+        const int i = t0 + threadIdx.x;
+        bool kept = false;
+        if (i < n) {
+            if (i < first || i >= end) {
+                kept = true;
+            } else {
+                const int r = i - first;
+                kept = r < sinks || r + window >= C ||
+                       (!none && (all || rank_key(plan_score(scores, n, heads, list, layer_wide, i),
+                                                  r) >= threshold));
+            }
+        }
+        const unsigned ballot = __ballot_sync(0xffffffffu, kept);
+        if (lane == 0) warp_counts[warp] = __popc(ballot);
+        __syncthreads();
+        if (warp == 0) {
+            const unsigned mine = lane < SELECT_WARPS ? warp_counts[lane] : 0u;
+            unsigned v = mine;
+            for (int o = 1; o < 32; o <<= 1) {
+                const unsigned t = __shfl_up_sync(0xffffffffu, v, o);
+                if (lane >= o) v += t;
+            }
+            if (lane < SELECT_WARPS) warp_offsets[lane] = v - mine;
+            if (lane == 31) s_total = v;
+        }
+        __syncthreads();
+        if (kept) {
+            const unsigned pos = base + warp_offsets[warp] + __popc(ballot & ((1u << lane) - 1u));
+            // The host checked that the plan keeps exactly `count` from `skip` on.
+            if (pos < (unsigned)count) keep[(size_t)list * count + pos] = (unsigned)(i - skip);
+        }
+        base += s_total;
+        __syncthreads();
+    }
+}

@@ -10,8 +10,8 @@ use half::bf16;
 use starling_backend::sampling::{RowOutcome, RowSamplingParams};
 use starling_backend::{
     AttentionDims, BackendCore, BackendError, BatchMeta, DecodeGraphConfig, DecodeGraphs,
-    DeviceSampling, GraphCapture, HeadSpan, HostTensor, KeyScoreKind, KvCacheOps, KvCacheSpec,
-    KvRows, LatentFactors, ModelOps, RopeSpec, WindowScoreSpec,
+    DeviceSampling, GraphCapture, HeadSpan, HostTensor, KeepPlan, KeyScoreKind, KvCacheOps,
+    KvCacheSpec, KvRows, LatentFactors, ModelOps, RopeSpec, WindowScoreSpec,
 };
 use starling_kv::CacheDtype;
 
@@ -62,6 +62,7 @@ mod linear;
 mod rope;
 mod rows;
 mod sampling;
+mod select_keep;
 
 pub use batch::CudaBatch;
 pub use graphs::{CudaDecodeGraphs, GraphCensus};
@@ -528,6 +529,18 @@ impl KvCacheOps for CudaBackend {
         .map_err(err)
     }
 
+    fn compact_kv_by_scores(
+        &self,
+        cache: &mut CudaKvCache,
+        block_table: &[u32],
+        block_size_tokens: usize,
+        scores: &CudaTensor,
+        plan: &KeepPlan,
+    ) -> Result<(), BackendError> {
+        self.compact_kv_by_scores_impl(cache, block_table, block_size_tokens, scores, plan)
+            .map_err(err)
+    }
+
     fn read_keys(
         &self,
         cache: &CudaKvCache,
@@ -546,7 +559,7 @@ impl KvCacheOps for CudaBackend {
         block_size_tokens: usize,
         len_tokens: usize,
         kind: KeyScoreKind,
-    ) -> Result<HostTensor, BackendError> {
+    ) -> Result<CudaTensor, BackendError> {
         self.key_scores_impl(cache, block_table, block_size_tokens, len_tokens, kind)
             .map_err(err)
     }
@@ -559,7 +572,7 @@ impl KvCacheOps for CudaBackend {
         len_tokens: usize,
         queries: &HostTensor,
         spec: &WindowScoreSpec,
-    ) -> Result<HostTensor, BackendError> {
+    ) -> Result<CudaTensor, BackendError> {
         self.window_scores_impl(
             cache,
             block_table,

@@ -158,6 +158,7 @@ mod names {
     pub(super) const GATHER_PAGED_ROWS: &str = "gather_paged_rows_bf16";
     pub(super) const SCATTER_PAGED_ROWS: &str = "scatter_paged_rows_bf16";
     pub(super) const GATHER_KEPT_ROWS: &str = "gather_kept_rows_bf16";
+    pub(super) const SELECT_KEPT_TOKENS: &str = "select_kept_tokens";
     pub(super) const KEY_DIRECTION_PARTIALS: &str = "key_direction_partials";
     pub(super) const KEY_DIRECTION_MEAN: &str = "key_direction_mean";
     pub(super) const KEY_SCORES: &str = "key_scores";
@@ -312,6 +313,7 @@ pub fn kernel_modules() -> Vec<KernelModule> {
                 names::GATHER_PAGED_ROWS,
                 names::SCATTER_PAGED_ROWS,
                 names::GATHER_KEPT_ROWS,
+                names::SELECT_KEPT_TOKENS,
             ]),
         },
         KernelModule {
@@ -410,6 +412,7 @@ pub(crate) struct Kernels {
     pub(crate) gather_paged_rows: CudaFunction,
     pub(crate) scatter_paged_rows: CudaFunction,
     pub(crate) gather_kept_rows: CudaFunction,
+    pub(crate) select_kept_tokens: CudaFunction,
     pub(crate) key_direction_partials: ByElem,
     pub(crate) key_direction_mean: CudaFunction,
     pub(crate) key_scores: ByElem,
@@ -576,6 +579,7 @@ impl Kernels {
             gather_paged_rows: take(names::GATHER_PAGED_ROWS)?,
             scatter_paged_rows: take(names::SCATTER_PAGED_ROWS)?,
             gather_kept_rows: take(names::GATHER_KEPT_ROWS)?,
+            select_kept_tokens: take(names::SELECT_KEPT_TOKENS)?,
             key_direction_partials: by_elem!(names::KEY_DIRECTION_PARTIALS),
             key_direction_mean: take(names::KEY_DIRECTION_MEAN)?,
             key_scores: by_elem!(names::KEY_SCORES),

@@ -32,6 +32,10 @@ mod head_norm;
 #[path = "parity/fp8.rs"]
 mod fp8;
 
+/// Eviction's selection on the device and compaction by scores.
+#[path = "parity/select_keep.rs"]
+mod select_keep;
+
 /// fp8 (e4m3) STAR-KV latent caches: the write, attention, reconstruction and row moves.
 #[path = "parity/fp8_latent.rs"]
 mod fp8_latent;
@@ -783,7 +787,9 @@ fn key_scores_match_cpu() {
         let bs = spec.block_size_tokens;
         for (table, &len) in tables.iter().zip(&lens) {
             for kind in [KeyScoreKind::KNorm, KeyScoreKind::KeyDiff] {
-                let got = gpu.key_scores(&cache_g, table, bs, len, kind).unwrap();
+                let got = gpu
+                    .to_host(&gpu.key_scores(&cache_g, table, bs, len, kind).unwrap())
+                    .unwrap();
                 let want = cpu.key_scores(&cache_c, table, bs, len, kind).unwrap();
                 let e = rel_err(&got, &want);
                 let worst = got
@@ -859,7 +865,10 @@ fn window_scores_match_cpu() {
             poison_pool(&gpu, 2 * nkv * len);
         }
         let got = gpu
-            .window_scores(&cache_g, table, bs, len, &queries, &score)
+            .to_host(
+                &gpu.window_scores(&cache_g, table, bs, len, &queries, &score)
+                    .unwrap(),
+            )
             .unwrap();
         let want = cpu
             .window_scores(&cache_c, table, bs, len, &queries, &score)

@@ -14,7 +14,6 @@ mod error;
 mod fields;
 mod input;
 pub mod scorer;
-mod select;
 
 pub use config::{
     CompressionConfig, CompressionMethod, KvCacheDtype, KvCompression, StarKvCache, StarKvFactors,
@@ -23,4 +22,6 @@ pub use config::{
 pub use error::EvictError;
 pub use input::{split_heads, HeadKeys, ScoreInput, WindowQueries};
 pub use scorer::{scorer_for, Scorer};
-pub use select::{keep_count, protected_count, select_keep, select_keep_layer_wide};
+pub use starling_backend::keep::{
+    keep_count, protected_count, select_keep, select_keep_layer_wide,
+};

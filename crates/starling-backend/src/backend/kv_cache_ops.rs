@@ -3,7 +3,9 @@
 //! forward pass; each defaults to an error naming it, so a backend (or a test double) that
 //! only runs models need not implement them.
 
-use crate::{AttentionDims, BackendCore, BackendError, HostTensor, LatentFactors, RopeSpec};
+use crate::{
+    AttentionDims, BackendCore, BackendError, HostTensor, KeepPlan, LatentFactors, RopeSpec,
+};
 
 /// One sequence's cache rows copied out in physical order ([`KvCacheOps::gather_kv`]) or to be
 /// written back ([`KvCacheOps::scatter_kv`]): the key and value planes `[len, width]`, and for a
@@ -111,6 +113,26 @@ pub trait KvCacheOps: BackendCore {
         Err(self.unsupported("compact_kv"))
     }
 
+    /// Token eviction by scores where they were computed: selects each list's kept tokens of
+    /// one sequence in one layer from `scores` (`[num_kv_heads, plan.physical_tokens]` f32, as
+    /// [`KvCacheOps::key_scores`] and [`KvCacheOps::window_scores`] return them) by `plan`
+    /// ([`KeepPlan::keep_lists`] is the definition), then compacts as
+    /// [`KvCacheOps::compact_kv`] does on the slots from `plan.skip_tokens` on. A device
+    /// backend selects on the device, so a compaction never waits for its scores on the host;
+    /// the default copies the scores to the host ([`KeepPlan::compact_on_host`]). Invalid input
+    /// is an error and moves nothing.
+    fn compact_kv_by_scores(
+        &self,
+        cache: &mut Self::KvCache,
+        block_table: &[u32],
+        block_size_tokens: usize,
+        scores: &Self::Tensor,
+        plan: &KeepPlan,
+    ) -> Result<(), BackendError> {
+        let scores = self.to_host(scores)?;
+        plan.compact_on_host(self, cache, block_table, block_size_tokens, &scores)
+    }
+
     /// One sequence's keys of one (full) layer copied to the host as f32
     /// `[len_tokens, num_kv_heads, head_dim]` in physical order (input to eviction scorers); a
     /// latent layer is reconstructed first ([`KvCacheOps::reconstruct_kv`]).
@@ -126,8 +148,8 @@ pub trait KvCacheOps: BackendCore {
     }
 
     /// Eviction scores of one sequence's keys in one (full) layer, f32
-    /// `[num_kv_heads, len_tokens]` in physical order, computed where the cache lives (see
-    /// [`KeyScoreKind`]).
+    /// `[num_kv_heads, len_tokens]` in physical order, computed and left where the cache lives
+    /// (see [`KeyScoreKind`]; [`BackendCore::to_host`] copies them out).
     fn key_scores(
         &self,
         cache: &Self::KvCache,
@@ -135,14 +157,13 @@ pub trait KvCacheOps: BackendCore {
         block_size_tokens: usize,
         len_tokens: usize,
         kind: KeyScoreKind,
-    ) -> Result<HostTensor, BackendError> {
+    ) -> Result<Self::Tensor, BackendError> {
         let _ = (cache, block_table, block_size_tokens, len_tokens, kind);
         Err(self.unsupported("key_scores"))
     }
 
     /// Observation-window scores (SnapKV, TOVA) of one sequence's keys in one layer, f32
-    /// `[num_kv_heads, len_tokens]` in physical order, computed where the cache lives so only
-    /// the scores cross to the host. `queries` is `[window, num_kv_heads * group * head_dim]`:
+    /// `[num_kv_heads, len_tokens]` in physical order, computed and left where the cache lives. `queries` is `[window, num_kv_heads * group * head_dim]`:
     /// row `j` holds the post-RoPE queries of physical token `len_tokens - window + j`, query
     /// head `q` at columns `q * head_dim ..`. Per KV head `h`, token `i` before the window
     /// scores the largest, over the pool around `i` (clipped to the tokens before the window),
@@ -157,7 +178,7 @@ pub trait KvCacheOps: BackendCore {
         len_tokens: usize,
         queries: &HostTensor,
         spec: &WindowScoreSpec,
-    ) -> Result<HostTensor, BackendError> {
+    ) -> Result<Self::Tensor, BackendError> {
         let _ = (
             cache,
             block_table,

@@ -2,11 +2,14 @@
 //! the sequence's keys, KeyDiff in two (unit-key sums per chunk, a fixed-order reduction to the
 //! mean direction, then the cosines), and the observation-window scores of SnapKV and TOVA in
 //! four (per-tile softmax partials, their merge, the attention mass per token, the pooling).
-//! Only the `[num_kv_heads, len]` scores cross to the host.
+//! The `[num_kv_heads, len]` f32 scores stay on the device (`select_keep.rs` selects by them).
 
 use cudarc::driver::LaunchConfig;
 use starling_backend::cpu::{check_block_table, check_window_scores};
 use starling_backend::{HostTensor, KeyScoreKind, WindowScoreSpec};
+
+use crate::device_buf::DeviceBuf;
+use crate::tensor::CudaTensor;
 
 use super::kv_ops::int_arg;
 use super::{grid_for, CudaBackend, CudaKvCache};
@@ -25,7 +28,7 @@ impl CudaBackend {
         block_size_tokens: usize,
         len_tokens: usize,
         kind: KeyScoreKind,
-    ) -> Result<HostTensor, CudaError> {
+    ) -> Result<CudaTensor, CudaError> {
         let spec = &cache.spec;
         check_block_table(
             spec,
@@ -42,7 +45,8 @@ impl CudaBackend {
             )));
         }
         if len_tokens == 0 || nkv == 0 {
-            return Ok(HostTensor::new(vec![nkv, len_tokens], Vec::new())?);
+            // One element: a zero-byte allocation is refused; the shape says it is empty.
+            return scores_tensor(self.stream.alloc_zeros::<f32>(1)?, nkv, len_tokens);
         }
         let table = self.upload_u32(block_table)?;
         let chunks = len_tokens.div_ceil(TOKENS_PER_BLOCK);
@@ -128,14 +132,13 @@ impl CudaBackend {
             &key_diff_i,
             &mut scores
         )?;
-        let data: Vec<f32> = self.stream.clone_dtoh(&scores)?;
-        Ok(HostTensor::new(vec![nkv, len_tokens], data)?)
+        scores_tensor(scores, nkv, len_tokens)
     }
 }
 
 impl CudaBackend {
     /// `Backend::window_scores`: O(window × group × len × head_dim) multiply-adds per KV head,
-    /// on the GPU; the queries go up (`window × q_size` f32) and the scores come back.
+    /// on the GPU; the queries go up (`window × q_size` f32), the scores stay.
     pub(super) fn window_scores_impl(
         &self,
         cache: &CudaKvCache,
@@ -144,7 +147,7 @@ impl CudaBackend {
         len_tokens: usize,
         queries: &HostTensor,
         score: &WindowScoreSpec,
-    ) -> Result<HostTensor, CudaError> {
+    ) -> Result<CudaTensor, CudaError> {
         let spec = &cache.spec;
         let window = check_window_scores(
             spec,
@@ -252,7 +255,18 @@ impl CudaBackend {
             &pool,
             &mut scores
         )?;
-        let data: Vec<f32> = self.stream.clone_dtoh(&scores)?;
-        Ok(HostTensor::new(vec![nkv, len_tokens], data)?)
+        scores_tensor(scores, nkv, len_tokens)
     }
+}
+
+/// `[nkv, len]` f32 scores as a device tensor.
+fn scores_tensor(
+    scores: cudarc::driver::CudaSlice<f32>,
+    nkv: usize,
+    len_tokens: usize,
+) -> Result<CudaTensor, CudaError> {
+    Ok(CudaTensor::new(
+        DeviceBuf::F32(scores),
+        vec![nkv, len_tokens],
+    ))
 }

@@ -346,8 +346,22 @@ impl CudaBackend {
             return Ok(());
         }
         let table = self.upload_u32(block_table)?;
-        let lists = keep.len();
         let kept = self.upload_u32(&keep.concat())?;
+        self.move_kept_rows(cache, &table, block_size_tokens, &kept, count, keep.len())
+    }
+
+    /// The moves of a compaction whose kept indices are on the device: `kept` holds `lists`
+    /// lists of `count` physical indices (`[lists, count]`, checked by the caller), each list's
+    /// rows gathered into a scratch copy and scattered to physical tokens `0..count`.
+    pub(super) fn move_kept_rows(
+        &self,
+        cache: &mut CudaKvCache,
+        table: &CudaSlice<u32>,
+        block_size_tokens: usize,
+        kept: &CudaSlice<u32>,
+        count: usize,
+        lists: usize,
+    ) -> Result<(), CudaError> {
         let bs = int_arg(block_size_tokens, "block size")?;
         let lists_i = int_arg(lists, "kept-index lists")?;
         let mut scratches = Vec::with_capacity(3);
@@ -361,9 +375,9 @@ impl CudaBackend {
                 &self.kernels.gather_kept_rows,
                 rows_grid(count * lists, segment),
                 plane,
-                &table,
+                table,
                 &bs,
-                &kept,
+                kept,
                 &mut scratch,
                 &count,
                 &lists_i,
@@ -372,7 +386,7 @@ impl CudaBackend {
             scratches.push((scratch, width));
         }
         for ((plane, width), (scratch, _)) in planes_mut(cache).into_iter().zip(&scratches) {
-            self.scatter_rows_of(plane, &table, block_size_tokens, scratch, count, width)?;
+            self.scatter_rows_of(plane, table, block_size_tokens, scratch, count, width)?;
         }
         Ok(())
     }

@@ -231,7 +231,9 @@ fn fp8_cache_scores_copies_and_compaction_match_cpu() {
         let bs = spec.block_size_tokens;
         for (table, &len) in tables.iter().zip(&lens) {
             for kind in [KeyScoreKind::KNorm, KeyScoreKind::KeyDiff] {
-                let got = gpu.key_scores(&cache_g, table, bs, len, kind).unwrap();
+                let got = gpu
+                    .to_host(&gpu.key_scores(&cache_g, table, bs, len, kind).unwrap())
+                    .unwrap();
                 let want = cpu.key_scores(&cache_c, table, bs, len, kind).unwrap();
                 let e = rel_err(&got, &want);
                 println!("{name} key_scores {kind:?} len {len:<5} rel err {e:.2e}");
@@ -254,7 +256,10 @@ fn fp8_cache_scores_copies_and_compaction_match_cpu() {
                 pool_kernel_tokens: 7,
             };
             let got = gpu
-                .window_scores(&cache_g, table, bs, len, &queries, &score)
+                .to_host(
+                    &gpu.window_scores(&cache_g, table, bs, len, &queries, &score)
+                        .unwrap(),
+                )
                 .unwrap();
             let want = cpu
                 .window_scores(&cache_c, table, bs, len, &queries, &score)

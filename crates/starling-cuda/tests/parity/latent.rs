@@ -5,7 +5,7 @@
 //! positions moved bit for bit).
 
 use super::*;
-use starling_backend::{BackendCore, KvCacheOps, KvRows, LatentFactors, ModelOps};
+use starling_backend::{BackendCore, KeepPlan, KvCacheOps, KvRows, LatentFactors, ModelOps};
 use starling_cuda::LatentScoreKernel;
 use starling_kv::LayerLayout;
 
@@ -511,6 +511,37 @@ fn latent_block_ops_match_cpu() {
         assert!(gpu
             .compact_kv(&mut cache_g, table, 16, len, &per_head)
             .is_err());
+    }
+    // Compaction by scores (selected on the device): one layer-wide list.
+    for len in [300usize, 513] {
+        let table = &blocks[..len.div_ceil(16)];
+        let scores = rand_host(&mut rng, vec![kv_heads, len], 1.0);
+        let plan = KeepPlan {
+            physical_tokens: len,
+            target_tokens: len / 2,
+            first_evictable_tokens: 0,
+            evictable_end_tokens: len,
+            sink_tokens: 20,
+            window_tokens: 32,
+            layer_wide: true,
+            lists: 1,
+            skip_tokens: 16,
+        };
+        cpu.compact_kv_by_scores(&mut cache_c, table, 16, &scores, &plan)
+            .unwrap();
+        gpu.compact_kv_by_scores(
+            &mut cache_g,
+            table,
+            16,
+            &gpu.upload_f32(&scores).unwrap(),
+            &plan,
+        )
+        .unwrap();
+        compare(
+            &format!("latent compact by scores len {len}"),
+            &cache_c,
+            &cache_g,
+        );
     }
     // Block copies move positions with the rows.
     let pairs: Vec<(u32, u32)> = (0..10).map(|i| (blocks[i], blocks[50 + i])).collect();

@@ -596,7 +596,7 @@ impl<B: Backend> Engine<B> {
         self.counters.evicted_blocks += freed as u64;
         tracing::debug!(
             "compaction of {:?}: {} layers, {} -> {} tokens, {:.2} ms over {} steps \
-             (score {:.2}, select {:.2}, compact {:.2})",
+             (issuing: score {:.2}, select + compact {:.2})",
             c.seq_id,
             c.next_layer,
             c.physical_tokens,
@@ -604,7 +604,6 @@ impl<B: Backend> Engine<B> {
             c.micros as f64 / 1000.0,
             c.steps + 1,
             c.phases.score as f64 / 1000.0,
-            c.phases.select as f64 / 1000.0,
             c.phases.compact as f64 / 1000.0,
         );
         Ok(c.due.target_tokens)

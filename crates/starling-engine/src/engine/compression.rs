@@ -22,17 +22,17 @@
 //! before it is not even written with its own values.
 //!
 //! Every score is computed where the cache lives (`Backend::key_scores` for KeyDiff and KNorm,
-//! `Backend::window_scores` for SnapKV and TOVA); StreamingLLM and Random read no keys at all.
-//! Only the `[num_kv_heads, n]` scores cross to the host, where selection is linear in `n`.
+//! `Backend::window_scores` for SnapKV and TOVA) and the backend selects and compacts by it
+//! there (`Backend::compact_kv_by_scores`: no scores cross to the host, so a compaction never
+//! waits for the device); StreamingLLM and Random read no keys at all and select on the host.
 
 use starling_backend::{
-    AttentionDims, Backend, HostTensor, KeyScoreKind, KvCacheSpec, LatentFactors, RopeSpec,
-    WindowScoreSpec,
+    AttentionDims, Backend, HostTensor, KeepPlan, KeyScoreKind, KvCacheSpec, LatentFactors,
+    RopeSpec, WindowScoreSpec,
 };
 use starling_evict::scorer::SnapKv;
 use starling_evict::{
-    scorer_for, select_keep, select_keep_layer_wide, CompressionConfig, CompressionMethod,
-    HeadKeys, ScoreInput, Scorer,
+    scorer_for, CompressionConfig, CompressionMethod, HeadKeys, ScoreInput, Scorer,
 };
 
 use super::EngineError;
@@ -297,8 +297,10 @@ pub(crate) struct LatentScoring<'a, T> {
 /// is per KV head, or layer-wide when the method asks for it (TOVA), the policy does
 /// (`head_wise: false`) or the layer's heads share rows. A latent layer (`latent`) is scored
 /// on its keys reconstructed into a private full cache of the request's length and compacted
-/// with one list (key latents, value latent and position move together). The caller shrinks
-/// the block table once every layer is done.
+/// with one list (key latents, value latent and position move together). Scores computed where
+/// the cache lives stay there: the backend selects and compacts by them
+/// (`Backend::compact_kv_by_scores`), so nothing waits for the device. The caller shrinks the
+/// block table once every layer is done.
 pub(crate) fn compact_layer<B: Backend>(
     backend: &B,
     cache: &mut B::KvCache,
@@ -311,6 +313,7 @@ pub(crate) fn compact_layer<B: Backend>(
     let started = std::time::Instant::now();
     let mut micros = LayerMicros::default();
     let n = job.physical_tokens;
+    let plan = keep_plan(policy, shape, job, latent.is_some());
     let scores = match &latent {
         None => layer_scores(backend, cache, policy, shape, job, layer)?,
         Some(l) => {
@@ -343,70 +346,72 @@ pub(crate) fn compact_layer<B: Backend>(
         }
     };
     micros.score = started.elapsed().as_micros() as u64;
-    let layer_wide = job.shared_rows
-        || latent.is_some()
-        || policy.scorer.layer_wide()
-        || !policy.config.head_wise;
-    let mut keep = select_layer(&scores, policy, job.due, n, layer_wide)?;
-    if latent.is_some() {
-        // Every head kept the same tokens: the latent layer takes them as one list.
-        keep.truncate(1);
-    }
-    // The block table is shrunk to the target once every layer is done: a layer keeping any
-    // other count would leave it pointing at stale or lost rows.
-    if let Some(kept) = keep
-        .first()
-        .map(Vec::len)
-        .filter(|&k| k != job.due.target_tokens)
-    {
-        return Err(EngineError::InvalidRequest(format!(
-            "layer {layer} would keep {kept} tokens, not the target {}",
-            job.due.target_tokens
-        )));
-    }
-    // Blocks wholly before the first slot that may move are not handed to the compaction at
-    // all: they may be shared (now, or by a request admitted while this compaction spans
-    // steps, since they stay registered), and a shared block is never written, not even with
-    // its own values. Blocks from that slot on left the prefix cache before any write.
-    let skip_blocks = job.due.first_rewritten_tokens / job.block_size_tokens;
-    let skip = skip_blocks * job.block_size_tokens;
-    if skip > 0 {
-        for head in &mut keep {
-            let (prefix, rest) = head.split_at(skip.min(head.len()));
-            if prefix.iter().zip(0u32..).any(|(&k, i)| k != i) {
-                return Err(EngineError::InvalidRequest(format!(
-                    "layer {layer}: the compaction would move one of the first {skip} slots"
-                )));
-            }
-            *head = rest.iter().map(|&k| k - skip as u32).collect();
+    let (table, bs) = (job.block_table, job.block_size_tokens);
+    match scores {
+        LayerScores::Device(scores) => {
+            backend.compact_kv_by_scores(cache, table, bs, &scores, &plan)?;
         }
+        LayerScores::Host(scores) => plan.compact_on_host(backend, cache, table, bs, &scores)?,
     }
-    let table = job.block_table.get(skip_blocks..).unwrap_or(&[]);
-    micros.select = started.elapsed().as_micros() as u64 - micros.score;
-    backend.compact_kv(cache, table, job.block_size_tokens, n - skip, &keep)?;
-    micros.compact = started.elapsed().as_micros() as u64 - micros.score - micros.select;
+    micros.compact = started.elapsed().as_micros() as u64 - micros.score;
     Ok(micros)
 }
 
-/// Host time of one layer's compaction by phase, microseconds: scoring (its launches and the
-/// wait for the scores, which includes the device work queued before them), selection on the
-/// host, and issuing the compaction.
+/// The selection of one layer's compaction: the due target's ranges, the policy's protection,
+/// per KV head or layer-wide (the method asks for it, the policy does, the heads share rows,
+/// or a latent layer's one list), and the leading whole blocks left in place (the prefix and
+/// the sinks after it: they may be shared, now or by a request admitted while this compaction
+/// spans steps, and a shared block is never written, not even with its own values).
+fn keep_plan(
+    policy: &SeqCompression,
+    shape: HeadShape,
+    job: &LayerJob<'_>,
+    latent: bool,
+) -> KeepPlan {
+    let n = job.physical_tokens;
+    let due = job.due;
+    let evictable = due.evictable_tokens.min(n);
+    let bs = job.block_size_tokens.max(1);
+    KeepPlan {
+        physical_tokens: n,
+        target_tokens: due.target_tokens,
+        first_evictable_tokens: due.first_evictable_tokens.min(evictable),
+        evictable_end_tokens: evictable,
+        sink_tokens: policy.config.sink_tokens,
+        window_tokens: policy.config.window_tokens,
+        layer_wide: job.shared_rows
+            || latent
+            || policy.scorer.layer_wide()
+            || !policy.config.head_wise,
+        lists: if latent { 1 } else { shape.num_kv_heads },
+        skip_tokens: due.first_rewritten_tokens / bs * bs,
+    }
+}
+
+/// One layer's scores, `[num_kv_heads, n]`: where the cache lives, or made on the host.
+enum LayerScores<T> {
+    Device(T),
+    Host(HostTensor),
+}
+
+/// Host time of one layer's compaction by phase, microseconds: issuing the scoring (on a
+/// device backend its launches; on the CPU the work itself), and the selection and compaction
+/// (on a device backend launches too: nothing here waits for the device).
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct LayerMicros {
     pub(crate) score: u64,
-    pub(crate) select: u64,
     pub(crate) compact: u64,
 }
 
 impl std::ops::AddAssign for LayerMicros {
     fn add_assign(&mut self, other: Self) {
         self.score += other.score;
-        self.select += other.select;
         self.compact += other.compact;
     }
 }
 
-/// One score vector per KV head, `n` long, computed where the cache lives.
+/// One score row per KV head, `n` long: computed where the cache lives (left there), or on
+/// the host for the methods that read no keys.
 fn layer_scores<B: Backend>(
     backend: &B,
     cache: &B::KvCache,
@@ -414,17 +419,13 @@ fn layer_scores<B: Backend>(
     shape: HeadShape,
     job: &LayerJob<'_>,
     layer: usize,
-) -> Result<Vec<Vec<f32>>, EngineError> {
+) -> Result<LayerScores<B::Tensor>, EngineError> {
     let n = job.physical_tokens;
     let (table, bs) = (job.block_table, job.block_size_tokens);
-    let per_head = |t: HostTensor| {
-        t.data()
-            .chunks_exact(n.max(1))
-            .map(<[f32]>::to_vec)
-            .collect::<Vec<_>>()
-    };
     match policy.scoring() {
-        Scoring::Keys(kind) => Ok(per_head(backend.key_scores(cache, table, bs, n, kind)?)),
+        Scoring::Keys(kind) => Ok(LayerScores::Device(
+            backend.key_scores(cache, table, bs, n, kind)?,
+        )),
         Scoring::Window { pool_kernel_tokens } => {
             let queries = job.queries.ok_or_else(|| {
                 EngineError::InvalidRequest(format!(
@@ -437,75 +438,28 @@ fn layer_scores<B: Backend>(
                 scale: 1.0 / (shape.head_dim as f32).sqrt(),
                 pool_kernel_tokens,
             };
-            Ok(per_head(
+            Ok(LayerScores::Device(
                 backend.window_scores(cache, table, bs, n, queries, &spec)?,
             ))
         }
         Scoring::Keyless => {
             // The scorer reads only the token count: one zero "key" of width 1 per token.
             let zeros = vec![0.0f32; n];
-            (0..shape.num_kv_heads)
-                .map(|kv_head| {
-                    Ok(policy.scorer.score(&ScoreInput {
-                        keys: HeadKeys::new(&zeros, 1)?,
-                        queries: None,
-                        layer,
-                        kv_head,
-                    })?)
-                })
-                .collect()
+            let mut rows = Vec::with_capacity(shape.num_kv_heads * n);
+            for kv_head in 0..shape.num_kv_heads {
+                rows.extend(policy.scorer.score(&ScoreInput {
+                    keys: HeadKeys::new(&zeros, 1)?,
+                    queries: None,
+                    layer,
+                    kv_head,
+                })?);
+            }
+            Ok(LayerScores::Host(HostTensor::new(
+                vec![shape.num_kv_heads, n],
+                rows,
+            )?))
         }
     }
-}
-
-/// The kept indices per head: every token of the shared prefix (`..first_evictable_tokens`),
-/// the best of the rest up to `due.evictable_tokens` by score (with the policy's sink and
-/// window protection inside them, sinks counted from the sequence's start), then every later
-/// token.
-fn select_layer(
-    scores: &[Vec<f32>],
-    policy: &SeqCompression,
-    due: DueTarget,
-    n: usize,
-    layer_wide: bool,
-) -> Result<Vec<Vec<u32>>, EngineError> {
-    let evictable = due.evictable_tokens.min(n);
-    let first = due.first_evictable_tokens.min(evictable);
-    let kept_after = n - evictable;
-    let keep_evictable = due.target_tokens.saturating_sub(kept_after + first);
-    let truncated: Vec<Vec<f32>>;
-    let scores = if first > 0 || evictable < n {
-        truncated = scores
-            .iter()
-            .map(|s| s[first..evictable].to_vec())
-            .collect();
-        &truncated
-    } else {
-        scores
-    };
-    let select = if layer_wide {
-        select_keep_layer_wide
-    } else {
-        select_keep
-    };
-    let config = &policy.config;
-    let chosen = select(
-        scores,
-        evictable - first,
-        keep_evictable,
-        config.sink_tokens.saturating_sub(first),
-        config.window_tokens,
-    )?;
-    let keep = chosen
-        .into_iter()
-        .map(|head| {
-            let mut kept: Vec<u32> = (0..first as u32).collect();
-            kept.extend(head.into_iter().map(|i| i + first as u32));
-            kept.extend(evictable as u32..n as u32);
-            kept
-        })
-        .collect();
-    Ok(keep)
 }
 
 #[cfg(test)]
@@ -591,19 +545,18 @@ mod tests {
     }
 
     #[test]
-    fn selection_keeps_every_token_after_the_evictable_prefix() {
+    fn the_plan_keeps_every_token_after_the_evictable_prefix() {
         let p = policy(0.5, 16, Some(3));
-        // 10 tokens, the first 7 evictable, keep 2 of them + the 3 after: with no protection
-        // (sinks 4 + window 8 cover the 7, so all 7 are protected) the target is raised to 7.
-        let scores = vec![(0..10).map(|i| i as f32).collect::<Vec<_>>(); 2];
-        let due = DueTarget {
-            target_tokens: 5,
-            evictable_tokens: 7,
-            first_evictable_tokens: 0,
-            first_rewritten_tokens: 0,
+        let shape = HeadShape {
+            num_kv_heads: 2,
+            head_dim: 4,
+            group: 1,
         };
-        let keep = select_layer(&scores, &p, due, 10, false).unwrap();
-        assert_eq!(keep[0], (0..10).collect::<Vec<u32>>());
+        // 10 tokens, the first 7 evictable: sinks 4 + window 8 cover the 7, so the target is
+        // raised to all 10 (DueTarget's floor) and nothing moves.
+        let due = DueTarget::new(&p.config, 5, 0, 7, 10);
+        assert_eq!(due, None);
+        // Without protection: keep the best 2 of the 7 and the 3 after them.
         let unprotected = SeqCompression::new(
             &CompressionConfig {
                 sink_tokens: 0,
@@ -613,7 +566,60 @@ mod tests {
             Some(3),
         )
         .unwrap();
-        let keep = select_layer(&scores, &unprotected, due, 10, true).unwrap();
-        assert_eq!(keep, vec![vec![5, 6, 7, 8, 9]; 2]);
+        let due = DueTarget::new(&unprotected.config, 5, 0, 7, 10).unwrap();
+        let job = LayerJob {
+            block_table: &[0, 1, 2],
+            block_size_tokens: 4,
+            physical_tokens: 10,
+            due,
+            queries: None,
+            shared_rows: false,
+        };
+        let scores = HostTensor::new(
+            vec![2, 10],
+            [
+                (0..10).map(|i| i as f32).collect::<Vec<_>>(),
+                (0..10).map(|i| -(i as f32)).collect(),
+            ]
+            .concat(),
+        )
+        .unwrap();
+        let plan = keep_plan(&unprotected, shape, &job, false);
+        assert_eq!(plan.skip_tokens, 0);
+        assert_eq!(
+            plan.keep_lists(&scores).unwrap(),
+            vec![vec![5, 6, 7, 8, 9], vec![0, 1, 7, 8, 9]]
+        );
+        // A latent layer: one list, ranked by the heads' mean (all equal: the lower indices).
+        let latent = keep_plan(&unprotected, shape, &job, true);
+        assert_eq!((latent.lists, latent.layer_wide), (1, true));
+        assert_eq!(
+            latent.keep_lists(&scores).unwrap(),
+            vec![vec![0, 1, 7, 8, 9]]
+        );
+    }
+
+    #[test]
+    fn the_plan_leaves_whole_blocks_of_prefix_and_sinks_in_place() {
+        let p = policy(0.5, 16, None);
+        // A shared prefix of 8 and sinks 4 after... the sinks count from the start: inside it.
+        let due = DueTarget::new(&p.config, 40, 8, 64, 64).unwrap();
+        assert_eq!(due.first_rewritten_tokens, 8);
+        let shape = HeadShape {
+            num_kv_heads: 1,
+            head_dim: 4,
+            group: 1,
+        };
+        let table: Vec<u32> = (0..16).collect();
+        let job = |bs| LayerJob {
+            block_table: &table,
+            block_size_tokens: bs,
+            physical_tokens: 64,
+            due,
+            queries: None,
+            shared_rows: false,
+        };
+        assert_eq!(keep_plan(&p, shape, &job(4), false).skip_tokens, 8);
+        assert_eq!(keep_plan(&p, shape, &job(16), false).skip_tokens, 0);
     }
 }

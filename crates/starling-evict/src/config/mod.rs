@@ -21,8 +21,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::fields::struct_fields;
-use crate::select::keep_count;
 use crate::EvictError;
+use starling_backend::keep::keep_count;
 
 /// Which scorer ranks tokens for eviction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

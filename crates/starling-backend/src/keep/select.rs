@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use crate::EvictError;
+use crate::BackendError;
 
 /// Scores (heads × tokens) from which [`select_keep`] selects the heads in parallel: below it a
 /// thread hand-off costs more than it saves (a head of 2k tokens selects in ~25 µs; the engine's GQA layers hold 4–8 heads).
@@ -44,7 +44,7 @@ pub fn select_keep(
     keep_tokens: usize,
     sink_tokens: usize,
     window_tokens: usize,
-) -> Result<Vec<Vec<u32>>, EvictError> {
+) -> Result<Vec<Vec<u32>>, BackendError> {
     let keep = checked_keep(n_tokens, keep_tokens, sink_tokens, window_tokens)?;
     for (head, scores) in scores_per_head.iter().enumerate() {
         check_len(head, scores, n_tokens)?;
@@ -72,7 +72,7 @@ pub fn select_keep_layer_wide(
     keep_tokens: usize,
     sink_tokens: usize,
     window_tokens: usize,
-) -> Result<Vec<Vec<u32>>, EvictError> {
+) -> Result<Vec<Vec<u32>>, BackendError> {
     let keep = checked_keep(n_tokens, keep_tokens, sink_tokens, window_tokens)?;
     let mut mean = vec![0.0f32; n_tokens];
     for (head, scores) in scores_per_head.iter().enumerate() {
@@ -93,9 +93,9 @@ fn checked_keep(
     keep_tokens: usize,
     sink_tokens: usize,
     window_tokens: usize,
-) -> Result<usize, EvictError> {
+) -> Result<usize, BackendError> {
     if u32::try_from(n_tokens).is_err() {
-        return Err(EvictError::Shape(format!(
+        return Err(BackendError::Shape(format!(
             "{n_tokens} tokens exceed u32 indices"
         )));
     }
@@ -104,11 +104,11 @@ fn checked_keep(
         .min(n_tokens))
 }
 
-fn check_len(head: usize, scores: &[f32], n_tokens: usize) -> Result<(), EvictError> {
+fn check_len(head: usize, scores: &[f32], n_tokens: usize) -> Result<(), BackendError> {
     if scores.len() == n_tokens {
         return Ok(());
     }
-    Err(EvictError::Shape(format!(
+    Err(BackendError::Shape(format!(
         "head {head} has {} scores for {n_tokens} tokens",
         scores.len()
     )))
