@@ -116,8 +116,9 @@ extern "C" __global__ void gather_kept_rows_bf16(const bf16* __restrict__ cache,
 // others the best `room` by rank key are kept: the score's bits made monotone (NaN as -inf)
 // above the reversed relative index, so keys are unique, a larger key is a better token and
 // equal scores favour the lower index, exactly as the host's rank_key. The room-th largest key
-// is found by an 8-pass radix select (8 bits a pass, a shared 256-bin histogram of the keys
-// still matching the prefix chosen so far), then one ordered pass (warp ballots and a scan of
+// is found by a radix select of up to 8 passes (8 bits a pass, a shared 256-bin histogram of the
+// keys still matching the prefix chosen so far; it stops once every key under the chosen prefix
+// is kept), then one ordered pass (warp ballots and a scan of
 // the warps' counts) writes the kept tokens from `skip` on. Layer-wide plans rank every list by
 // the mean of the heads' scores, summed in head order and then divided, as the host does, so
 // the means are bit-identical. O(passes x C x heads) reads, no atomics on the output.
@@ -147,6 +148,7 @@ extern "C" __global__ void select_kept_tokens(const float* __restrict__ scores, 
     __shared__ unsigned hist[256];
     __shared__ unsigned long long s_prefix;
     __shared__ unsigned s_remaining;
+    __shared__ int s_settled;
     __shared__ unsigned warp_counts[SELECT_WARPS];
     __shared__ unsigned warp_offsets[SELECT_WARPS];
     __shared__ unsigned s_total;
@@ -183,12 +185,18 @@ extern "C" __global__ void select_kept_tokens(const float* __restrict__ scores, 
                 }
                 s_remaining = remaining - above;
                 s_prefix = prefix | ((unsigned long long)d << shift);
+                // Every key under the chosen prefix is kept: the prefix (lower bits zero) is
+                // the threshold, with no further pass (distinct scores settle after the four
+                // passes over the score's bits).
+                s_settled = hist[d] == remaining - above;
             }
             __syncthreads();
             prefix = s_prefix;
             remaining = s_remaining;
+            if (s_settled) break;
         }
-        // Keys are unique: the room-th largest is the one left.
+        // Keys are unique: after the last pass the room-th largest is the one left; after a
+        // settled pass, the prefix bounds exactly the `room` largest from below.
         threshold = prefix;
     }
     unsigned base = 0;
