@@ -21,7 +21,8 @@
 #  4. (PHASES=saturation, a second call of about 4 minutes) ITL p99 and output tokens/s at
 #     saturation on synthetic qwen2.5-7b, 8 GiB of KV, 48 prompts of 3k tokens: none, keydiff@0.5,
 #     and keydiff@0.5 with the budget off (every compaction inside its step, as before).
-#   PHASES="parity timing stall" (default), ARMS (stall arms, default below), LONG_TIMEOUT;
+#   PHASES="parity timing stall" (default; "compaction": `starling bench compaction`, one layer
+#   selected on the host vs on the device, ~1 minute), ARMS (stall arms, default below), LONG_TIMEOUT;
 #   saturation: SAT_PROMPTS (48), SAT_OUTPUT (256 tokens), SAT_ARMS ("none keydiff@0.5
 #   keydiff@0.5-unbudgeted"; suffixes -unbudgeted, -bN budget, -nN every_n_tokens, -before the
 #   .device/starling-before binary), TOKENIZER (default the staged Qwen GGUF; any GGUF serves the
@@ -60,6 +61,13 @@ if [[ " $PHASES " == *" parity "* ]]; then
   timeout 240 "$exe" --include-ignored --test-threads 1 window_scores key_scores compaction selection 2>&1 \
     | tee "$work/parity.log" | grep -E "window_scores|key_scores|compact|select|test result|panicked"
   { echo; echo "## Parity"; echo '```'; grep -E "^window_scores|test result" "$work/parity.log"; echo '```'; } >> "$md"
+fi
+
+if [[ " $PHASES " == *" compaction "* ]]; then
+  echo "== one layer's compaction: host selection vs device selection (starling bench compaction)"
+  timeout 300 .device/starling bench compaction --output "$work/compaction.json" 2>&1 | tee "$work/compaction.log"
+  { echo; echo "## One layer's KeyDiff@0.5 compaction, wall ms (bench compaction)"; echo;
+    grep -E "^\|" "$work/compaction.log"; } >> "$md"
 fi
 
 if [[ " $PHASES " == *" timing "* ]]; then

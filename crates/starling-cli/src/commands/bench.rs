@@ -28,6 +28,9 @@ enum BenchCommand {
     Kernels(crate::commands::bench_gpu::KernelsArgs),
     /// GPU decode step time of synthetic real-shape models against the memory roofline.
     Decode(crate::commands::bench_gpu::DecodeArgs),
+    /// GPU eviction compaction of one layer (KeyDiff), selected on the host (scores copied
+    /// back) and on the device: what the engine thread waits and what the device spends.
+    Compaction(crate::commands::bench_gpu::CompactionArgs),
     /// Serving benchmark against a running `starling serve` (vLLM benchmark_serving metrics).
     Serve(super::bench_serve::BenchServeArgs),
     /// The serving campaigns (concurrency, context length, long generation, scheduler) against
@@ -84,6 +87,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         BenchCommand::Campaign(a) => super::bench_campaign::run(a),
         BenchCommand::Kernels(a) => crate::commands::bench_gpu::kernels(a),
         BenchCommand::Decode(a) => crate::commands::bench_gpu::decode(a),
+        BenchCommand::Compaction(a) => crate::commands::bench_gpu::compaction(a),
         BenchCommand::Niah(a) => super::bench_niah::run(a),
         BenchCommand::Quality(a) => super::bench_quality::run(a),
     }

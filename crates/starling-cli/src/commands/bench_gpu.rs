@@ -12,9 +12,9 @@ use starling_backend::{
     AttentionDims, BackendCore, DecodeGraphConfig, DecodeStep, DeviceSampling, GraphCapture,
 };
 use starling_cuda::bench::{
-    attention_meta, bench_attention, bench_attention_in, bench_kv_write, bench_kv_write_in,
-    bench_latent_attention, bench_latent_attention_in, bench_latent_write, bench_latent_write_in,
-    copy_bandwidth_tb_s, fill_cache, LatentRanks,
+    attention_meta, bench_attention, bench_attention_in, bench_compaction, bench_kv_write,
+    bench_kv_write_in, bench_latent_attention, bench_latent_attention_in, bench_latent_write,
+    bench_latent_write_in, copy_bandwidth_tb_s, fill_cache, LatentRanks,
 };
 use starling_cuda::CudaBackend;
 use starling_models::llama::{ForwardOptions, LlamaModel};
@@ -55,6 +55,65 @@ pub struct DecodeArgs {
     /// Write the rows as JSON here.
     #[arg(long)]
     output: Option<PathBuf>,
+}
+
+/// `starling bench compaction` flags.
+#[derive(Args, Debug)]
+pub struct CompactionArgs {
+    /// Physical tokens of the compacted sequence.
+    #[arg(long, value_delimiter = ',', default_value = "4096,32768")]
+    tokens: Vec<usize>,
+    /// Eviction ratio (KeyDiff).
+    #[arg(long, default_value_t = 0.5)]
+    ratio: f64,
+    /// Timed runs per path (after 3 warm-up runs).
+    #[arg(long, default_value_t = 20)]
+    iters: usize,
+    /// Write the rows as JSON here.
+    #[arg(long)]
+    output: Option<PathBuf>,
+}
+
+/// Runs `starling bench compaction`: one layer's KeyDiff compaction per KV shape and length,
+/// selected on the host (scores copied back, as before session 23) and on the device.
+pub fn compaction(args: CompactionArgs) -> Result<()> {
+    if !(0.0..1.0).contains(&args.ratio) || args.iters == 0 {
+        bail!("need 0 <= --ratio < 1 and --iters >= 1");
+    }
+    let gpu = gpu()?;
+    println!(
+        "device {}; one layer, KeyDiff@{}, wall ms (median of {})",
+        gpu.name(),
+        args.ratio,
+        args.iters
+    );
+    println!(
+        "\n| KV heads x dim | tokens | kept | host path: issued / done | device path: issued / done | select kernel | done, host / device |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    // Qwen2.5-Coder-1.5B, qwen2.5-7b, an 8-KV-head GQA model, the prior work's MHA shape.
+    let shapes = [(2usize, 128usize), (4, 128), (8, 128), (32, 128)];
+    let mut rows = Vec::new();
+    for (nkv, hd) in shapes {
+        for &tokens in &args.tokens {
+            let r = bench_compaction(&gpu, nkv, hd, tokens, args.ratio, args.iters)?;
+            println!(
+                "| {nkv}x{hd} | {tokens} | {} | {:.3} / {:.3} | {:.3} / {:.3} | {:.3} | {:.2} |",
+                r.kept_tokens,
+                r.host_path_issue_ms,
+                r.host_path_total_ms,
+                r.device_path_issue_ms,
+                r.device_path_total_ms,
+                r.select_kernel_ms,
+                r.host_path_total_ms / r.device_path_total_ms
+            );
+            rows.push(r);
+        }
+    }
+    write_json(
+        &args.output,
+        serde_json::json!({ "bench": "compaction", "device": gpu.name(), "ratio": args.ratio, "rows": rows }),
+    )
 }
 
 fn gpu() -> Result<CudaBackend> {

@@ -63,7 +63,7 @@ impl CudaBackend {
 
     /// `[lists, count]` kept indices on the device (relative to `plan.skip_tokens`), `None`
     /// when no row moves (nothing kept after the skipped slots).
-    fn select_kept_device(
+    pub(crate) fn select_kept_device(
         &self,
         scores: &CudaTensor,
         plan: &KeepPlan,
