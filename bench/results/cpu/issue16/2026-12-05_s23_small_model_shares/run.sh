@@ -30,3 +30,9 @@ for s in 15 35 50 60; do q gemma3-270m gemma_svd $s; done
 cal smollm2-135m smol_svd --distill-steps 0
 cal smollm2-135m smol_cpu16 --distill-steps 16
 for s in 15 35 60; do q smollm2-135m smol_svd $s; q smollm2-135m smol_cpu16 $s; done
+# Qwen2.5-Coder-0.5B (2 KV heads x 64, 24 layers): the same KV head count as the 1.5B at a third
+# of its size (run after the rows above, same settings).
+if [ "${QWEN05:-1}" = 1 ]; then
+  cal qwen2.5-coder-0.5b qwen05_svd --distill-steps 0
+  for s in 15 35 50 60; do q qwen2.5-coder-0.5b qwen05_svd $s; done
+fi
