@@ -37,16 +37,16 @@ mod tests {
 
     #[test]
     fn starling_home_wins_over_home() {
-        let dir = resolve_home(Some("/data/st".into()), Some("/home/u".into())).unwrap();
-        assert_eq!(dir, PathBuf::from("/data/st"));
+        let dir = resolve_home(Some("store-dir".into()), Some("user-dir".into())).unwrap();
+        assert_eq!(dir, PathBuf::from("store-dir"));
     }
 
     #[test]
     fn home_gives_dot_cache_starling() {
-        let dir = resolve_home(None, Some("/home/u".into())).unwrap();
-        assert_eq!(dir, PathBuf::from("/home/u/.cache/starling"));
-        let dir = resolve_home(Some("".into()), Some("/home/u".into())).unwrap();
-        assert_eq!(dir, PathBuf::from("/home/u/.cache/starling"));
+        let dir = resolve_home(None, Some("user-dir".into())).unwrap();
+        assert_eq!(dir, PathBuf::from("user-dir").join(".cache").join("starling"));
+        let dir = resolve_home(Some("".into()), Some("user-dir".into())).unwrap();
+        assert_eq!(dir, PathBuf::from("user-dir").join(".cache").join("starling"));
     }
 
     #[test]
