@@ -44,9 +44,15 @@ mod tests {
     #[test]
     fn home_gives_dot_cache_starling() {
         let dir = resolve_home(None, Some("user-dir".into())).unwrap();
-        assert_eq!(dir, PathBuf::from("user-dir").join(".cache").join("starling"));
+        assert_eq!(
+            dir,
+            PathBuf::from("user-dir").join(".cache").join("starling")
+        );
         let dir = resolve_home(Some("".into()), Some("user-dir".into())).unwrap();
-        assert_eq!(dir, PathBuf::from("user-dir").join(".cache").join("starling"));
+        assert_eq!(
+            dir,
+            PathBuf::from("user-dir").join(".cache").join("starling")
+        );
     }
 
     #[test]

@@ -64,17 +64,34 @@ impl KeepPlan {
             .unwrap_or(&[]))
     }
 
-    /// The selection among the candidates `first_evictable_tokens..evictable_end_tokens`:
-    /// `(candidates, protected, room)`, where `room` more are kept by score. The protected
-    /// count is kept even when the target is lower (which [`check`](Self::check) refuses).
+    /// Slots the compaction is handed (from `skip_tokens` on).
+    pub fn rewritten_tokens(&self) -> usize {
+        self.physical_tokens.saturating_sub(self.skip_tokens)
+    }
+
+    /// The protection inside the candidates `first_evictable_tokens..evictable_end_tokens`:
+    /// `(sinks, window)`, the protected candidates at each end, each at most the candidate
+    /// count (sinks count from the sequence's start, so a prefix takes its share of them).
+    pub fn protection(&self) -> (usize, usize) {
+        let candidates = self
+            .evictable_end_tokens
+            .saturating_sub(self.first_evictable_tokens);
+        (
+            self.sink_tokens
+                .saturating_sub(self.first_evictable_tokens)
+                .min(candidates),
+            self.window_tokens.min(candidates),
+        )
+    }
+
+    /// The selection among the candidates: `(candidates, protected, room)`, where `room`
+    /// more are kept by score. The protected count is kept even when the target is lower
+    /// (which [`check`](Self::check) refuses).
     pub fn candidate_counts(&self) -> (usize, usize, usize) {
         let (first, end) = (self.first_evictable_tokens, self.evictable_end_tokens);
         let candidates = end.saturating_sub(first);
-        let protected = super::protected_count(
-            candidates,
-            self.sink_tokens.saturating_sub(first),
-            self.window_tokens,
-        );
+        let (sinks, window) = self.protection();
+        let protected = super::protected_count(candidates, sinks, window);
         let kept_outside = first + self.physical_tokens.saturating_sub(end);
         let keep = self
             .target_tokens
@@ -82,6 +99,18 @@ impl KeepPlan {
             .max(protected)
             .min(candidates);
         (candidates, protected, keep - protected)
+    }
+
+    /// The score rows (KV heads) of scores shaped `shape`, which must be
+    /// `[heads, physical_tokens]`.
+    pub fn score_rows(&self, shape: &[usize]) -> Result<usize, BackendError> {
+        match shape {
+            [heads, width] if *width == self.physical_tokens => Ok(*heads),
+            s => Err(BackendError::Shape(format!(
+                "keep plan: scores {s:?} for {} tokens",
+                self.physical_tokens
+            ))),
+        }
     }
 
     /// Checks the plan against `heads` score rows: the lists, the ranges, that the selection
@@ -134,18 +163,11 @@ impl KeepPlan {
     /// error.
     pub fn keep_lists(&self, scores: &HostTensor) -> Result<Vec<Vec<u32>>, BackendError> {
         let n = self.physical_tokens;
-        let heads = match scores.shape() {
-            [heads, width] if *width == n => *heads,
-            [heads, 0] if n == 0 => *heads,
-            s => {
-                return Err(BackendError::Shape(format!(
-                    "keep plan: scores {s:?} for {n} tokens"
-                )))
-            }
-        };
+        let heads = self.score_rows(scores.shape())?;
         self.check(heads)?;
         let (first, evictable) = (self.first_evictable_tokens, self.evictable_end_tokens);
         let (_, protected, room) = self.candidate_counts();
+        let (sinks, window) = self.protection();
         let candidates: Vec<Vec<f32>> = scores
             .data()
             .chunks_exact(n.max(1))
@@ -161,8 +183,8 @@ impl KeepPlan {
             &candidates,
             evictable - first,
             protected + room,
-            self.sink_tokens.saturating_sub(first),
-            self.window_tokens,
+            sinks,
+            window,
         )?;
         let skip = self.skip_tokens as u32;
         chosen
@@ -196,7 +218,7 @@ impl KeepPlan {
             cache,
             table,
             block_size_tokens,
-            self.physical_tokens - self.skip_tokens,
+            self.rewritten_tokens(),
             &keep,
         )
     }
@@ -282,6 +304,31 @@ mod tests {
             p.rewritten_table(&[5, 6, 7, 9, 11], 8).unwrap(),
             &[6, 7, 9, 11]
         );
+    }
+
+    #[test]
+    fn protection_counts_inside_the_candidates() {
+        // Candidates 8..20 (12): the sinks (4) fall inside the prefix of 8, the window (30)
+        // covers every candidate.
+        let p = KeepPlan {
+            first_evictable_tokens: 8,
+            evictable_end_tokens: 20,
+            window_tokens: 30,
+            ..plan(40, 40)
+        };
+        assert_eq!(p.protection(), (0, 12));
+        assert_eq!(p.candidate_counts(), (12, 12, 0));
+        assert_eq!(
+            KeepPlan {
+                sink_tokens: 10,
+                ..p
+            }
+            .protection(),
+            (2, 12)
+        );
+        assert_eq!(p.rewritten_tokens(), 40);
+        assert_eq!(p.score_rows(&[3, 40]).unwrap(), 3);
+        assert!(p.score_rows(&[3, 39]).is_err() && p.score_rows(&[40]).is_err());
     }
 
     #[test]

@@ -5,8 +5,7 @@
 //! reference is `starling_backend::KeepPlan::keep_lists`.
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
-use starling_backend::cpu::check_block_table;
-use starling_backend::cpu::check_distinct_blocks;
+use starling_backend::cpu::{check_block_table, check_distinct_blocks};
 use starling_backend::KeepPlan;
 
 use super::kv_ops::int_arg;
@@ -27,7 +26,7 @@ impl CudaBackend {
         plan: &KeepPlan,
     ) -> Result<(), CudaError> {
         let table = plan.rewritten_table(block_table, block_size_tokens)?;
-        let len = plan.physical_tokens - plan.skip_tokens.min(plan.physical_tokens);
+        let len = plan.rewritten_tokens();
         let op = "compact_kv_by_scores";
         check_block_table(&cache.spec, table, block_size_tokens, len, op)?;
         check_distinct_blocks(table, block_size_tokens, len, op)?;
@@ -69,24 +68,16 @@ impl CudaBackend {
         plan: &KeepPlan,
     ) -> Result<Option<CudaSlice<u32>>, CudaError> {
         let n = plan.physical_tokens;
-        let heads = match scores.shape() {
-            [heads, width] if *width == n => *heads,
-            s => {
-                return Err(CudaError::Shape(format!(
-                    "select_kept_tokens: scores {s:?} for {n} tokens"
-                )))
-            }
-        };
+        let heads = plan.score_rows(scores.shape())?;
         plan.check(heads)?;
         let count = plan.rewritten_kept_tokens();
         if count == 0 {
             return Ok(None);
         }
-        let (candidates, _, room) = plan.candidate_counts();
+        let (_, _, room) = plan.candidate_counts();
         let first = plan.first_evictable_tokens;
-        // Protection counted inside the candidates, so the kernel's sums cannot overflow.
-        let sinks = plan.sink_tokens.saturating_sub(first).min(candidates);
-        let window = plan.window_tokens.min(candidates);
+        // Counted inside the candidates, so the kernel's sums cannot overflow.
+        let (sinks, window) = plan.protection();
         let lists = int_arg(plan.lists, "kept-index lists")?;
         let args = [
             int_arg(n, "select: length")?,

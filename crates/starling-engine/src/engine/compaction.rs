@@ -544,9 +544,6 @@ impl<B: Backend> Engine<B> {
             physical_tokens: c.physical_tokens,
             due: c.due,
             queries: c.queries.get(layer),
-            // A latent layer's heads share one value latent (compact_layer selects layer-wide
-            // for it); full K/V layers keep per-head rows.
-            shared_rows: false,
         };
         let latent = self
             .model

@@ -279,9 +279,6 @@ pub(crate) struct LayerJob<'a> {
     /// The layer's observation-window queries, `[window, q_size]`: the request's last
     /// `window` physical tokens (SnapKV, TOVA).
     pub(crate) queries: Option<&'a HostTensor>,
-    /// Whether the layer's heads share one stored row per token (a value latent), so every
-    /// head must keep the same tokens whatever the method. Full K/V layers: false.
-    pub(crate) shared_rows: bool,
 }
 
 /// What scoring a STAR-KV latent layer needs: its up-projections and rotary embedding, to
@@ -358,8 +355,8 @@ pub(crate) fn compact_layer<B: Backend>(
 }
 
 /// The selection of one layer's compaction: the due target's ranges, the policy's protection,
-/// per KV head or layer-wide (the method asks for it, the policy does, the heads share rows,
-/// or a latent layer's one list), and the leading whole blocks left in place (the prefix and
+/// per KV head or layer-wide (the method asks for it, the policy does, or a latent layer's
+/// heads share rows: one list), and the leading whole blocks left in place (the prefix and
 /// the sinks after it: they may be shared, now or by a request admitted while this compaction
 /// spans steps, and a shared block is never written, not even with its own values).
 fn keep_plan(
@@ -379,10 +376,8 @@ fn keep_plan(
         evictable_end_tokens: evictable,
         sink_tokens: policy.config.sink_tokens,
         window_tokens: policy.config.window_tokens,
-        layer_wide: job.shared_rows
-            || latent
-            || policy.scorer.layer_wide()
-            || !policy.config.head_wise,
+        // A latent layer's heads share one value latent per token: one list for all of them.
+        layer_wide: latent || policy.scorer.layer_wide() || !policy.config.head_wise,
         lists: if latent { 1 } else { shape.num_kv_heads },
         skip_tokens: due.first_rewritten_tokens / bs * bs,
     }
@@ -573,7 +568,6 @@ mod tests {
             physical_tokens: 10,
             due,
             queries: None,
-            shared_rows: false,
         };
         let scores = HostTensor::new(
             vec![2, 10],
@@ -617,7 +611,6 @@ mod tests {
             physical_tokens: 64,
             due,
             queries: None,
-            shared_rows: false,
         };
         assert_eq!(keep_plan(&p, shape, &job(4), false).skip_tokens, 8);
         assert_eq!(keep_plan(&p, shape, &job(16), false).skip_tokens, 0);
