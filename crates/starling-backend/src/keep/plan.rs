@@ -332,6 +332,36 @@ mod tests {
     }
 
     #[test]
+    fn a_30k_token_layer_keeps_its_target_per_head_and_layer_wide() {
+        // The sizes users run: 30k tokens, 8 KV heads, a shared prefix of 2 blocks, skipped.
+        let n = 30_000;
+        let scores = scores(8, n, 7);
+        for layer_wide in [false, true] {
+            let p = KeepPlan {
+                first_evictable_tokens: 32,
+                sink_tokens: 4,
+                window_tokens: 64,
+                layer_wide,
+                lists: 8,
+                skip_tokens: 32,
+                ..plan(n, 15_000)
+            };
+            let kept = p.keep_lists(&scores).unwrap();
+            assert_eq!(kept.len(), 8);
+            for list in &kept {
+                assert_eq!(list.len(), p.rewritten_kept_tokens());
+                assert!(list.windows(2).all(|w| w[0] < w[1]));
+                // The window's 64 candidates are the last rows kept.
+                assert_eq!(
+                    list[list.len() - 64..],
+                    (n as u32 - 32 - 64..n as u32 - 32).collect::<Vec<_>>()[..]
+                );
+            }
+            assert_eq!(kept.iter().all(|l| l == &kept[0]), layer_wide);
+        }
+    }
+
+    #[test]
     fn invalid_plans_are_errors() {
         let s = scores(2, 40, 1);
         // Three lists for two heads; one list without layer_wide.
