@@ -9,7 +9,7 @@
 set -u
 R=bench/results/cpu/issue16/2026-12-05_s23_small_model_shares
 S=target/release/starling
-W=${WORK:-target/tmp/s23_shares}
+W=${WORK:-target/s23_shares}
 mkdir -p "$W"
 t() { /usr/bin/time -f "%e s" "$@"; }
 cal() { # cal MODEL NAME [flags]: checkpoints for every share into $W/NAME
