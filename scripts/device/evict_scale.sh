@@ -36,6 +36,9 @@ LONG_TIMEOUT=${LONG_TIMEOUT:-60}
 name=qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
 gguf=$HOME/stage/$name
 work=$HOME/evict_scale
+# Each call returns only its own runs: a later call in the same lease would pack an earlier
+# call's arms beside its own.
+rm -rf "$work"
 mkdir -p "$work"
 md=$OUT/evict_scale.md
 { date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } > "$work/date.txt"
