@@ -13,30 +13,47 @@ pub const INT8_MAX: f32 = 127.0;
 
 /// The scale `values` are stored with: `max |x| / 127`, rounded to half precision.
 pub fn vector_scale(values: &[f32]) -> f32 {
+    half_scale(values, INT8_MAX)
+}
+
+/// `max |x| / max_level` over `values`, rounded to half precision; NaN when an element is not
+/// finite (shared with [`crate::int4`]).
+pub(crate) fn half_scale(values: &[f32], max_level: f32) -> f32 {
+    if values.iter().any(|v| !v.is_finite()) {
+        return f32::NAN;
+    }
     let max = values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let max = if values.iter().any(|v| !v.is_finite()) {
-        f32::NAN
-    } else {
-        max
-    };
-    f16::from_f32(max / INT8_MAX).to_f32()
+    f16::from_f32(max / max_level).to_f32()
 }
 
 /// The stored integer of `value` under `scale` (0 for a zero scale).
 pub fn quantise(value: f32, scale: f32) -> i8 {
+    quantise_to(value, scale, INT8_MAX)
+}
+
+/// `value / scale` rounded to nearest-even and clamped to ±`max_level` (0 for a zero scale).
+pub(crate) fn quantise_to(value: f32, scale: f32, max_level: f32) -> i8 {
     if scale == 0.0 {
         return 0;
     }
-    (value / scale).round_ties_even().clamp(-INT8_MAX, INT8_MAX) as i8
+    (value / scale)
+        .round_ties_even()
+        .clamp(-max_level, max_level) as i8
 }
 
 /// Rounds one vector in place to what an int8 cache holds: quantised under its own scale and
 /// read back.
 pub fn round_vector(values: &mut [f32]) {
-    let scale = vector_scale(values);
+    round_under_own_scale(values, INT8_MAX);
+}
+
+/// Quantises `values` under their own scale to ±`max_level` and reads them back in place
+/// (all NaN when the scale is not finite).
+pub(crate) fn round_under_own_scale(values: &mut [f32], max_level: f32) {
+    let scale = half_scale(values, max_level);
     for v in values.iter_mut() {
         *v = if scale.is_finite() {
-            f32::from(quantise(*v, scale)) * scale
+            f32::from(quantise_to(*v, scale, max_level)) * scale
         } else {
             f32::NAN
         };

@@ -13,6 +13,7 @@ mod error;
 pub mod fp8;
 mod graphs;
 mod host_tensor;
+pub mod int4;
 pub mod int8;
 pub mod keep;
 mod kernel_profile;

@@ -131,7 +131,8 @@ pub struct EngineArgs {
     /// twice the blocks of bf16 (layers whose key bias e4m3 cannot hold stay in the activation
     /// dtype); with STAR-KV it stores the latents in fp8 too (CUDA: sm_89+); `int8` stores
     /// symmetric 8-bit integers with a half-precision scale per KV head row (or latent) and
-    /// token, no layer exempt (CPU only so far). Given, it overrides a `kv_dtype` in
+    /// token, no layer exempt, and `int4` 4-bit integers (two per byte) with a half-precision
+    /// scale per 32 elements of such a row (both CPU only so far). Given, it overrides a `kv_dtype` in
     /// --kv-compression's composed form.
     #[arg(long, value_parser = parse_kv_cache_dtype)]
     pub kv_cache_dtype: Option<starling_evict::KvCacheDtype>,
@@ -272,7 +273,7 @@ mod tests {
     }
 
     #[test]
-    fn kv_cache_dtype_takes_auto_fp8_or_int8_and_refuses_what_is_not_built_naming_auto() {
+    fn kv_cache_dtype_takes_auto_fp8_int8_or_int4_and_refuses_what_is_not_built_naming_auto() {
         let parse = |flags: &[&str]| {
             Cli::try_parse_from(std::iter::once("starling").chain(flags.iter().copied()))
                 .map(|cli| cli.engine.cache_compression())
@@ -285,7 +286,9 @@ mod tests {
         assert_eq!(fp8.map(|c| c.kv_dtype), Ok(KvCacheDtype::Fp8));
         let int8 = parse(&["--kv-cache-dtype", "int8"]).map_err(|e| e.to_string());
         assert_eq!(int8.map(|c| c.kv_dtype), Ok(KvCacheDtype::Int8));
-        for bad in ["int4", "fp16"] {
+        let int4 = parse(&["--kv-cache-dtype", "int4"]).map_err(|e| e.to_string());
+        assert_eq!(int4.map(|c| c.kv_dtype), Ok(KvCacheDtype::Int4));
+        for bad in ["int2", "fp16"] {
             let err = match parse(&["--kv-cache-dtype", bad]) {
                 Err(e) => e.to_string(),
                 Ok(_) => panic!("--kv-cache-dtype {bad} accepted"),

@@ -154,7 +154,8 @@ fn engine_with_prefix_caching<B: Backend>(
     let model = model(&backend, arm);
     let bytes = match memory {
         Memory::DenseBlocks(n) => {
-            config().kv_bytes_per_token(dtype.bytes() as usize) as u64 * (BLOCK_TOKENS * n) as u64
+            config().kv_bytes_per_token((dtype.bits() / 8) as usize) as u64
+                * (BLOCK_TOKENS * n) as u64
         }
         Memory::OwnBlocks(n) => {
             own_layout(&backend, &model, arm).bytes_per_block(BLOCK_TOKENS) * n as u64

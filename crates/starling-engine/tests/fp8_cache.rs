@@ -5,11 +5,12 @@
 
 mod common;
 
-use common::{engine_in_dtype, tiny_model, tiny_weights, total_variation};
+use common::{
+    assert_keydiff_composes, engine_in_dtype, tiny_model, tiny_weights, total_variation_per_dtype,
+};
 use starling_backend::cpu::CpuBackend;
-use starling_engine::testing::{EngineTester, Trace};
 use starling_engine::Engine;
-use starling_evict::{CompressionConfig, CompressionMethod, KvCacheDtype};
+use starling_evict::{CompressionConfig, KvCacheDtype};
 use starling_kv::CacheDtype;
 use starling_models::llama::{fp8_max_key_bias, LlamaModel};
 use starling_models::ModelConfig;
@@ -50,29 +51,8 @@ fn an_fp8_cache_holds_the_byte_ratio_more_blocks_and_says_so() {
 
 #[test]
 fn fp8_probabilities_track_the_full_precision_cache_and_eviction_composes() {
-    let tester = EngineTester::default();
-    let trace = Trace::seeded_greedy(7, 6, 128, 20..120, 8..24, 3);
-    let reference = tester
-        .run(
-            &mut engine(KvCacheDtype::Auto, CompressionConfig::default()),
-            &trace,
-        )
-        .unwrap();
     // Both caches teacher-forced to the same tokens: compare each position's probabilities.
-    let forced = trace.forced_to(&reference);
-    let full = tester
-        .run(
-            &mut engine(KvCacheDtype::Auto, CompressionConfig::default()),
-            &forced,
-        )
-        .unwrap();
-    let fp8 = tester
-        .run(
-            &mut engine(KvCacheDtype::Fp8, CompressionConfig::default()),
-            &forced,
-        )
-        .unwrap();
-    let (mean, worst, rows) = total_variation(&full, &fp8);
+    let (mean, worst, rows) = total_variation_per_dtype(&[KvCacheDtype::Fp8], BLOCKS_F32)[0];
     println!(
         "fp8 vs f32 cache over {rows} positions: total variation mean {mean:.4}, max {worst:.4}"
     );
@@ -86,19 +66,7 @@ fn fp8_probabilities_track_the_full_precision_cache_and_eviction_composes() {
     assert!(mean < 0.2 && worst < 0.6, "mean {mean:.4}, max {worst:.4}");
 
     // KeyDiff on top of fp8: the compactions run on byte-rounded keys and give blocks back.
-    let keydiff = CompressionConfig {
-        method: CompressionMethod::KeyDiff,
-        ratio: 0.5,
-        ..Default::default()
-    };
-    let evicted = tester
-        .run(&mut engine(KvCacheDtype::Fp8, keydiff), &trace)
-        .unwrap();
-    assert!(
-        evicted.compressions > 0 && evicted.evicted_blocks > 0,
-        "{evicted:?}"
-    );
-    assert_eq!(evicted.blocks_total, 4 * BLOCKS_F32);
+    assert_keydiff_composes(KvCacheDtype::Fp8, BLOCKS_F32, 4 * BLOCKS_F32);
 }
 
 #[test]

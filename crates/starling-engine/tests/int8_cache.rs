@@ -1,15 +1,19 @@
 //! `--kv-cache-dtype int8` on the CPU reference: symmetric int8 with a half-precision scale per
 //! KV head row and token. The sizing counts the bytes and the scales, the model's probabilities
 //! stay closer to the full-precision cache's than fp8's do, a key bias e4m3 cannot hold needs no
-//! exemption (each row has its own scale), and eviction composes with it.
+//! exemption (each row has its own scale), and eviction composes with it. `int4` (a scale per
+//! group of 32 elements of a row) likewise: its sizing, and its coarser rounding.
 
 mod common;
 
-use common::{engine_in_dtype, tiny_model, tiny_weights, total_variation};
+use common::{
+    assert_keydiff_composes, engine_in_dtype, tiny_model, tiny_weights, total_variation,
+    total_variation_per_dtype,
+};
 use starling_backend::cpu::CpuBackend;
 use starling_engine::testing::{EngineTester, Trace};
 use starling_engine::Engine;
-use starling_evict::{CompressionConfig, CompressionMethod, KvCacheDtype};
+use starling_evict::{CompressionConfig, KvCacheDtype};
 use starling_kv::{CacheDtype, SCALE_BYTES};
 use starling_models::llama::{fp8_max_key_bias, LlamaModel};
 use starling_models::ModelConfig;
@@ -51,23 +55,8 @@ fn an_int8_cache_counts_its_scales_and_tracks_the_full_precision_cache_closer_th
         .iter()
         .all(|l| l.dtype() == CacheDtype::Int8));
 
-    let tester = EngineTester::default();
-    let trace = Trace::seeded_greedy(7, 6, 128, 20..120, 8..24, 3);
-    let reference = tester
-        .run(
-            &mut engine(KvCacheDtype::Auto, CompressionConfig::default()),
-            &trace,
-        )
-        .unwrap();
-    let forced = trace.forced_to(&reference);
-    let run = |dtype| {
-        tester
-            .run(&mut engine(dtype, CompressionConfig::default()), &forced)
-            .unwrap()
-    };
-    let full = run(KvCacheDtype::Auto);
-    let (int8_mean, int8_worst, rows) = total_variation(&full, &run(KvCacheDtype::Int8));
-    let (fp8_mean, _, _) = total_variation(&full, &run(KvCacheDtype::Fp8));
+    let moved = total_variation_per_dtype(&[KvCacheDtype::Int8, KvCacheDtype::Fp8], BLOCKS_F32);
+    let ((int8_mean, int8_worst, rows), (fp8_mean, _, _)) = (moved[0], moved[1]);
     println!(
         "over {rows} positions, total variation vs the f32 cache: int8 mean {int8_mean:.4} (max \
          {int8_worst:.4}), fp8 mean {fp8_mean:.4}"
@@ -86,19 +75,42 @@ fn an_int8_cache_counts_its_scales_and_tracks_the_full_precision_cache_closer_th
     assert!(int8_worst < 0.6, "max {int8_worst:.4}");
 
     // KeyDiff on top of int8: compactions run on the quantised keys and give blocks back.
-    let keydiff = CompressionConfig {
-        method: CompressionMethod::KeyDiff,
-        ratio: 0.5,
-        ..Default::default()
-    };
-    let evicted = tester
-        .run(&mut engine(KvCacheDtype::Int8, keydiff), &trace)
-        .unwrap();
-    assert!(
-        evicted.compressions > 0 && evicted.evicted_blocks > 0,
-        "{evicted:?}"
+    assert_keydiff_composes(KvCacheDtype::Int8, BLOCKS_F32, q.num_blocks);
+}
+
+#[test]
+fn an_int4_cache_counts_a_scale_per_group_and_rounds_coarser_than_int8() {
+    let cfg = ModelConfig::tiny_llama_for_tests();
+    let auto = engine(KvCacheDtype::Auto, CompressionConfig::default());
+    let int4 = engine(KvCacheDtype::Int4, CompressionConfig::default());
+    let (a, q) = (auto.cache_report(), int4.cache_report());
+    assert_eq!(q.dtype, "int4");
+    // Per layer and token: half a byte per element plus a 2-byte scale per started group of
+    // 32 elements of each KV head's key and value row.
+    let elements = 2 * (cfg.num_kv_heads * cfg.head_dim) as u64 * cfg.num_layers as u64;
+    let groups = 2 * (cfg.num_kv_heads * cfg.head_dim.div_ceil(32)) as u64 * cfg.num_layers as u64;
+    assert_eq!(q.bytes_per_token, elements / 2 + groups * SCALE_BYTES);
+    assert_eq!(
+        q.num_blocks as u64,
+        BLOCKS_F32 as u64 * a.bytes_per_token / q.bytes_per_token
     );
-    assert_eq!(evicted.blocks_total, q.num_blocks);
+
+    let moved = total_variation_per_dtype(&[KvCacheDtype::Int4, KvCacheDtype::Int8], BLOCKS_F32);
+    let ((int4_mean, int4_worst, rows), (int8_mean, _, _)) = (moved[0], moved[1]);
+    println!(
+        "over {rows} positions, total variation vs the f32 cache: int4 mean {int4_mean:.4} (max \
+         {int4_worst:.4}), int8 mean {int8_mean:.4}"
+    );
+    // 15 levels per group of 32 resolve coarser than 255 per row, but wrong nibbles or scales
+    // would move nearly all of the mass.
+    assert!(
+        int4_mean > int8_mean,
+        "int4 {int4_mean:.4} vs int8 {int8_mean:.4}"
+    );
+    assert!(int4_mean < 0.5, "int4 mean {int4_mean:.4}");
+
+    // KeyDiff on top of int4 compacts and gives blocks back.
+    assert_keydiff_composes(KvCacheDtype::Int4, BLOCKS_F32, q.num_blocks);
 }
 
 #[test]

@@ -35,7 +35,7 @@
 //!   `0` Full: u64 KV heads, u64 head dim, dtype byte; `1` LowRank: u64
 //!   head count, u64 per key rank, u64 value rank, dtype byte), checkpoint
 //!   (`0`, or `1` + u64 length + UTF-8). Dtype bytes: F32 0, F16 1, BF16 2,
-//!   Fp8 3, Int8 4.
+//!   Fp8 3, Int8 4, Int4 5.
 //! - salted identity: `"starling-kv/cache-salt/v1"`, the 32-byte identity,
 //!   u64 salt length, salt bytes.
 //! - block: `"starling-kv/block/v1"`, the 32-byte identity, parent (`0`, or
@@ -346,6 +346,7 @@ fn dtype_byte(dtype: CacheDtype) -> u8 {
         CacheDtype::BF16 => 2,
         CacheDtype::Fp8 => 3,
         CacheDtype::Int8 => 4,
+        CacheDtype::Int4 => 5,
     }
 }
 

@@ -23,26 +23,52 @@ pub enum CacheDtype {
     /// full layer scales each KV head's key row and value row, a latent layer each key head's
     /// latent and its value latent (per-token scales, as KIVI and KVQuant do for values).
     Int8,
+    /// Symmetric 4-bit integers (two per byte) with one scale ([`SCALE_BYTES`]) per group of
+    /// [`INT4_GROUP_ELEMENTS`] consecutive elements of a vector (per token, group-wise, as
+    /// KIVI's and QServe's 4-bit caches): a vector narrower than a group, or its last partial
+    /// group, still has a scale of its own.
+    Int4,
 }
 
 impl CacheDtype {
-    /// Bytes per element.
-    pub fn bytes(self) -> u64 {
+    /// Bits per element.
+    pub fn bits(self) -> u64 {
         match self {
-            CacheDtype::F32 => 4,
-            CacheDtype::F16 | CacheDtype::BF16 => 2,
-            CacheDtype::Fp8 | CacheDtype::Int8 => 1,
+            CacheDtype::F32 => 32,
+            CacheDtype::F16 | CacheDtype::BF16 => 16,
+            CacheDtype::Fp8 | CacheDtype::Int8 => 8,
+            CacheDtype::Int4 => 4,
         }
     }
 
-    /// Whether each stored vector carries a scale ([`SCALE_BYTES`]).
+    /// Bytes that `elements` elements occupy, scales excluded (rounded up to whole bytes;
+    /// saturating).
+    pub fn bytes_for(self, elements: u64) -> u64 {
+        elements.saturating_mul(self.bits()).div_ceil(8)
+    }
+
+    /// Whether stored vectors carry scales ([`SCALE_BYTES`] each).
     pub fn is_scaled(self) -> bool {
-        self == CacheDtype::Int8
+        matches!(self, CacheDtype::Int8 | CacheDtype::Int4)
+    }
+
+    /// Scales one stored vector of `width` elements carries: one for int8, one per (started)
+    /// group of [`INT4_GROUP_ELEMENTS`] for int4, none for the float types.
+    pub fn scales_per_vector(self, width: usize) -> u64 {
+        match self {
+            CacheDtype::Int8 => 1,
+            CacheDtype::Int4 => width.div_ceil(INT4_GROUP_ELEMENTS) as u64,
+            CacheDtype::F32 | CacheDtype::F16 | CacheDtype::BF16 | CacheDtype::Fp8 => 0,
+        }
     }
 }
 
-/// Bytes of the scale an [`CacheDtype::Int8`] vector stores (an IEEE half).
+/// Bytes of the scale an [`CacheDtype::Int8`] vector or an [`CacheDtype::Int4`] group stores
+/// (an IEEE half).
 pub const SCALE_BYTES: u64 = 2;
+
+/// Elements of a vector that share one scale in an [`CacheDtype::Int4`] cache.
+pub const INT4_GROUP_ELEMENTS: usize = 32;
 
 /// What one layer stores per token.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -165,16 +191,37 @@ impl LayerLayout {
         }
     }
 
-    /// Vectors one token stores in this layer, each with its own scale in a scaled dtype: a
-    /// key row and a value row per KV head (full), a latent per key head plus the value latent
-    /// (low-rank).
+    /// Vectors one token stores in this layer, each with its own scale(s) in a scaled dtype:
+    /// a key row and a value row per KV head (full), a latent per key head plus the value
+    /// latent (low-rank).
     pub fn vectors_per_token(&self) -> u64 {
+        self.vector_widths().count() as u64
+    }
+
+    /// The width in elements of each vector one token stores, keys first (the order of the
+    /// planes): every KV head's key row then every value row (full), every key head's latent
+    /// then the value latent (low-rank).
+    pub fn vector_widths(&self) -> Box<dyn Iterator<Item = usize> + '_> {
         match self {
-            LayerLayout::Full { num_kv_heads, .. } => 2 * *num_kv_heads as u64,
+            LayerLayout::Full {
+                num_kv_heads,
+                head_dim,
+                ..
+            } => Box::new(std::iter::repeat_n(*head_dim, 2 * num_kv_heads)),
             LayerLayout::LowRank {
-                key_rank_per_head, ..
-            } => key_rank_per_head.len() as u64 + 1,
+                key_rank_per_head,
+                value_rank,
+                ..
+            } => Box::new(key_rank_per_head.iter().copied().chain([*value_rank])),
         }
+    }
+
+    /// Scales one token stores in this layer (0 unless the dtype is scaled).
+    pub fn scales_per_token(&self) -> u64 {
+        let dtype = self.dtype();
+        self.vector_widths().fold(0u64, |acc, w| {
+            acc.saturating_add(dtype.scales_per_vector(w))
+        })
     }
 
     /// Element type of the layer.
@@ -187,14 +234,10 @@ impl LayerLayout {
     /// Bytes one token occupies in this layer, positions and scales included (saturating:
     /// absurd configs become "too big", never wrap around).
     pub fn bytes_per_token(&self) -> u64 {
-        let scales = if self.dtype().is_scaled() {
-            self.vectors_per_token().saturating_mul(SCALE_BYTES)
-        } else {
-            0
-        };
+        let scales = self.scales_per_token().saturating_mul(SCALE_BYTES);
         let elements = self
-            .elements_per_token()
-            .saturating_mul(self.dtype().bytes())
+            .dtype()
+            .bytes_for(self.elements_per_token())
             .saturating_add(scales);
         match self {
             LayerLayout::Full { .. } => elements,
@@ -257,11 +300,35 @@ mod tests {
 
     #[test]
     fn dtype_bytes() {
-        assert_eq!(CacheDtype::F32.bytes(), 4);
-        assert_eq!(CacheDtype::F16.bytes(), 2);
-        assert_eq!(CacheDtype::BF16.bytes(), 2);
-        assert_eq!(CacheDtype::Fp8.bytes(), 1);
-        assert_eq!(CacheDtype::Int8.bytes(), 1);
+        assert_eq!(CacheDtype::F32.bytes_for(3), 12);
+        assert_eq!(CacheDtype::F16.bytes_for(3), 6);
+        assert_eq!(CacheDtype::BF16.bytes_for(3), 6);
+        assert_eq!(CacheDtype::Fp8.bytes_for(3), 3);
+        assert_eq!(CacheDtype::Int8.bytes_for(3), 3);
+        assert_eq!(CacheDtype::Int4.bytes_for(64), 32);
+        assert_eq!(CacheDtype::Int4.bytes_for(3), 2);
+    }
+
+    #[test]
+    fn int4_layers_count_a_scale_per_group() {
+        let full = LayerLayout::Full {
+            num_kv_heads: 2,
+            head_dim: 128,
+            dtype: CacheDtype::Int4,
+        };
+        // Four rows of 128 nibbles, each with 128 / 32 = 4 scales.
+        assert_eq!(full.bytes_per_token(), 4 * 64 + 16 * SCALE_BYTES);
+        let latent = LayerLayout::LowRank {
+            key_rank_per_head: vec![8, 40],
+            value_rank: 96,
+            dtype: CacheDtype::Int4,
+        };
+        // 1 + 2 + 3 groups: a group started is a scale stored.
+        assert_eq!(latent.scales_per_token(), 6);
+        assert_eq!(
+            latent.bytes_per_token(),
+            (8 + 40 + 96) / 2 + 6 * SCALE_BYTES + POSITION_BYTES
+        );
     }
 
     #[test]

@@ -43,8 +43,8 @@ pub use error::KvError;
 pub use groups::{group_blocks_for_tokens, group_held_tokens, CacheGroup, CacheGroups};
 pub use ids::{BlockId, SeqId};
 pub use layout::{
-    stored_rank, CacheDtype, CacheLayout, LayerLayout, LATENT_RANK_MULTIPLE, POSITION_BYTES,
-    SCALE_BYTES,
+    stored_rank, CacheDtype, CacheLayout, LayerLayout, INT4_GROUP_ELEMENTS, LATENT_RANK_MULTIPLE,
+    POSITION_BYTES, SCALE_BYTES,
 };
 pub use manager::{
     CompactedPrefixQuery, KvCacheConfig, KvCacheManager, PrefixCacheStats, PrefixHit, PrefixQuery,

@@ -1,6 +1,7 @@
 //! Property tests of the one cache description's arithmetic: for any mix of full and latent
 //! layers in any element type (fp8 included), the bytes per token are the layers' elements times
-//! their element's bytes plus a latent layer's positions and an int8 vector's scale, the budget buys exactly
+//! their element's bits plus a latent layer's positions and an int8 vector's (an int4 group's)
+//! scale, the budget buys exactly
 //! `budget / bytes_per_block` blocks, and storing the same layout in fp8 instead of bf16 buys
 //! the blocks its byte ratio says (twice as many for full K/V, positions excepted for latents).
 
@@ -14,6 +15,7 @@ fn dtype() -> impl Strategy<Value = CacheDtype> {
         Just(CacheDtype::BF16),
         Just(CacheDtype::Fp8),
         Just(CacheDtype::Int8),
+        Just(CacheDtype::Int4),
     ]
 }
 
@@ -56,15 +58,29 @@ proptest! {
             .layers
             .iter()
             .map(|l| {
-                let vectors = match l {
-                    LayerLayout::Full { num_kv_heads, .. } => 2 * *num_kv_heads as u64,
-                    LayerLayout::LowRank { key_rank_per_head, .. } => {
-                        key_rank_per_head.len() as u64 + 1
+                // Every vector's width, independently of LayerLayout::vector_widths.
+                let widths: Vec<usize> = match l {
+                    LayerLayout::Full { num_kv_heads, head_dim, .. } => {
+                        vec![*head_dim; 2 * num_kv_heads]
+                    }
+                    LayerLayout::LowRank { key_rank_per_head, value_rank, .. } => {
+                        key_rank_per_head.iter().copied().chain([*value_rank]).collect()
                     }
                 };
-                l.elements_per_token() * l.dtype().bytes()
+                let scales: u64 = match l.dtype() {
+                    CacheDtype::Int8 => widths.len() as u64,
+                    CacheDtype::Int4 => widths.iter().map(|w| w.div_ceil(32) as u64).sum(),
+                    _ => 0,
+                };
+                let bits: u64 = match l.dtype() {
+                    CacheDtype::F32 => 32,
+                    CacheDtype::F16 | CacheDtype::BF16 => 16,
+                    CacheDtype::Fp8 | CacheDtype::Int8 => 8,
+                    CacheDtype::Int4 => 4,
+                };
+                (l.elements_per_token() * bits).div_ceil(8)
                     + if l.is_low_rank() { POSITION_BYTES } else { 0 }
-                    + if l.dtype() == CacheDtype::Int8 { vectors * SCALE_BYTES } else { 0 }
+                    + scales * SCALE_BYTES
             })
             .sum();
         prop_assert_eq!(layout.bytes_per_token(), expected);
@@ -98,6 +114,19 @@ proptest! {
         let vectors: u64 = layout.layers.iter().map(LayerLayout::vectors_per_token).sum();
         prop_assert_eq!(int8.bytes_per_token(), fp8.bytes_per_token() + vectors * SCALE_BYTES);
         prop_assert!(blocks(&int8) <= blocks(&fp8) && blocks(&int8) >= blocks(&bf16));
+        // int4 halves fp8's elements (stored ranks are multiples of 8) and adds a scale per
+        // started group of 32: never more bytes than int8.
+        let int4 = in_dtype(&layout, CacheDtype::Int4);
+        let groups: u64 = layout
+            .layers
+            .iter()
+            .map(|l| l.with_dtype(CacheDtype::Int4).scales_per_token())
+            .sum();
+        prop_assert_eq!(
+            2 * (int4.bytes_per_token() - positions - groups * SCALE_BYTES),
+            fp8.bytes_per_token() - positions
+        );
+        prop_assert!(blocks(&int4) >= blocks(&int8));
         if positions == 0 {
             // Full K/V only: exactly twice the tokens, up to one block's rounding.
             prop_assert!(blocks(&fp8) / 2 <= blocks(&bf16) && blocks(&bf16) <= blocks(&fp8).div_ceil(2));

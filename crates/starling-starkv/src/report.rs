@@ -53,13 +53,12 @@ impl CompressionReport {
         let original_params = full_layer_params * shape.num_layers as u64;
         let original = shape.full_layer_elements() * shape.num_layers as u64;
         let compressed = allocation.elements_per_token();
-        let bytes = cache_dtype.bytes();
         Self {
             cache_dtype,
             kv_elements_per_token_original: original,
             kv_elements_per_token_compressed: compressed,
-            kv_bytes_per_token_original: original * bytes,
-            kv_bytes_per_token_compressed: compressed * bytes,
+            kv_bytes_per_token_original: cache_dtype.bytes_for(original),
+            kv_bytes_per_token_compressed: cache_dtype.bytes_for(compressed),
             kv_removed_share: 1.0 - compressed as f64 / original.max(1) as f64,
             projection_params_original: original_params,
             projection_params_compressed: compressed_params,

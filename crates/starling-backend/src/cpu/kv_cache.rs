@@ -111,8 +111,9 @@ impl CpuKvCache {
 
     /// Overwrites flat slot `slot` with one key-plane row, one value-plane row and (a latent
     /// layer) its position. The caller checks the slot and the row widths. An fp8 cache holds
-    /// each element rounded to e4m3 ([`crate::fp8`]) and an int8 cache each vector quantised
-    /// under its own scale ([`crate::int8`]), as one-byte GPU slots hold them, so every reader
+    /// each element rounded to e4m3 ([`crate::fp8`]), an int8 cache each vector quantised
+    /// under its own scale ([`crate::int8`]) and an int4 cache each group of a vector
+    /// ([`crate::int4`]), as a GPU's quantised slots hold them, so every reader
     /// (attention, scores, compaction) sees what a GPU's would.
     pub(super) fn set_slot(&mut self, slot: usize, k: &[f32], v: &[f32], position: u32) {
         let (kw, vw) = (self.key_width, self.value_width);
@@ -125,26 +126,14 @@ impl CpuKvCache {
                 crate::fp8::e4m3_round_slice(keys);
                 crate::fp8::e4m3_round_slice(values);
             }
-            // One scale per KV head's row (full) or per latent (low-rank), as the layout counts.
-            starling_kv::CacheDtype::Int8 => match &self.spec.layout {
-                starling_kv::LayerLayout::Full {
-                    num_kv_heads,
-                    head_dim,
-                    ..
-                } => {
-                    crate::int8::round_vectors(keys, std::iter::repeat_n(*head_dim, *num_kv_heads));
-                    crate::int8::round_vectors(
-                        values,
-                        std::iter::repeat_n(*head_dim, *num_kv_heads),
-                    );
-                }
-                starling_kv::LayerLayout::LowRank {
-                    key_rank_per_head, ..
-                } => {
-                    crate::int8::round_vectors(keys, key_rank_per_head.iter().copied());
-                    crate::int8::round_vector(values);
-                }
-            },
+            // One scale per KV head's row (full) or per latent (low-rank), as the layout
+            // counts; int4 one per group of 32 inside each of those vectors.
+            starling_kv::CacheDtype::Int8 => {
+                round_each_vector(&self.spec.layout, keys, values, crate::int8::round_vector)
+            }
+            starling_kv::CacheDtype::Int4 => {
+                round_each_vector(&self.spec.layout, keys, values, crate::int4::round_vector)
+            }
             _ => {}
         }
         if let Some(p) = self.positions.get_mut(slot) {
@@ -215,6 +204,32 @@ impl CpuKvCache {
                 "{op}: slot {slot} out of range"
             ))),
             None => Ok(()),
+        }
+    }
+}
+
+/// Applies `round` to every vector one token's planes hold under `layout`, each on its own:
+/// each KV head's key row and value row (full), each key head's latent and the value latent
+/// (low-rank) — [`starling_kv::LayerLayout::vector_widths`]' order, keys first.
+fn round_each_vector(
+    layout: &starling_kv::LayerLayout,
+    keys: &mut [f32],
+    values: &mut [f32],
+    round: fn(&mut [f32]),
+) {
+    let key_vectors = match layout {
+        starling_kv::LayerLayout::Full { num_kv_heads, .. } => *num_kv_heads,
+        starling_kv::LayerLayout::LowRank {
+            key_rank_per_head, ..
+        } => key_rank_per_head.len(),
+    };
+    let mut widths = layout.vector_widths();
+    for (plane, count) in [(keys, key_vectors), (values, usize::MAX)] {
+        let mut rest = plane;
+        for width in widths.by_ref().take(count) {
+            let (vector, tail) = rest.split_at_mut(width.min(rest.len()));
+            round(vector);
+            rest = tail;
         }
     }
 }

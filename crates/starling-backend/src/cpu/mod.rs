@@ -94,11 +94,12 @@ impl BackendCore for CpuBackend {
             // fp8 full K/V and fp8 STAR-KV latents: e4m3-rounded values in f32 slots
             // (`CpuKvCache::set_slot`); a latent layer's positions stay exact.
             (_, CacheDtype::Fp8) => {}
-            // int8 with a scale per vector: the dequantised values in f32 slots, likewise.
-            (_, CacheDtype::Int8) => {}
+            // int8 with a scale per vector and int4 with a scale per group of 32: the
+            // dequantised values in f32 slots, likewise.
+            (_, CacheDtype::Int8 | CacheDtype::Int4) => {}
             (_, dtype) => {
                 return Err(BackendError::Shape(format!(
-                    "the CPU backend caches f32 (and fp8, int8), not {dtype:?} for {:?}",
+                    "the CPU backend caches f32 (and fp8, int8, int4), not {dtype:?} for {:?}",
                     spec.layout
                 )))
             }

@@ -197,6 +197,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
         starling_evict::KvCacheDtype::Auto => auto_dtype,
         starling_evict::KvCacheDtype::Fp8 => CacheDtype::Fp8,
         starling_evict::KvCacheDtype::Int8 => CacheDtype::Int8,
+        starling_evict::KvCacheDtype::Int4 => CacheDtype::Int4,
     };
     let dtype_name = format!("{}, {device}", format!("{dtype:?}").to_lowercase());
     let dtype_name = dtype_name.as_str();
@@ -243,6 +244,11 @@ pub fn run(args: InfoArgs) -> Result<()> {
              only so far"
                 .to_owned(),
         ),
+        CacheDtype::Int4 => Some(
+            "symmetric int4 (two per byte), a half-precision scale per 32 elements of a KV \
+             head row and token; CPU reference only so far"
+                .to_owned(),
+        ),
         _ => None,
     };
     if let Some(note) = quantised_note {
@@ -284,8 +290,8 @@ pub fn run(args: InfoArgs) -> Result<()> {
             keep_exempt_layers(&mut layout, &fp8_exempt, auto_dtype);
         }
         let bytes = layout.bytes_per_token();
-        let ranks_bytes = row.allocation.elements_per_token() * dtype.bytes();
-        // (int8's scales are in `bytes`, not in the ranks alone.)
+        let ranks_bytes = dtype.bytes_for(row.allocation.elements_per_token());
+        // (int8's and int4's scales are in `bytes`, not in the ranks alone.)
         let sized = CacheSizing::from_budget(
             engine.kv_cache_memory_bytes,
             &layout,

@@ -122,12 +122,12 @@ fn cache_elem(
             check_fp8_latent_ranks(key_rank_per_head, *value_rank)?;
             CacheElem::Fp8
         }
-        (_, CacheDtype::Int8) => {
-            return Err(CudaError::Shape(
-                "an int8 KV cache has no CUDA kernels yet (the CPU reference stores it): use \
-                     --kv-cache-dtype auto or fp8 on the GPU"
-                    .into(),
-            ))
+        (_, quantised @ (CacheDtype::Int8 | CacheDtype::Int4)) => {
+            return Err(CudaError::Shape(format!(
+                "an {} KV cache has no CUDA kernels yet (the CPU reference stores it): use \
+                     --kv-cache-dtype auto or fp8 on the GPU",
+                format!("{quantised:?}").to_lowercase()
+            )))
         }
         (layout, dtype) => {
             return Err(CudaError::Shape(format!(
@@ -221,5 +221,7 @@ mod tests {
         assert!(refusal(&narrow, true).contains("multiples of 8"));
         let int8 = latent(&[64], 64, CacheDtype::Int8);
         assert!(refusal(&int8, true).contains("int8"));
+        let int4 = KvCacheSpec::full(4, 16, 2, 64, CacheDtype::Int4);
+        assert!(refusal(&int4, true).contains("int4 KV cache has no CUDA kernels"));
     }
 }

@@ -35,7 +35,7 @@ impl LatentRanks {
 
     /// Cache bytes one token holds with latents of `dtype` (its position stays 4 bytes).
     pub fn bytes_per_token_in(&self, dtype: CacheDtype) -> u64 {
-        (self.key_width() + self.value_rank) as u64 * dtype.bytes() + POSITION_BYTES
+        dtype.bytes_for((self.key_width() + self.value_rank) as u64) + POSITION_BYTES
     }
 
     fn layout(&self, dtype: CacheDtype) -> LayerLayout {

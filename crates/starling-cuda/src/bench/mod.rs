@@ -154,7 +154,7 @@ pub fn bench_attention_in(
         backend.paged_attention(&qkv, &cache, &dims, &prepared)?;
         Ok(())
     })?;
-    let kv_bytes = (batch * seq * dims.num_kv_heads * dims.head_dim * 2) as u64 * dtype.bytes();
+    let kv_bytes = dtype.bytes_for((batch * seq * dims.num_kv_heads * dims.head_dim * 2) as u64);
     // Query i of a run sees seq - query + i + 1 positions; 2 flops per multiply-add, 2 products.
     let visible_per_seq = query * (seq - query) + query * (query + 1) / 2;
     let flops = 4.0 * (batch * visible_per_seq * dims.num_heads * dims.head_dim) as f64;
@@ -179,6 +179,7 @@ fn dtype_name(dtype: CacheDtype) -> &'static str {
     match dtype {
         CacheDtype::Fp8 => "fp8",
         CacheDtype::Int8 => "int8",
+        CacheDtype::Int4 => "int4",
         CacheDtype::F32 => "f32",
         CacheDtype::F16 => "f16",
         CacheDtype::BF16 => "bf16",
@@ -274,7 +275,7 @@ pub fn bench_kv_write_in(
         Ok(())
     })?;
     // bf16 words of the K+V bytes the cache stores.
-    let payload = 2 * tokens * dims.kv_size() * dtype.bytes() as usize / 2;
+    let payload = dtype.bytes_for((2 * tokens * dims.kv_size()) as u64) as usize / 2;
     let src = backend.stream().alloc_zeros::<bf16>(payload)?;
     let mut dst = backend.stream().alloc_zeros::<bf16>(payload)?;
     let copy_ms = time_ms(backend, 3, 20, || {

@@ -130,6 +130,7 @@ fn dtype_name(dtype: CacheDtype) -> &'static str {
         CacheDtype::BF16 => "bf16",
         CacheDtype::Fp8 => "fp8",
         CacheDtype::Int8 => "int8",
+        CacheDtype::Int4 => "int4",
     }
 }
 
@@ -144,7 +145,7 @@ impl<B: Backend> Engine<B> {
         let dtypes: Vec<CacheDtype> = self.layout.layers.iter().map(|l| l.dtype()).collect();
         let dtype = if let Some(quantised) = dtypes
             .iter()
-            .find(|d| matches!(d, CacheDtype::Fp8 | CacheDtype::Int8))
+            .find(|d| matches!(d, CacheDtype::Fp8 | CacheDtype::Int8 | CacheDtype::Int4))
         {
             *quantised
         } else {

@@ -65,5 +65,6 @@ pub(crate) fn cache_dtype<B: Backend>(kv_dtype: KvCacheDtype, backend: &B) -> Ca
         KvCacheDtype::Auto => backend.kv_cache_dtype(),
         KvCacheDtype::Fp8 => CacheDtype::Fp8,
         KvCacheDtype::Int8 => CacheDtype::Int8,
+        KvCacheDtype::Int4 => CacheDtype::Int4,
     }
 }

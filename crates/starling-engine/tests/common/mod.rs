@@ -169,3 +169,60 @@ pub fn total_variation(
     }
     (total / rows.max(1) as f64, worst, rows)
 }
+
+/// The seeded greedy trace the cache-dtype tests share: 6 requests of 20–120 prompt tokens and
+/// 8–24 output tokens over a 128-token vocabulary.
+pub fn dtype_trace() -> starling_engine::testing::Trace {
+    starling_engine::testing::Trace::seeded_greedy(7, 6, 128, 20..120, 8..24, 3)
+}
+
+/// How far each of `dtypes` moves the tiny model's next-token distributions from the f32
+/// cache's: every run teacher-forced to the f32 cache's greedy tokens on [`dtype_trace`], an
+/// engine per run whose budget holds `f32_blocks` f32 blocks; `(mean, max, positions)` total
+/// variation per dtype, in order.
+pub fn total_variation_per_dtype(
+    dtypes: &[KvCacheDtype],
+    f32_blocks: usize,
+) -> Vec<(f64, f32, usize)> {
+    let tester = starling_engine::testing::EngineTester::default();
+    let engine = |dtype| {
+        engine_in_dtype(
+            tiny_model(),
+            dtype,
+            CompressionConfig::default(),
+            f32_blocks,
+        )
+    };
+    let trace = dtype_trace();
+    let reference = tester.run(&mut engine(KvCacheDtype::Auto), &trace).unwrap();
+    let forced = trace.forced_to(&reference);
+    let full = tester
+        .run(&mut engine(KvCacheDtype::Auto), &forced)
+        .unwrap();
+    dtypes
+        .iter()
+        .map(|&dtype| total_variation(&full, &tester.run(&mut engine(dtype), &forced).unwrap()))
+        .collect()
+}
+
+/// Runs [`dtype_trace`] under KeyDiff@0.5 on a cache of `dtype` (budget: `f32_blocks` f32
+/// blocks) and checks that eviction composes with it: compactions ran on the stored keys and
+/// gave blocks back, and the engine had `blocks_total` blocks.
+pub fn assert_keydiff_composes(dtype: KvCacheDtype, f32_blocks: usize, blocks_total: usize) {
+    let keydiff = CompressionConfig {
+        method: starling_evict::CompressionMethod::KeyDiff,
+        ratio: 0.5,
+        ..Default::default()
+    };
+    let evicted = starling_engine::testing::EngineTester::default()
+        .run(
+            &mut engine_in_dtype(tiny_model(), dtype, keydiff, f32_blocks),
+            &dtype_trace(),
+        )
+        .unwrap();
+    assert!(
+        evicted.compressions > 0 && evicted.evicted_blocks > 0,
+        "{dtype:?}: {evicted:?}"
+    );
+    assert_eq!(evicted.blocks_total, blocks_total, "{dtype:?}");
+}

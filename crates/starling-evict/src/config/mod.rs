@@ -359,7 +359,9 @@ struct ComposedJson {
 /// checkpoint the latents are stored so too (both backends; CUDA needs sm_89+). `int8` stores
 /// symmetric 8-bit integers with one half-precision scale per vector and token (each KV head's
 /// key and value row; each key latent and the value latent), so large offsets such as Qwen2's
-/// key biases cost no precision; CPU reference only so far.
+/// key biases cost no precision. `int4` stores symmetric 4-bit integers (−7..=7, two per byte)
+/// with a half-precision scale per group of 32 elements of each such vector. Both are CPU
+/// reference only so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum KvCacheDtype {
@@ -371,6 +373,8 @@ pub enum KvCacheDtype {
     Fp8,
     /// Symmetric int8 with a half-precision scale per vector and token.
     Int8,
+    /// Symmetric int4 with a half-precision scale per group of 32 elements of a vector.
+    Int4,
 }
 
 impl KvCacheDtype {
@@ -380,6 +384,7 @@ impl KvCacheDtype {
             Self::Auto => "auto",
             Self::Fp8 => "fp8",
             Self::Int8 => "int8",
+            Self::Int4 => "int4",
         }
     }
 }

@@ -362,7 +362,7 @@ fn kv_dtype_is_auto_unless_named_and_an_unknown_dtype_names_the_valid_one() {
         KvCompression::from_value(&composed.to_json()).unwrap(),
         composed
     );
-    for bad in ["int4", "bf16", "fp8_e5m2"] {
+    for bad in ["int2", "bf16", "fp8_e5m2"] {
         let text = format!(r#"{{"kv_dtype":"{bad}"}}"#);
         let err = KvCompression::from_json(&text).unwrap_err().to_string();
         assert!(
@@ -389,6 +389,13 @@ fn kv_dtype_is_auto_unless_named_and_an_unknown_dtype_names_the_valid_one() {
         assert_eq!(KvCompression::from_value(&int8.to_json()).unwrap(), int8);
     }
     assert_eq!(KvCacheDtype::Int8.name(), "int8");
+    let int4 = KvCompression::from_json(
+        r#"{"star_kv":{"checkpoint":"ck","rank_profile":"removed-50pct"},"kv_dtype":"int4"}"#,
+    )
+    .unwrap();
+    assert_eq!(int4.kv_dtype, KvCacheDtype::Int4);
+    assert_eq!(KvCompression::from_value(&int4.to_json()).unwrap(), int4);
+    assert_eq!(KvCacheDtype::Int4.name(), "int4");
     // ... and with STAR-KV latents (fp8 latents; which backend stores them is the backend's
     // check at allocation).
     let latents = KvCompression::from_json(
