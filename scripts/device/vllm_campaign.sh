@@ -37,7 +37,8 @@
 # (24576: vLLM's one boot must fit KV_MEM, so a small budget needs a small value),
 # REQ_PER_CONC (1) and MAX_REQ (128) (requests per concurrency point: more averages out a
 # point's noise), and the grids below (CONC_POINTS, CTX_POINTS, LONG_POINTS, RATES,
-# CONC_WORKLOADS, LONG_INPUT, CTX_OUTPUT).
+# CONC_WORKLOADS, LONG_INPUT, CTX_OUTPUT). SETUP_ONLY=1 stops after step 3 (the install and the
+# synthetic model), for scripts that serve vLLM their own way (vllm_profile.sh).
 # DRY_RUN=1 (a check on the CPU machine, no vLLM): S=<starling binary> MODEL=<an HF dir>
 # OUT=<dir>, tiny grids; only step 4 runs, with the two Starling engines on --device cpu.
 set -uo pipefail
@@ -116,6 +117,8 @@ if [ ! -s "$HOME/qwen_syn/model.safetensors" ]; then
   python3 scripts/device/make_synthetic_qwen.py "$TOK" "$HOME/qwen_syn" || { echo "making the model failed"; exit 4; }
 fi
 fi # DRY_RUN
+# SETUP_ONLY=1: steps 1-3 only (vllm_profile.sh reuses them).
+[ "${SETUP_ONLY:-0}" = 1 ] && exit 0
 mkdir -p "$RUN"
 
 # 4. The campaigns, within what is left of this call (SIGINT stops the servers and keeps the
