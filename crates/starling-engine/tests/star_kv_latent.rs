@@ -336,7 +336,7 @@ fn latent_engine_in(
 }
 
 #[test]
-fn quantised_latents_take_one_byte_per_element_and_track_the_full_precision_latents() {
+fn quantised_latents_take_their_bytes_and_track_the_full_precision_latents() {
     use starling_evict::KvCacheDtype;
     let (cfg, weights, p) = fixture();
     let tester = EngineTester::default();
