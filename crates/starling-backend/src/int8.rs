@@ -63,10 +63,21 @@ pub(crate) fn round_under_own_scale(values: &mut [f32], max_level: f32) {
 /// [`round_vector`] over consecutive vectors of the given widths (their sum must be the
 /// slice's length; a zero width is an empty vector).
 pub fn round_vectors(values: &mut [f32], widths: impl IntoIterator<Item = usize>) {
+    for_each_vector(values, widths, round_vector);
+}
+
+/// Applies `round` to consecutive vectors of `values` of the given widths (a zero width is an
+/// empty vector; widths past the end are cut to what is left). Shared by the int8 and int4
+/// caches' writers.
+pub(crate) fn for_each_vector(
+    values: &mut [f32],
+    widths: impl IntoIterator<Item = usize>,
+    round: fn(&mut [f32]),
+) {
     let mut rest = values;
     for width in widths {
         let (vector, tail) = rest.split_at_mut(width.min(rest.len()));
-        round_vector(vector);
+        round(vector);
         rest = tail;
     }
 }

@@ -224,12 +224,6 @@ fn round_each_vector(
         } => key_rank_per_head.len(),
     };
     let mut widths = layout.vector_widths();
-    for (plane, count) in [(keys, key_vectors), (values, usize::MAX)] {
-        let mut rest = plane;
-        for width in widths.by_ref().take(count) {
-            let (vector, tail) = rest.split_at_mut(width.min(rest.len()));
-            round(vector);
-            rest = tail;
-        }
-    }
+    crate::int8::for_each_vector(keys, widths.by_ref().take(key_vectors), round);
+    crate::int8::for_each_vector(values, widths, round);
 }
