@@ -6,7 +6,10 @@
 # Carried: .device/starling (stripped release build), .device/essays/paul-graham-essays,
 # .device/wheels/gguf-0.19.0-py3-none-any.whl (transformers reads GGUF with it; the device has
 # torch, transformers and accelerate), .device/chitchat_sharegpt.json.gz (the cached chitchat
-# conversion). The GGUF is staged as $HOME/stage/q.* pieces and joined by `assemble`.
+# conversion), .device/shakespeare.txt.gz for `--distill-text essays-and-prose` /
+# `essays-prose-and-chat` (here: gzip -c ~/.cache/starling/datasets/shakespeare/shakespeare.txt,
+# after any `starling calibrate` with those texts or the hub's fetch_prose has cached it; 1.9 MB).
+# The GGUF is staged as $HOME/stage/q.* pieces and joined by `assemble`.
 #   distill_torch.sh setup                  wheels, the conversation file, version check
 #   distill_torch.sh assemble               join + verify the pieces
 #   distill_torch.sh calibrate NAME PROFILES [calibrate flags…]   torch backend → $HOME/ckpt_NAME
@@ -52,6 +55,11 @@ setup)
   python3 -m pip install -q --no-index --no-deps --target "$HOME/site" .device/wheels/gguf-*.whl
   mkdir -p "$HOME/.cache/starling/datasets"
   gunzip -c .device/chitchat_sharegpt.json.gz > "$HOME/.cache/starling/datasets/chitchat_sharegpt.json"
+  # The machine has no network: the prose goes where fetch_prose finds (and verifies) it.
+  if [ -e .device/shakespeare.txt.gz ]; then
+    mkdir -p "$HOME/.cache/starling/datasets/shakespeare"
+    gunzip -c .device/shakespeare.txt.gz > "$HOME/.cache/starling/datasets/shakespeare/shakespeare.txt"
+  fi
   python3 -c 'import torch, transformers, gguf, accelerate; print("torch", torch.__version__, "transformers", transformers.__version__, torch.cuda.get_device_name())'
   ;;
 assemble)

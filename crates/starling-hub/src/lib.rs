@@ -12,6 +12,7 @@
 //! models/<alias>/<file>.gguf          the verified model
 //! models/<alias>/<file>.gguf.sha256   "<sha256> <size_bytes>", written after verification
 //! datasets/paul-graham-essays/*.txt   the needle-in-a-haystack essays (see [`fetch_essays`])
+//! datasets/shakespeare/shakespeare.txt the long prose for calibration (see [`fetch_prose`])
 //! ```
 #![deny(missing_docs)]
 
@@ -31,8 +32,8 @@ mod temp_path;
 mod wheel;
 
 pub use datasets::{
-    essays_dir, fetch_essays, fetch_essays_from, Essay, EssaySet, EssaySource, EssaySplit,
-    HELD_OUT_ESSAYS,
+    essays_dir, fetch_essays, fetch_essays_from, fetch_prose, Essay, EssaySet, EssaySource,
+    EssaySplit, HELD_OUT_ESSAYS,
 };
 pub use error::HubError;
 pub use fetch::fetch;

