@@ -136,6 +136,8 @@ __device__ void prefill_attention_impl(
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int kvh = blockIdx.y, split = blockIdx.z;
+    // The host lists tiles with the most context first (AttentionRows), so the heaviest blocks
+    // start in the first wave and light ones fill the tail.
     const int first = (int)tiles[2 * blockIdx.x], count = (int)tiles[2 * blockIdx.x + 1];
     const int rows = count * group;
     const int num_q_heads = num_kv_heads * group;

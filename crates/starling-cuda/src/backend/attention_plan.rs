@@ -80,7 +80,10 @@ pub(crate) struct AttentionRows {
     /// Decode rows at the front of `row_order`.
     pub(crate) num_decode: usize,
     /// `(first row, rows)` pairs, flattened; the tiles for group `g` are pairs
-    /// `tile_ranges[g - 1].0 .. + tile_ranges[g - 1].1`.
+    /// `tile_ranges[g - 1].0 .. + tile_ranges[g - 1].1`, the most context first (the prefill
+    /// kernel's block `i` takes pair `i`, and blocks start roughly in index order: a prompt's
+    /// last tiles, which attend to the most keys, start first and the light ones fill the tail,
+    /// as FlashAttention schedules causal tiles).
     pub(crate) tiles: Vec<u32>,
     /// `(first pair, pairs)` of each group size `1..=MAX_GROUP` in `tiles`.
     pub(crate) tile_ranges: [(usize, usize); MAX_GROUP],
@@ -91,6 +94,7 @@ impl AttentionRows {
     pub(crate) fn new(meta: &BatchMeta) -> Self {
         let mut decode = Vec::new();
         let mut prefill = Vec::new();
+        // (first row, rows, context before the run's first token) of each prefill run.
         let mut runs = Vec::new();
         for seq in &meta.seqs {
             let (start, len) = (seq.query_start as u32, seq.query_len as u32);
@@ -98,7 +102,8 @@ impl AttentionRows {
                 decode.push(start);
             } else if len > 1 {
                 prefill.extend(start..start + len);
-                runs.push((start, len));
+                let before = seq.context_len_tokens.saturating_sub(seq.query_len) as u32;
+                runs.push((start, len, before));
             }
         }
         let num_decode = decode.len();
@@ -109,14 +114,23 @@ impl AttentionRows {
         for (g, range) in (1..=MAX_GROUP).zip(tile_ranges.iter_mut()) {
             let tile_tokens = (PREFILL_TILE_ROWS / g) as u32;
             let first_pair = tiles.len() / 2;
-            for &(start, len) in &runs {
+            // (keys its last token sees, first row, rows): a tile's work grows with the former.
+            let mut group_tiles = Vec::new();
+            for &(start, len, before) in &runs {
                 let mut done = 0;
                 while done < len {
                     let rows = tile_tokens.min(len - done);
-                    tiles.extend([start + done, rows]);
+                    group_tiles.push((before + done + rows, start + done, rows));
                     done += rows;
                 }
             }
+            // Stable: equal tiles keep their row order.
+            group_tiles.sort_by_key(|&(keys, _, _)| std::cmp::Reverse(keys));
+            tiles.extend(
+                group_tiles
+                    .iter()
+                    .flat_map(|&(_, start, rows)| [start, rows]),
+            );
             *range = (first_pair, tiles.len() / 2 - first_pair);
         }
         Self {
@@ -357,6 +371,7 @@ mod tests {
                 );
                 covered.extend(start..start + len);
             }
+            covered.sort_unstable();
             let expected: Vec<usize> = (1..6).chain(6..70).chain(70..200).chain(201..203).collect();
             assert_eq!(covered, expected, "group {g}");
         }
@@ -366,13 +381,30 @@ mod tests {
         assert_eq!(rows.tile_ranges[0].1, 5);
         // Group 8: 16-token tiles: 1 + 4 + 9 + 1.
         assert_eq!(rows.tile_ranges[7].1, 15);
-        // Only the last tile of a run is partial: every other one holds the most tokens.
+        // Most keys first (context 100 + new tokens before each run): the 130-token run's
+        // second tile (230 keys at its end), its first (228), then 64 (164), 2 (102), 5 (105)
+        // sorted as 105 before 102. Only a run's last tile is partial.
         let (first, count) = rows.tile_ranges[0];
-        let lens: Vec<u32> = rows.tiles[2 * first..2 * (first + count)]
+        let pairs: Vec<(u32, u32)> = rows.tiles[2 * first..2 * (first + count)]
             .chunks_exact(2)
-            .map(|p| p[1])
+            .map(|p| (p[0], p[1]))
             .collect();
-        assert_eq!(lens, [5, 64, 128, 2, 2]);
+        assert_eq!(pairs, [(198, 2), (70, 128), (6, 64), (1, 5), (201, 2)]);
+    }
+
+    #[test]
+    fn a_long_prompts_tiles_start_with_its_last() {
+        let m = meta(&[1, 1000]);
+        let rows = AttentionRows::new(&m);
+        let (first, count) = rows.tile_ranges[5]; // group 6: 21 tokens a tile
+        let starts: Vec<u32> = rows.tiles[2 * first..2 * (first + count)]
+            .chunks_exact(2)
+            .map(|p| p[0])
+            .collect();
+        assert_eq!(starts.len(), 1000usize.div_ceil(21));
+        assert_eq!(starts.first(), Some(&(1 + 21 * 47)), "the last tile first");
+        assert_eq!(starts.last(), Some(&1), "the first tile last");
+        assert!(starts.windows(2).all(|w| w[0] > w[1]), "{starts:?}");
     }
 
     #[test]
