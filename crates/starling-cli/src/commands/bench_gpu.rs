@@ -32,7 +32,16 @@ pub struct KernelsArgs {
     /// Only the STAR-KV latent rows (each still beside its dense row): for profiling them.
     #[arg(long)]
     latent_only: bool,
+    /// Only whole-prompt causal prefill (query = context, 4k–24k tokens) with TFLOP/s, the
+    /// shape of a serving step's prefill: compare with `scripts/bench/prefill_baseline.py`
+    /// (FA2, and vLLM's FA3 where vLLM is installed).
+    #[arg(long, conflicts_with = "latent_only")]
+    prompt_prefill: bool,
 }
+
+/// (batch, prompt tokens) of `bench kernels --prompt-prefill`: one and two 4k prompts (the
+/// 8,192-token steps of the serving campaigns), and long prompts.
+const PROMPT_PREFILL_POINTS: [(usize, usize); 4] = [(1, 4096), (2, 4096), (1, 16384), (1, 24576)];
 
 /// `starling bench decode` flags.
 #[derive(Args, Debug)]
@@ -160,6 +169,9 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
             },
         ),
     ];
+    if args.prompt_prefill {
+        return prompt_prefill(&gpu, &shapes, &args.output);
+    }
     let mut decode_points: Vec<(usize, usize)> = Vec::new();
     let seqs: &[usize] = if args.quick {
         &[1024, 8192]
@@ -203,6 +215,43 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
             "latent_write": latent_writes,
             "fp8_latent_attention": fp8_latent.attention,
             "fp8_latent_write": fp8_latent.writes,
+        }),
+    )
+}
+
+/// `--prompt-prefill`: whole prompts attended causally from an empty context, for each dense
+/// shape and Qwen2.5-Coder-1.5B's heads, at [`PROMPT_PREFILL_POINTS`].
+fn prompt_prefill(
+    gpu: &CudaBackend,
+    shapes: &[(&str, AttentionDims)],
+    output: &Option<PathBuf>,
+) -> Result<()> {
+    let qwen = AttentionDims {
+        num_heads: 12,
+        num_kv_heads: 2,
+        ..shapes[0].1
+    };
+    let mut all: Vec<(&str, AttentionDims)> = shapes.to_vec();
+    all.push(("Qwen 12/2x128", qwen));
+    println!("| shape | batch | prompt tokens | ms | TFLOP/s |");
+    println!("|---|---:|---:|---:|---:|");
+    let mut rows = Vec::new();
+    for (label, dims) in all {
+        for (batch, tokens) in PROMPT_PREFILL_POINTS {
+            let r = bench_attention(gpu, dims, batch, tokens, tokens)?;
+            println!(
+                "| {label} | {batch} | {tokens} | {:.4} | {:.0} |",
+                r.median_ms, r.achieved_tflops
+            );
+            rows.push(serde_json::json!({ "shape": label, "row": r }));
+        }
+    }
+    write_json(
+        output,
+        serde_json::json!({
+            "bench": "kernels_prompt_prefill",
+            "device": gpu.name(),
+            "rows": rows,
         }),
     )
 }

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Whole-prompt causal prefill baselines (issue 21): FlashAttention-2 (PyTorch SDPA, flash
+backend, contiguous K/V) and, where vLLM is importable, vLLM's FlashAttention-3
+(`vllm.vllm_flash_attn.flash_attn_varlen_func`, fa_version=3, K/V paged in blocks of 16 as vLLM
+serves them), bf16, on the points of `starling bench kernels --prompt-prefill`. CUDA-event
+medians of 20 after warm-up. With --starling, also writes the joined markdown table.
+
+usage: prefill_baseline.py OUT_JSON [--starling STARLING_JSON OUT_MD]
+"""
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# Must match the bench's shapes and PROMPT_PREFILL_POINTS (bench_gpu.rs).
+SHAPES = [("MHA 32x128", 32, 32, 128), ("GQA 32/8x128", 32, 8, 128), ("Qwen 12/2x128", 12, 2, 128)]
+POINTS = [(1, 4096), (2, 4096), (1, 16384), (1, 24576)]
+BLOCK = 16
+
+
+def median_ms(fn, warmup=3, iters=20):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def causal_flops(batch, tokens, heads, d):
+    # Query i sees i + 1 keys; two products of 2 flops per multiply-add (bench_attention's count).
+    return 4.0 * batch * tokens * (tokens + 1) / 2 * heads * d
+
+
+def fa2_ms(hq, hkv, d, batch, tokens):
+    q = torch.randn(batch, hq, tokens, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, hkv, tokens, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(batch, hkv, tokens, d, device="cuda", dtype=torch.bfloat16)
+
+    def call():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=hq != hkv)
+
+    return median_ms(call)
+
+
+def fa3_ms(varlen, hq, hkv, d, batch, tokens):
+    blocks_per_seq = (tokens + BLOCK - 1) // BLOCK
+    q = torch.randn(batch * tokens, hq, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch * blocks_per_seq, BLOCK, hkv, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    cu_q = torch.arange(0, batch + 1, device="cuda", dtype=torch.int32) * tokens
+    used = torch.full((batch,), tokens, device="cuda", dtype=torch.int32)
+    # A shuffled block table, as a serving cache's blocks are.
+    table = torch.randperm(batch * blocks_per_seq, device="cuda", dtype=torch.int32)
+    table = table.view(batch, blocks_per_seq)
+
+    def call():
+        varlen(q, k, v, max_seqlen_q=tokens, cu_seqlens_q=cu_q, max_seqlen_k=tokens,
+               seqused_k=used, causal=True, block_table=table, fa_version=3)
+
+    return median_ms(call)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("--starling", nargs=2, metavar=("STARLING_JSON", "OUT_MD"))
+    args = p.parse_args()
+    try:
+        from vllm.vllm_flash_attn import flash_attn_varlen_func as varlen
+        fa3_error = None
+    except Exception as e:  # noqa: BLE001 - any import failure means no FA3 rows
+        varlen, fa3_error = None, f"vLLM's FA3 not importable: {str(e).splitlines()[0]}"
+    rows = []
+    for label, hq, hkv, d in SHAPES:
+        for batch, tokens in POINTS:
+            row = {"shape": label, "batch": batch, "prompt_tokens": tokens,
+                   "flops": causal_flops(batch, tokens, hq, d)}
+            for name, fn in (("fa2", lambda: fa2_ms(hq, hkv, d, batch, tokens)),
+                             ("fa3", lambda: fa3_ms(varlen, hq, hkv, d, batch, tokens))):
+                if name == "fa3" and varlen is None:
+                    row["fa3_ms"], row["fa3_error"] = None, fa3_error
+                    continue
+                try:
+                    row[f"{name}_ms"] = fn()
+                except RuntimeError as e:
+                    row[f"{name}_ms"], row[f"{name}_error"] = None, str(e).splitlines()[0]
+                torch.cuda.empty_cache()
+            rows.append(row)
+            print(row)
+    doc = {"bench": "prefill_baseline", "torch": torch.__version__,
+           "device": torch.cuda.get_device_name(), "rows": rows}
+    json.dump(doc, open(args.out, "w"), indent=1)
+    if args.starling:
+        merge(doc, json.load(open(args.starling[0])), args.starling[1])
+
+
+def merge(base, ours, out_md):
+    index = {(r["shape"], r["batch"], r["prompt_tokens"]): r for r in base["rows"]}
+    fmt = lambda x, spec: format(x, spec) if x else "n/a"  # noqa: E731
+    lines = [
+        f"Device: {ours['device']}; FA2 = PyTorch {base['torch']} SDPA flash (contiguous K/V); "
+        "FA3 = vLLM's flash_attn_varlen_func, fa_version=3, K/V paged in blocks of 16. "
+        "Whole prompts, causal, bf16; ratios > 1: Starling faster.",
+        "",
+        "| shape | batch | prompt | Starling ms | TFLOP/s | FA2 ms | FA3 ms | FA3 TFLOP/s | FA2 / Starling | FA3 / Starling |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for item in ours["rows"]:
+        r = item["row"]
+        b = index.get((item["shape"], r["batch"], r["seq_tokens"]), {})
+        f2, f3, ms = b.get("fa2_ms"), b.get("fa3_ms"), r["median_ms"]
+        f3_tf = b["flops"] / (f3 * 1e-3) / 1e12 if f3 else None
+        lines.append(
+            f"| {item['shape']} | {r['batch']} | {r['seq_tokens']} | {ms:.3f} | "
+            f"{r['achieved_tflops']:.0f} | {fmt(f2, '.3f')} | {fmt(f3, '.3f')} | "
+            f"{fmt(f3_tf, '.0f')} | {fmt(f2 and f2 / ms, '.2f')} | {fmt(f3 and f3 / ms, '.2f')} |"
+        )
+    open(out_md, "w").write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
