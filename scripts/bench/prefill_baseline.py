@@ -14,26 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from fa2_baseline import median_ms  # the same timing as the decode/chunk baseline
+
 # Must match the bench's shapes and PROMPT_PREFILL_POINTS (bench_gpu.rs).
 SHAPES = [("MHA 32x128", 32, 32, 128), ("GQA 32/8x128", 32, 8, 128), ("Qwen 12/2x128", 12, 2, 128)]
 POINTS = [(1, 4096), (2, 4096), (1, 16384), (1, 24576)]
 BLOCK = 16
-
-
-def median_ms(fn, warmup=3, iters=20):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
 
 
 def causal_flops(batch, tokens, heads, d):
