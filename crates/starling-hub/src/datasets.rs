@@ -58,9 +58,7 @@ impl EssaySource {
             sha256: "425faac798858e4240d7f4be9b3440b658e805b1289e0bdae72b83a4a1bcdfde".to_owned(),
         }
     }
-}
 
-impl EssaySource {
     /// Shakespeare's works as one file (`shakespeare.txt`, 5,020,475 bytes, punctuation
     /// stripped), the long prose `aiperf==0.13.0` ships among its generator assets (the folder's
     /// images are nested and never extracted).

@@ -320,7 +320,6 @@ pub fn write_checkpoints<B: Backend>(
                 ids = with_chat;
                 sources.push(source);
             }
-            let source = (!sources.is_empty()).then_some(sources);
             let targets: Vec<(String, BudgetTarget)> = profiles
                 .iter()
                 .map(|p| (p.name.clone(), p.target))
@@ -344,9 +343,9 @@ pub fn write_checkpoints<B: Backend>(
                 &knobs,
                 &args.torch,
             )?;
-            (Some(runner), source)
+            (Some(runner), sources)
         }
-        _ => (None, None),
+        _ => (None, Vec::new()),
     };
     let mut lines = Vec::with_capacity(profiles.len());
     for choice in &profiles {
@@ -359,9 +358,7 @@ pub fn write_checkpoints<B: Backend>(
                 plan.calibration.dataset_sha256 = Some(text.dataset_sha256.clone());
             }
         }
-        if let Some(sources) = &text_sources {
-            plan.calibration.data.extend(sources.iter().cloned());
-        }
+        plan.calibration.data.extend(text_sources.iter().cloned());
         let mut checkpoint = match (&distill, distiller.as_mut(), &runner, &torch) {
             (_, _, Some(runner), Some(phases)) if phases.thresholds => {
                 let (checkpoint, line) = runner

@@ -237,7 +237,12 @@ pub fn prose_corpus_tokens(tokenizer: &Tokenizer, essay_ids: &[u32]) -> Result<(
         ids,
         format!(
             "{} (set sha256 {}, {prose_tokens} tokens)",
-            starling_hub::EssaySource::shakespeare().name,
+            prose
+                .essays()
+                .iter()
+                .map(|e| e.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
             prose.sha256()
         ),
     ))
