@@ -45,7 +45,8 @@ LD_LIBRARY_PATH="$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" CUDA_HOME="$roo
   STARLING_PTX_DIR="$ptx_dir" "$exe" --include-ignored --nocapture
 if [ -n "${PTXAS:-}" ]; then
   for ptx in "$ptx_dir"/*.ptx; do
-    "$PTXAS" -arch=sm_90 -v -o /dev/null "$ptx" 2>&1 \
+    arch="${ptx%.ptx}"; arch="${arch##*.}"   # <module>.<arch>.ptx
+    "$PTXAS" -arch="$arch" -v -o /dev/null "$ptx" 2>&1 \
       | awk '/Compiling entry function/ { name = $(NF - 2) } /Used [0-9]+ registers/ { print name, $0 }
              /bytes stack frame/ && !/0 bytes spill stores, 0 bytes spill loads/ { print name, $0 }'
   done

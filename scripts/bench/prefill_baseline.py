@@ -3,9 +3,10 @@
 backend, contiguous K/V) and, where vLLM is importable, vLLM's FlashAttention-3
 (`vllm.vllm_flash_attn.flash_attn_varlen_func`, fa_version=3, K/V paged in blocks of 16 as vLLM
 serves them), bf16, on the points of `starling bench kernels --prompt-prefill`. CUDA-event
-medians of 20 after warm-up. With --starling, also writes the joined markdown table.
+medians of 20 after warm-up. With --starling, also writes the joined markdown table (once per
+--starling: one run of the bench per Starling kernel).
 
-usage: prefill_baseline.py OUT_JSON [--starling STARLING_JSON OUT_MD]
+usage: prefill_baseline.py OUT_JSON [--starling STARLING_JSON OUT_MD]...
 """
 import argparse
 import json
@@ -60,7 +61,8 @@ def fa3_ms(varlen, hq, hkv, d, batch, tokens):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("out")
-    p.add_argument("--starling", nargs=2, metavar=("STARLING_JSON", "OUT_MD"))
+    p.add_argument("--starling", nargs=2, action="append", default=[],
+                   metavar=("STARLING_JSON", "OUT_MD"))
     args = p.parse_args()
     try:
         from vllm.vllm_flash_attn import flash_attn_varlen_func as varlen
@@ -87,15 +89,16 @@ def main():
     doc = {"bench": "prefill_baseline", "torch": torch.__version__,
            "device": torch.cuda.get_device_name(), "rows": rows}
     json.dump(doc, open(args.out, "w"), indent=1)
-    if args.starling:
-        merge(doc, json.load(open(args.starling[0])), args.starling[1])
+    for ours, out_md in args.starling:
+        merge(doc, json.load(open(ours)), out_md)
 
 
 def merge(base, ours, out_md):
     index = {(r["shape"], r["batch"], r["prompt_tokens"]): r for r in base["rows"]}
     fmt = lambda x, spec: format(x, spec) if x else "n/a"  # noqa: E731
     lines = [
-        f"Device: {ours['device']}; FA2 = PyTorch {base['torch']} SDPA flash (contiguous K/V); "
+        f"Device: {ours['device']}; Starling kernel: {ours.get('prefill_kernel')}; "
+        f"FA2 = PyTorch {base['torch']} SDPA flash (contiguous K/V); "
         "FA3 = vLLM's flash_attn_varlen_func, fa_version=3, K/V paged in blocks of 16. "
         "Whole prompts, causal, bf16; ratios > 1: Starling faster.",
         "",

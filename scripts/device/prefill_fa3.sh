@@ -6,8 +6,10 @@
 # vllm_campaign.sh's header), then one call:
 #   carry [".device/starling", ".device/qwen_tokenizer", ".device/sharegpt.json", ".device/vparts/SHA256SUMS"]
 #   command: bash scripts/device/prefill_fa3.sh
-# (S=<path> for a binary staged elsewhere.) $OUT: date.txt, starling_prefill.{json,md}
-# (`bench kernels --prompt-prefill`), baseline.json (FA2, FA3), prefill.md (joined, ratios).
+# (S=<path> for a binary staged elsewhere.) Starling runs once per tiled prefill kernel
+# (STARLING_PREFILL_KERNEL: wgmma, the Hopper kernel, then mma), same binary and card.
+# $OUT: date.txt, starling_prefill_{wgmma,mma}.{json,md} (`bench kernels --prompt-prefill`),
+# baseline.json (FA2, FA3), prefill_{wgmma,mma}.md (joined, ratios).
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64
 S=${S:-.device/starling}
@@ -18,9 +20,13 @@ status=0
 # Steps 1-3 of the campaign script (inputs checked, vLLM installed); without them the FA3 rows
 # say why they are missing and the rest still runs.
 SETUP_ONLY=1 S=$S bash scripts/device/vllm_campaign.sh || { echo "vLLM setup failed"; status=1; }
-timeout 300 "$S" bench kernels --prompt-prefill --output "$OUT/starling_prefill.json" \
-  | tee "$OUT/starling_prefill.md" || status=1
+for kernel in wgmma mma; do
+  STARLING_PREFILL_KERNEL=$kernel timeout 300 "$S" bench kernels --prompt-prefill \
+    --output "$OUT/starling_prefill_$kernel.json" | tee "$OUT/starling_prefill_$kernel.md" || status=1
+done
 PYTHONPATH=$SITE timeout 240 python3 scripts/bench/prefill_baseline.py "$OUT/baseline.json" \
-  --starling "$OUT/starling_prefill.json" "$OUT/prefill.md" > "$OUT/baseline.log" 2>&1 || status=1
+  --starling "$OUT/starling_prefill_wgmma.json" "$OUT/prefill_wgmma.md" \
+  --starling "$OUT/starling_prefill_mma.json" "$OUT/prefill_mma.md" > "$OUT/baseline.log" 2>&1 \
+  || status=1
 tail -20 "$OUT/baseline.log"
 exit $status

@@ -17,8 +17,12 @@
 #   carry [".device/starling", ".device/qwen_tokenizer", ".device/sharegpt.json", ".device/vparts/SHA256SUMS"]
 #   command: bash scripts/device/vllm_profile.sh
 # Knobs: KV_MEM (0.75GiB), IN (4096), OUTLEN (128), CONC (16), PROMPTS (64), SKIP_ITERS (50),
-# PROFILE_ITERS (300). Results in $OUT: vllm_profile.md (both tables and the unprofiled figures)
-# and vllm_profile.tgz (every run's JSON / markdown and the server logs).
+# PROFILE_ITERS (300), STARLING_MODES ("graphs profiled": the binary's defaults; a suffix sets
+# choices for an A/B in the same call: "-wgmma" the Hopper prefill kernel
+# (STARLING_PREFILL_KERNEL=wgmma), "-mma" the mma.sync one, "-bias" the linear layers' bias in
+# the cuBLASLt GEMM's epilogue (STARLING_GEMM_BIAS_EPILOGUE=1), "-sepbias" in a launch of its own,
+# e.g. "graphs graphs-wgmma-bias profiled-wgmma-bias"). Results in $OUT: vllm_profile.md (both tables and the unprofiled figures) and
+# vllm_profile.tgz (every run's JSON / markdown and the server logs).
 set -uo pipefail
 . "$(dirname "$0")/lib.sh"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64
@@ -86,11 +90,16 @@ fi
 kill -INT $vpid 2>/dev/null; sleep 5; kill -9 $vpid 2>/dev/null; wait $vpid 2>/dev/null
 
 # Starling: unprofiled (graphs on), then --kernel-profile, one server each.
-for mode in graphs profiled; do
+for mode in ${STARLING_MODES:-graphs profiled}; do
   port=$((port + 1))
   extra=()
-  [ $mode = profiled ] && extra=(--kernel-profile)
-  "$S" serve --device cuda --model "$HOME/qwen_syn" --served-model-name qwen --port $port \
+  choices=()
+  case $mode in profiled*) extra=(--kernel-profile) ;; esac
+  case $mode in *-wgmma*) choices+=(STARLING_PREFILL_KERNEL=wgmma) ;; esac
+  case $mode in *-mma*) choices+=(STARLING_PREFILL_KERNEL=mma) ;; esac
+  case $mode in *-bias*) choices+=(STARLING_GEMM_BIAS_EPILOGUE=1) ;; esac
+  case $mode in *-sepbias*) choices+=(STARLING_GEMM_BIAS_EPILOGUE=0) ;; esac
+  env "${choices[@]}" "$S" serve --device cuda --model "$HOME/qwen_syn" --served-model-name qwen --port $port \
     --max-model-len 8192 --kv-cache-memory "$KV_MEM" --max-num-seqs 256 --max-num-batched-tokens 8192 \
     "${extra[@]}" > "$RUN/starling_server_$mode.log" 2>&1 &
   spid=$!
@@ -101,5 +110,9 @@ for mode in graphs profiled; do
   fi
   kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null
 done
-{ echo; echo "### Starling device time per launch site"; sed -n '/Device time per launch site/,$p' "$RUN/starling_profiled.md" | head -40; } >> "$md"
+for prof in "$RUN"/starling_profiled*.md; do
+  [ -e "$prof" ] || continue
+  { echo; echo "### Starling device time per launch site ($(basename "$prof" .md))"
+    sed -n '/Device time per launch site/,$p' "$prof" | head -40; } >> "$md"
+done
 cat "$md"

@@ -24,8 +24,10 @@
 // several splits each block covers keys [that start + split * split_len, +split_len) and writes an unnormalised partial in the layout
 // attention_combine_bf16 (attention.cu) merges, the same layout the decode kernels write.
 //
-// The helpers (cp.async, ldmatrix, mma.sync, swizzle, tile copies) are in mma_common.cuh, the fp8
-// conversions in fp8.cuh; the host prepends both to this source.
+// The helpers (cp.async, ldmatrix, mma.sync, swizzle, tile copies) are in mma_common.cuh, the
+// tile's key range, row bounds, online softmax and output write in prefill_common.cuh (shared
+// with the Hopper kernel, prefill_wgmma.cu), the fp8 conversions in fp8.cuh; the host prepends
+// all three to this source.
 
 #define BM 128          // query rows per block (host: PREFILL_TILE_ROWS)
 #define BN 64           // keys per shared-memory tile (host: PREFILL_TILE_KEYS)
@@ -41,62 +43,6 @@
 #define STAGES_D128 2   // ... at head_dim 128: 96 KiB with Q, two blocks per SM
 
 static_assert(BM == WARPS * 16 * WARP_MT && THREADS == WARPS * 32, "tile geometry");
-
-// One key tile's online-softmax update of this thread's rows: S (raw scores) becomes P, the
-// running max m (log2 units, scaled) and this lane's share of the sum l move on, and O is rescaled.
-// The scale is folded into the exponent (one FFMA per score) and the max taken on raw scores (the
-// scale is positive). With MASK, keys at or past a row's end, or before its window's start, score
-// -inf.
-template <bool MASK, int MT, int NT, int DT>
-__device__ __forceinline__ void online_softmax_tile(float (&s)[MT][NT][4], float (&o)[MT][DT][4],
-                                                    float (&m)[MT][2], float (&l)[MT][2],
-                                                    const int (&row_visible)[MT][2], int kv_end,
-                                                    int window, int kb, int qc, float scale_log2) {
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            // The row's keys: [its window's start, min(visible, the split's end)). Derived here
-            // from the visible count rather than kept per row (registers are the budget).
-            const int row_end = min(row_visible[mt][i], kv_end);
-            const int row_start = window > 0 ? row_visible[mt][i] - window : 0;
-            float mx = NEG_INF;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int key = kb + nt * 8 + 2 * qc + e;
-                    if (MASK && (key >= row_end || key < row_start))
-                        s[mt][nt][2 * i + e] = NEG_INF;
-                    mx = fmaxf(mx, s[mt][nt][2 * i + e]);
-                }
-            }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m[mt][i], mx * scale_log2);
-            // Nothing seen yet: any finite base keeps exp2(-inf - base) = 0 (no NaN).
-            const float base = m_new == NEG_INF ? 0.f : m_new;
-            const float corr = fast_exp2(m[mt][i] - base);
-            m[mt][i] = m_new;
-            float sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const float p = fast_exp2(fmaf(s[mt][nt][2 * i + e], scale_log2, -base));
-                    s[mt][nt][2 * i + e] = p;
-                    sum += p;
-                }
-            }
-            l[mt][i] = l[mt][i] * corr + sum;  // this lane's share; the quad sums at the end
-#pragma unroll
-            for (int dt = 0; dt < DT; dt++) {
-                o[mt][dt][2 * i] *= corr;
-                o[mt][dt][2 * i + 1] *= corr;
-            }
-        }
-    }
-}
 
 // FP8: the planes hold e4m3 bytes; the ring stages fp8 tiles and each tile is converted into one
 // bf16 (K, V) pair behind it before the mma loops (decode_attention.cu's scheme: a second
@@ -132,7 +78,6 @@ __device__ void prefill_attention_impl(
     unsigned char* ring8 = reinterpret_cast<unsigned char*>(ring);  // FP8: the ring in bytes
     bf16* k_conv = reinterpret_cast<bf16*>(ring8 + STAGES * 2 * TILE);  // FP8 only
     bf16* v_conv = k_conv + TILE;
-    __shared__ int warp_visible[WARPS], warp_visible_min[WARPS];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int kvh = blockIdx.y, split = blockIdx.z;
@@ -143,67 +88,14 @@ __device__ void prefill_attention_impl(
     const int num_q_heads = num_kv_heads * group;
     const unsigned* table = block_tables + (size_t)tok_seq[first] * max_blocks;
 
-    // The tile's largest visible count bounds the key loop, and under a window its smallest
-    // one's window start begins it (block-uniform, so every thread runs the same iterations
-    // and reaches every barrier).
-    int vis = 0, vis_min = 0x7fffffff;
-    for (int i = tid; i < count; i += THREADS) {
-        vis = max(vis, (int)tok_visible[first + i]);
-        vis_min = min(vis_min, (int)tok_visible[first + i]);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        vis = max(vis, __shfl_xor_sync(0xffffffffu, vis, o));
-        vis_min = min(vis_min, __shfl_xor_sync(0xffffffffu, vis_min, o));
-    }
-    if (lane == 0) warp_visible[warp] = vis, warp_visible_min[warp] = vis_min;
-    __syncthreads();
-    int tile_visible = 0, tile_visible_min = 0x7fffffff;
-#pragma unroll
-    for (int w = 0; w < WARPS; w++) {
-        tile_visible = max(tile_visible, warp_visible[w]);
-        tile_visible_min = min(tile_visible_min, warp_visible_min[w]);
-    }
-    const int tile_first_key = window > 0 ? max(0, tile_visible_min - window) : 0;
-    const int kv_start = tile_first_key + split * split_len;
-    const int kv_end = min(kv_start + split_len, tile_visible);
+    int kv_start, kv_end;
+    prefill_tile_keys<THREADS, WARPS>(tok_visible, first, count, window, split, split_len,
+                                      kv_start, kv_end);
     const int n_tiles = kv_end > kv_start ? (kv_end - kv_start + BN - 1) / BN : 0;
-
-    // This thread's fragment rows: qr and qr + 8 of each of the warp's m-tiles.
-    const int qr = lane >> 2, qc = lane & 3;
-    // Each fragment row's visible count (the row's token and head are recomputed at the end:
-    // registers). A padding row sees nothing (0): every score is masked.
-    int row_visible[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int r = (warp * MT + mt) * 16 + qr + 8 * i;
-            row_visible[mt][i] = r < rows ? (int)tok_visible[first + r / group] : 0;
-        }
-    }
-
-    // Keys from this warp's largest row window start to its smallest row end are visible to all
-    // of its real rows: tiles wholly inside skip the mask (padding rows' outputs are never
-    // written, so they need none).
-    int warp_full_end = 0x7fffffff, warp_full_start = 0;
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int r = (warp * MT + mt) * 16 + qr + 8 * i;
-            if (r < rows) {
-                warp_full_end = min(warp_full_end, min(row_visible[mt][i], kv_end));
-                if (window > 0)
-                    warp_full_start = max(warp_full_start, row_visible[mt][i] - window);
-            }
-        }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        warp_full_end = min(warp_full_end, __shfl_xor_sync(0xffffffffu, warp_full_end, o));
-        warp_full_start = max(warp_full_start, __shfl_xor_sync(0xffffffffu, warp_full_start, o));
-    }
+    const int qc = lane & 3;
+    int row_visible[MT][2], warp_full_start, warp_full_end;
+    prefill_row_bounds<MT>(tok_visible, first, rows, group, kv_end, window, row_visible,
+                           warp_full_start, warp_full_end);
 
     // Prologue: Q (padding rows zero-filled) and the first STAGES - 1 K/V tiles go in flight,
     // one commit group per tile (Q joins tile 0's; groups may be empty, so the count stays
@@ -340,43 +232,8 @@ __device__ void prefill_attention_impl(
     // waited for its Q copies).
     cp_async_wait<0>();
 
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            l[mt][i] += __shfl_xor_sync(0xffffffffu, l[mt][i], 1);
-            l[mt][i] += __shfl_xor_sync(0xffffffffu, l[mt][i], 2);
-        }
-    }
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int r = (warp * MT + mt) * 16 + qr + 8 * i;
-            if (r >= rows) continue;  // padding rows belong to no token: write nothing
-            const size_t t = (size_t)(first + r / group), h = (size_t)(kvh * group + r % group);
-            if (splits == 1) {
-                const float inv = l[mt][i] > 0.f ? 1.f / l[mt][i] : 0.f;
-                bf16* dst = out + t * num_q_heads * D + h * D + 2 * qc;
-#pragma unroll
-                for (int dt = 0; dt < DT; dt++)
-                    *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
-                        __floats2bfloat162_rn(o[mt][dt][2 * i] * inv, o[mt][dt][2 * i + 1] * inv);
-            } else {
-                const size_t base = (t * num_q_heads + h) * splits + split;
-                float* dst = part_acc + base * D + 2 * qc;
-#pragma unroll
-                for (int dt = 0; dt < DT; dt++)
-                    *reinterpret_cast<float2*>(dst + dt * 8) =
-                        make_float2(o[mt][dt][2 * i], o[mt][dt][2 * i + 1]);
-                if (qc == 0) {
-                    // The combine works in natural-log units, as the decode kernel's partials.
-                    part_ml[base * 2] = m[mt][i] * LN2;
-                    part_ml[base * 2 + 1] = l[mt][i];
-                }
-            }
-        }
-    }
+    prefill_write_rows<MT, DT>(o, m, l, first, rows, group, kvh, num_q_heads, splits, split, out,
+                               part_acc, part_ml);
 }
 
 #define INSTANTIATE_ELEM(D, ELEM, FP8)                                                          \

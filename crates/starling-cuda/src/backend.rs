@@ -69,7 +69,7 @@ pub use graphs::{CudaDecodeGraphs, GraphCensus};
 pub use kv_cache::CudaKvCache;
 pub use latent_scores::{LatentScoreKernel, LATENT_SCORES_ENV};
 use linear::GEMV_PREFETCH_BYTES;
-pub use linear::{GEMV_KSPLIT_ENV, GEMV_PREFETCH_ENV};
+pub use linear::{GEMM_BIAS_ENV, GEMV_KSPLIT_ENV, GEMV_PREFETCH_ENV};
 
 /// Where attention reads full keys and values: a cache through the batch's block tables, or a
 /// latent layer's reconstructed context through its scratch tables.
@@ -99,6 +99,10 @@ pub struct CudaBackend {
     blas: CudaBlas,
     /// cuBLAS's workspace; declared after `blas` so the handle goes first.
     _blas_workspace: CudaSlice<u8>,
+    /// cuBLASLt, for GEMMs with the bias added in their epilogue ([`linear::GEMM_BIAS_ENV`]);
+    /// `None` where its handle could not be made or the variable turns it off (a separate bias
+    /// launch then follows the cuBLAS GEMM).
+    blas_lt: Option<cudarc::cublaslt::CudaBlasLT>,
     /// Set while a decode step is being recorded into a CUDA graph: a host upload then would be
     /// recorded with a pointer to host memory that is gone by the replay, so uploads fail instead.
     recording: AtomicBool,
@@ -206,6 +210,7 @@ impl CudaBackend {
             }
             .result()?;
         }
+        let blas_lt = linear::make_blas_lt(&stream);
         let (major, minor) = ctx.compute_capability()?;
         // NVRTC wants a &'static str; one small leak per backend created.
         let arch: &'static str = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
@@ -221,6 +226,7 @@ impl CudaBackend {
             stream,
             blas,
             _blas_workspace: blas_workspace,
+            blas_lt,
             recording: AtomicBool::new(false),
             kernels,
             pdl: crate::launch::pdl_enabled(major),

@@ -14,6 +14,9 @@ pub enum CudaError {
     /// cuBLAS failed.
     #[error("cuBLAS: {0:?}")]
     Blas(cudarc::cublas::result::CublasError),
+    /// cuBLASLt failed.
+    #[error("cuBLASLt: {0:?}")]
+    BlasLt(#[from] cudarc::cublaslt::result::CublasError),
     /// NVRTC could not compile a kernel source.
     #[error("NVRTC compiling {module}: {log}")]
     Compile {

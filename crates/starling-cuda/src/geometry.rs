@@ -74,6 +74,19 @@ pub(crate) const fn prefill_shared_bytes(head_dim: usize, elem: CacheElem) -> us
         + converted_pair_bytes(PREFILL_TILE_KEYS, head_dim, elem)
 }
 
+/// Threads per block of the Hopper tiled prefill kernel (`WG_THREADS` in `prefill_wgmma.cu`: two
+/// warpgroups of 64 rows; same tile rows and keys as the mma.sync kernel).
+pub(crate) const PREFILL_WGMMA_THREADS: u32 = 256;
+/// (K, V) tile pairs in the Hopper prefill kernel's ring (`WG_STAGES`).
+pub(crate) const PREFILL_WGMMA_STAGES: usize = 2;
+/// Head width of the Hopper prefill kernel (its wgmma shapes are m64n64 for S, m64n128 for O).
+pub(crate) const PREFILL_WGMMA_HEAD_DIM: usize = 128;
+
+/// Dynamic shared memory of one Hopper prefill block (bf16 cache): the Q tile and the ring.
+pub(crate) const fn prefill_wgmma_shared_bytes() -> usize {
+    (PREFILL_TILE_ROWS + PREFILL_WGMMA_STAGES * 2 * PREFILL_TILE_KEYS) * PREFILL_WGMMA_HEAD_DIM * 2
+}
+
 /// The bf16 (K, V) tile pair an fp8 kernel converts each staged tile into (none for bf16).
 const fn converted_pair_bytes(keys: usize, head_dim: usize, elem: CacheElem) -> usize {
     match elem {

@@ -24,40 +24,90 @@ pub(crate) use crate::tiled_kernels::{DecodeMmaKernel, PrefillKernel};
 /// the named headers from `kernels/` in order — `bf16_vec` (the 16-byte bf16 vector helpers of
 /// the row, matrix-vector, attention and key-score kernels), `fp8` (the e4m3 conversions of the
 /// fp8 cache, which `mma_common`'s fp8 tile copies use), `kv_elem` (cache element loads of both
-/// dtypes), `mma_common` (the tensor-core helpers of the tiled attention kernels).
+/// dtypes), `mma_common` (the tensor-core helpers of the tiled attention kernels),
+/// `prefill_common` (the two tiled prefill kernels' key ranges, softmax and output write).
 macro_rules! kernel_source {
-    ($path:literal $(, $header:ident)*) => {
-        concat!(
-            include_str!("../kernels/pdl.cuh"),
-            $(include_str!(concat!("../kernels/", stringify!($header), ".cuh")),)*
-            include_str!($path)
-        )
+    ($file:literal $(, $header:ident)*) => {
+        KernelSource {
+            text: concat!(
+                include_str!("../kernels/pdl.cuh"),
+                $(include_str!(concat!("../kernels/", stringify!($header), ".cuh")),)*
+                include_str!(concat!("../kernels/", $file))
+            ),
+            files: &["pdl.cuh", $(concat!(stringify!($header), ".cuh"),)* $file],
+        }
     };
 }
-const OPS_SRC: &str = kernel_source!("../kernels/ops.cu", bf16_vec, fp8);
-const HEAD_NORM_SRC: &str = kernel_source!("../kernels/head_norm.cu", bf16_vec);
-const ATTENTION_SRC: &str = kernel_source!(
+
+/// A module's source as built in, and the files of `kernels/` it is made of, in order.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelSource {
+    /// The files' text, concatenated.
+    pub text: &'static str,
+    /// File names under `crates/starling-cuda/kernels/`.
+    pub files: &'static [&'static str],
+}
+
+/// Environment variable naming a directory that holds the kernel files (a checkout's
+/// `crates/starling-cuda/kernels`): modules are then compiled from those files instead of the
+/// sources built into the binary, so a kernel can be changed and run on a GPU machine without
+/// rebuilding. For kernel development only; the PTX cache keys on the text, so edits recompile.
+pub const KERNEL_DIR_ENV: &str = "STARLING_KERNEL_DIR";
+
+impl KernelSource {
+    /// The text to compile: from [`KERNEL_DIR_ENV`]'s directory when it is set, else built in.
+    pub fn load(&self, module: &str) -> Result<std::borrow::Cow<'static, str>, CudaError> {
+        match std::env::var_os(KERNEL_DIR_ENV) {
+            None => Ok(std::borrow::Cow::Borrowed(self.text)),
+            Some(dir) => {
+                tracing::info!("kernel {module}: source from {}", dir.to_string_lossy());
+                self.read_from(std::path::Path::new(&dir), module)
+                    .map(std::borrow::Cow::Owned)
+            }
+        }
+    }
+
+    /// The files concatenated from `dir` (a clear error naming a missing or unreadable one).
+    pub fn read_from(&self, dir: &std::path::Path, module: &str) -> Result<String, CudaError> {
+        let mut text = String::new();
+        for file in self.files {
+            let path = dir.join(file);
+            let part = std::fs::read_to_string(&path).map_err(|e| CudaError::Compile {
+                module: module.to_string(),
+                log: format!("{KERNEL_DIR_ENV}: {}: {e}", path.display()),
+            })?;
+            text.push_str(&part);
+        }
+        Ok(text)
+    }
+}
+
+const OPS_SRC: KernelSource = kernel_source!("ops.cu", bf16_vec, fp8);
+const HEAD_NORM_SRC: KernelSource = kernel_source!("head_norm.cu", bf16_vec);
+const ATTENTION_SRC: KernelSource = kernel_source!(
     "../kernels/attention.cu",
     bf16_vec,
     fp8,
     kv_elem,
     decode_common
 );
-const KV_CACHE_SRC: &str = kernel_source!("../kernels/kv_cache.cu");
-const KEY_SCORES_SRC: &str = kernel_source!("../kernels/key_scores.cu", bf16_vec, fp8, kv_elem);
-const PREFILL_ATTENTION_SRC: &str =
-    kernel_source!("../kernels/prefill_attention.cu", fp8, mma_common);
-const DECODE_ATTENTION_SRC: &str = kernel_source!(
+const KV_CACHE_SRC: KernelSource = kernel_source!("kv_cache.cu");
+const KEY_SCORES_SRC: KernelSource = kernel_source!("key_scores.cu", bf16_vec, fp8, kv_elem);
+const PREFILL_ATTENTION_SRC: KernelSource =
+    kernel_source!("prefill_attention.cu", fp8, mma_common, prefill_common);
+const PREFILL_WGMMA_SRC: KernelSource =
+    kernel_source!("prefill_wgmma.cu", fp8, mma_common, prefill_common);
+const DECODE_ATTENTION_SRC: KernelSource = kernel_source!(
     "../kernels/decode_attention.cu",
     fp8,
     mma_common,
     decode_common
 );
-const SAMPLING_SRC: &str = kernel_source!("../kernels/sampling.cu");
-const GEMV_SRC: &str = kernel_source!("../kernels/gemv.cu", bf16_vec);
-const LATENT_SRC: &str = kernel_source!("../kernels/latent.cu", fp8, mma_common, latent_common);
-const LATENT_ROT_SRC: &str =
-    kernel_source!("../kernels/latent_rot.cu", fp8, mma_common, latent_common);
+const SAMPLING_SRC: KernelSource = kernel_source!("sampling.cu");
+const GEMV_SRC: KernelSource = kernel_source!("gemv.cu", bf16_vec);
+const LATENT_SRC: KernelSource = kernel_source!("latent.cu", fp8, mma_common, latent_common);
+const LATENT_ROT_SRC: KernelSource =
+    kernel_source!("latent_rot.cu", fp8, mma_common, latent_common);
 
 /// Head widths the latent score kernel (`latent.cu`) is instantiated for.
 const LATENT_HEAD_DIMS: [usize; 2] = [64, 128];
@@ -209,6 +259,9 @@ mod names {
         format!("prefill_attention_d{d}_{}", elem.suffix())
     }
 
+    /// The Hopper (wgmma) tiled prefill kernel: head width 128, bf16 cache.
+    pub(super) const PREFILL_WGMMA: &str = "prefill_wgmma_d128_bf16";
+
     /// The matrix-vector instantiation for `n` input rows, one output kind and `ksplit` warps per
     /// output column.
     pub(super) fn gemv(n: usize, kind: super::GemvKind, ksplit: usize) -> String {
@@ -230,10 +283,52 @@ mod names {
 pub struct KernelModule {
     /// Module name: the NVRTC program name and part of the PTX cache key.
     pub name: &'static str,
-    /// CUDA C++ source.
-    pub source: &'static str,
+    /// CUDA C++ source (built in) and the files it is made of.
+    pub source: KernelSource,
     /// The `extern "C"` kernels the backend loads from it.
     pub functions: Vec<String>,
+    /// The devices it is compiled for.
+    pub target: ModuleTarget,
+}
+
+/// Which devices a kernel module is compiled and loaded for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModuleTarget {
+    /// Every device, for its own architecture (`sm_{major}{minor}`).
+    Device,
+    /// Compute capability 9.0 only, for `sm_90a`: the architecture-specific instructions
+    /// (wgmma) that PTX for plain `sm_90` cannot use, and that no other device runs.
+    Hopper,
+}
+
+impl ModuleTarget {
+    /// The architecture to compile for on a device of architecture `device_arch` (`sm_90`, …),
+    /// or `None` where the module does not load there.
+    pub fn arch(self, device_arch: &'static str) -> Option<&'static str> {
+        match self {
+            ModuleTarget::Device => Some(device_arch),
+            ModuleTarget::Hopper => (device_arch == "sm_90").then_some("sm_90a"),
+        }
+    }
+}
+
+/// Environment variable choosing the tiled prefill kernel on a Hopper GPU: `wgmma` for the
+/// wgmma kernel (`prefill_wgmma.cu`, head width 128, bf16 cache), `mma` for the mma.sync one
+/// (`prefill_attention.cu`); unset, [`WGMMA_PREFILL_BY_DEFAULT`] decides.
+pub const PREFILL_KERNEL_ENV: &str = "STARLING_PREFILL_KERNEL";
+
+/// Whether a Hopper GPU runs the wgmma prefill kernel when [`PREFILL_KERNEL_ENV`] is unset. Off
+/// until the kernel has passed its parity tests and beaten the mma.sync kernel on a GPU.
+pub const WGMMA_PREFILL_BY_DEFAULT: bool = false;
+
+/// Whether the wgmma prefill kernel is asked for ([`PREFILL_KERNEL_ENV`], else the default); it
+/// loads only on compute capability 9.0.
+pub fn wgmma_prefill_requested() -> bool {
+    match std::env::var(PREFILL_KERNEL_ENV) {
+        Ok(v) if v.trim() == "wgmma" => true,
+        Ok(v) if v.trim() == "mma" => false,
+        _ => WGMMA_PREFILL_BY_DEFAULT,
+    }
 }
 
 /// Every (head width, group bound, cache element) the per-token attention kernel is
@@ -261,6 +356,7 @@ pub fn kernel_modules() -> Vec<KernelModule> {
     };
     vec![
         KernelModule {
+            target: ModuleTarget::Device,
             name: "ops",
             source: OPS_SRC,
             functions: owned(&[
@@ -280,16 +376,19 @@ pub fn kernel_modules() -> Vec<KernelModule> {
             .collect(),
         },
         KernelModule {
+            target: ModuleTarget::Device,
             name: "head_norm",
             source: HEAD_NORM_SRC,
             functions: owned(&[names::RMS_NORM_HEADS]),
         },
         KernelModule {
+            target: ModuleTarget::Device,
             name: "attention",
             source: ATTENTION_SRC,
             functions: attention,
         },
         KernelModule {
+            target: ModuleTarget::Device,
             name: "prefill_attention",
             source: PREFILL_ATTENTION_SRC,
             functions: PREFILL_HEAD_DIMS
@@ -298,6 +397,13 @@ pub fn kernel_modules() -> Vec<KernelModule> {
                 .collect(),
         },
         KernelModule {
+            target: ModuleTarget::Hopper,
+            name: "prefill_wgmma",
+            source: PREFILL_WGMMA_SRC,
+            functions: owned(&[names::PREFILL_WGMMA]),
+        },
+        KernelModule {
+            target: ModuleTarget::Device,
             name: "decode_attention",
             source: DECODE_ATTENTION_SRC,
             functions: DECODE_MMA_HEAD_DIMS
@@ -306,6 +412,7 @@ pub fn kernel_modules() -> Vec<KernelModule> {
                 .collect(),
         },
         KernelModule {
+            target: ModuleTarget::Device,
             name: "kv_cache",
             source: KV_CACHE_SRC,
             functions: owned(&[
@@ -317,6 +424,7 @@ pub fn kernel_modules() -> Vec<KernelModule> {
             ]),
         },
         KernelModule {
+            target: ModuleTarget::Device,
             name: "key_scores",
             source: KEY_SCORES_SRC,
             functions: owned(&[
@@ -334,16 +442,19 @@ pub fn kernel_modules() -> Vec<KernelModule> {
             .collect(),
         },
         KernelModule {
+            target: ModuleTarget::Device,
             name: "gemv",
             source: GEMV_SRC,
             functions: (1..=GEMV_MAX_ROWS).flat_map(gemv_names).collect(),
         },
         KernelModule {
+            target: ModuleTarget::Device,
             name: "sampling",
             source: SAMPLING_SRC,
             functions: owned(&[names::SAMPLE_ROWS]),
         },
         KernelModule {
+            target: ModuleTarget::Device,
             name: "latent",
             source: LATENT_SRC,
             functions: owned(&[
@@ -371,6 +482,7 @@ pub fn kernel_modules() -> Vec<KernelModule> {
             .collect(),
         },
         KernelModule {
+            target: ModuleTarget::Device,
             name: "latent_rot",
             source: LATENT_ROT_SRC,
             functions: LATENT_ROT_VARIANTS
@@ -405,6 +517,10 @@ pub(crate) struct Kernels {
     /// Tiled prefill attention, indexed by head width, where the device can run both element
     /// instantiations: see [`Kernels::prefill_attention`].
     prefill_attention: Vec<(usize, [PrefillKernel; 2])>,
+    /// The Hopper tiled prefill kernel (head width 128, bf16 cache), which takes the place of
+    /// the mma.sync one where it loaded (asked for, on compute capability 9.0): see
+    /// [`Kernels::prefill_attention`].
+    prefill_wgmma: Option<PrefillKernel>,
     /// Tensor-core decode attention, indexed by head width, where the device can run both
     /// element instantiations: see [`Kernels::decode_attention_mma`].
     decode_attention_mma: Vec<(usize, [DecodeMmaKernel; 2])>,
@@ -456,14 +572,26 @@ impl Kernels {
     ) -> Result<Self, CudaError> {
         let mut loaded: HashMap<String, CudaFunction> = HashMap::new();
         let mut site_names = HashMap::new();
+        let wgmma_prefill = wgmma_prefill_requested();
         for module in kernel_modules() {
-            let m = ctx.load_module(cache.ptx(module.name, module.source, arch)?)?;
+            let Some(module_arch) = module.target.arch(arch) else {
+                continue;
+            };
+            if !wgmma_prefill && module.name == "prefill_wgmma" {
+                continue;
+            }
+            let source = module.source.load(module.name)?;
+            let m = ctx.load_module(cache.ptx(module.name, &source, module_arch)?)?;
             for f in module.functions {
                 let function = m.load_function(&f)?;
                 site_names.insert(function.cu_function() as usize, Arc::from(f.as_str()));
                 loaded.insert(f, function);
             }
         }
+        // Only where its module loaded (a Hopper GPU, not switched off).
+        let prefill_wgmma = loaded
+            .remove(names::PREFILL_WGMMA)
+            .and_then(PrefillKernel::prepare_wgmma);
         let mut take = |name: &str| {
             loaded
                 .remove(name)
@@ -574,6 +702,7 @@ impl Kernels {
             attention,
             attention_combine: take(names::ATTENTION_COMBINE)?,
             prefill_attention,
+            prefill_wgmma,
             decode_attention_mma,
             copy_kv_blocks: take(names::COPY_KV_BLOCKS)?,
             gather_paged_rows: take(names::GATHER_PAGED_ROWS)?,
@@ -612,12 +741,18 @@ impl Kernels {
 
     /// The tiled prefill attention kernel for `head_dim` (any group of 1..=8 query heads per KV
     /// head: the group is a launch argument) and the cache element, if instantiated and runnable
-    /// on this device (both elements are, or neither).
+    /// on this device (both elements are, or neither): the wgmma kernel where it loaded and
+    /// covers the shape (both take the same arguments and compute the same), else mma.sync's.
     pub(crate) fn prefill_attention(
         &self,
         head_dim: usize,
         elem: CacheElem,
     ) -> Option<&PrefillKernel> {
+        if let Some(k) = &self.prefill_wgmma {
+            if head_dim == 128 && elem == CacheElem::Bf16 {
+                return Some(k);
+            }
+        }
         self.prefill_attention
             .iter()
             .find(|(d, _)| *d == head_dim)

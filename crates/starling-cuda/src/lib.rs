@@ -22,12 +22,15 @@ mod tiled_kernels;
 
 pub use backend::{
     CudaBackend, CudaBatch, CudaDecodeGraphs, CudaKvCache, GraphCensus, LatentScoreKernel,
-    GEMV_KSPLIT_ENV, GEMV_PREFETCH_ENV, LATENT_SCORES_ENV,
+    GEMM_BIAS_ENV, GEMV_KSPLIT_ENV, GEMV_PREFETCH_ENV, LATENT_SCORES_ENV,
 };
 pub use compile::KernelCache;
 pub use device_buf::DeviceBuf;
 pub use error::CudaError;
-pub use kernels::{kernel_modules, KernelModule};
+pub use kernels::{
+    kernel_modules, wgmma_prefill_requested, KernelModule, KernelSource, ModuleTarget,
+    KERNEL_DIR_ENV, PREFILL_KERNEL_ENV, WGMMA_PREFILL_BY_DEFAULT,
+};
 pub use launch::PDL_ENV;
 pub use tensor::CudaTensor;
 

@@ -6,7 +6,8 @@ use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::CudaFunction;
 
 use crate::geometry::{
-    decode_mma_shared_bytes, prefill_shared_bytes, CacheElem, DECODE_MMA_THREADS, PREFILL_THREADS,
+    decode_mma_shared_bytes, prefill_shared_bytes, prefill_wgmma_shared_bytes, CacheElem,
+    DECODE_MMA_THREADS, PREFILL_THREADS, PREFILL_WGMMA_THREADS,
 };
 
 /// The tensor-core decode kernel for one head width, with its launch needs on this device.
@@ -77,11 +78,14 @@ pub(crate) fn opt_in_shared_memory(
     }
 }
 
-/// The tiled prefill kernel for one head width, with the dynamic shared memory it launches with.
+/// A tiled prefill kernel for one head width, with the block it launches with.
 pub(crate) struct PrefillKernel {
     pub(crate) function: CudaFunction,
-    /// Dynamic shared memory per block ([`prefill_shared_bytes`]).
+    /// Dynamic shared memory per block ([`prefill_shared_bytes`],
+    /// [`prefill_wgmma_shared_bytes`]).
     pub(crate) shared_bytes: u32,
+    /// Threads per block.
+    pub(crate) threads: u32,
 }
 
 impl PrefillKernel {
@@ -107,6 +111,25 @@ impl PrefillKernel {
         Some(Self {
             function,
             shared_bytes,
+            threads: PREFILL_THREADS,
+        })
+    }
+
+    /// The Hopper (wgmma) kernel, head width 128 and bf16 cache, prepared as [`Self::prepare`]
+    /// does; `None` (logged) where the device cannot run it: the mma.sync kernel serves then.
+    pub(crate) fn prepare_wgmma(function: CudaFunction) -> Option<Self> {
+        let (shared_bytes, resident) = opt_in_shared_memory(
+            &function,
+            prefill_wgmma_shared_bytes(),
+            PREFILL_WGMMA_THREADS,
+            "prefill attention wgmma d128 bf16",
+            "the mma.sync prefill kernel serves",
+        )?;
+        tracing::debug!("prefill attention wgmma d128 bf16: {resident} blocks per SM");
+        Some(Self {
+            function,
+            shared_bytes,
+            threads: PREFILL_WGMMA_THREADS,
         })
     }
 }

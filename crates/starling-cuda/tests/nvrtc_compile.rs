@@ -1,5 +1,5 @@
 //! Compiles every kernel module through the backend's own NVRTC path (`KernelCache::ptx`, disk
-//! cache off) for sm_90 and checks that each function the backend loads is an entry of the PTX.
+//! cache off) for sm_90 (the Hopper-only modules for sm_90a, as the backend does) and checks that each function the backend loads is an entry of the PTX.
 //! Needs NVRTC and the CUDA headers but no GPU: `scripts/nvrtc_check.sh` fetches both from PyPI
 //! and runs this test, so kernels can be compile-checked on a CPU-only machine.
 
@@ -18,8 +18,12 @@ fn every_loaded_kernel_compiles_for_sm90() {
     let cache = KernelCache::from_env().without_disk_cache();
     let mut checked = 0;
     for module in kernel_modules() {
+        let arch = module
+            .target
+            .arch(ARCH)
+            .unwrap_or_else(|| panic!("{}: not loaded on an {ARCH} device", module.name));
         let ptx = cache
-            .ptx(module.name, module.source, ARCH)
+            .ptx(module.name, module.source.text, arch)
             .unwrap_or_else(|e| panic!("{e}"))
             .to_src();
         let entries: Vec<&str> = ptx
@@ -43,7 +47,8 @@ fn every_loaded_kernel_compiles_for_sm90() {
         }
         // For register and spill reports (scripts/nvrtc_check.sh runs ptxas on them when given).
         if let Some(dir) = std::env::var_os("STARLING_PTX_DIR") {
-            let path = std::path::Path::new(&dir).join(format!("{}.ptx", module.name));
+            // Named by architecture too: ptxas needs it (sm_90a for wgmma).
+            let path = std::path::Path::new(&dir).join(format!("{}.{arch}.ptx", module.name));
             std::fs::write(&path, &ptx).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         }
         println!(

@@ -1204,6 +1204,30 @@ fn prefill_attention_matches_cpu() {
     }
 }
 
+/// On a Hopper GPU the prefill parity above ran the wgmma kernel at head width 128 when it was
+/// asked for (`STARLING_PREFILL_KERNEL`, else the default): a fallback must not pass for it.
+#[test]
+#[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
+fn prefill_runs_the_kernel_the_device_calls_for() {
+    let gpu = gpu();
+    let hopper = gpu.name().contains("sm_90");
+    let want = if hopper && starling_cuda::wgmma_prefill_requested() {
+        "prefill_wgmma_d128_bf16"
+    } else {
+        "prefill_attention_d128_bf16"
+    };
+    assert_eq!(
+        gpu.prefill_kernel_name(128).as_deref(),
+        Some(want),
+        "{}",
+        gpu.name()
+    );
+    assert_eq!(
+        gpu.prefill_kernel_name(64).as_deref(),
+        Some("prefill_attention_d64_bf16")
+    );
+}
+
 // ---- Tensor-core decode attention (decode_attention.cu): the decode rows of grouped-query
 // models (2..=8 query heads per KV head, head_dim 64/128); MHA decode keeps attention.cu.
 

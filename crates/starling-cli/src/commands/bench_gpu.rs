@@ -233,6 +233,11 @@ fn prompt_prefill(
     };
     let mut all: Vec<(&str, AttentionDims)> = shapes.to_vec();
     all.push(("Qwen 12/2x128", qwen));
+    let kernel = gpu.prefill_kernel_name(qwen.head_dim);
+    println!(
+        "Tiled prefill kernel: {}",
+        kernel.as_deref().unwrap_or("none (decode kernels)")
+    );
     println!("| shape | batch | prompt tokens | ms | TFLOP/s |");
     println!("|---|---:|---:|---:|---:|");
     let mut rows = Vec::new();
@@ -251,6 +256,7 @@ fn prompt_prefill(
         serde_json::json!({
             "bench": "kernels_prompt_prefill",
             "device": gpu.name(),
+            "prefill_kernel": kernel.as_deref(),
             "rows": rows,
         }),
     )

@@ -8,11 +8,19 @@ use starling_backend::{AttentionDims, BackendError};
 use super::attention_plan::{plan_splits, DecodeKernel, GridBlocks, SplitPlan, MAX_GROUP};
 use super::{err, CudaBackend, CudaBatch, CudaKvCache, KvSource};
 use crate::geometry::DECODE_MMA_THREADS;
-use crate::geometry::PREFILL_THREADS;
 use crate::kernels::CacheElem;
 use crate::{CudaError, CudaTensor, DeviceBuf};
 
 impl CudaBackend {
+    /// The function name of the tiled prefill kernel that prefill chunks of `head_dim` over a
+    /// bf16 cache run on here (the wgmma kernel on a Hopper GPU at head width 128, else the
+    /// mma.sync one), or `None` where prefill rows go to the decode kernels.
+    pub fn prefill_kernel_name(&self, head_dim: usize) -> Option<std::sync::Arc<str>> {
+        self.kernels
+            .prefill_attention(head_dim, CacheElem::Bf16)
+            .map(|k| self.kernels.site_name(&k.function))
+    }
+
     /// The context split of one attention call: `decode_rows` × `num_kv_heads` blocks go to the
     /// decode kernel this head width, group and row count get ([`DecodeKernel::choose`]),
     /// `prefill_blocks` (tiles × KV heads) to the tiled kernel. Eager launches and recorded decode
@@ -216,7 +224,7 @@ impl CudaBackend {
         if let Some((kernel, (first, count))) = prefill {
             let cfg = LaunchConfig {
                 grid_dim: (count as u32, dims.num_kv_heads as u32, splits as u32),
-                block_dim: (PREFILL_THREADS, 1, 1),
+                block_dim: (kernel.threads, 1, 1),
                 shared_mem_bytes: kernel.shared_bytes,
             };
             let tile_list = batch.prefill_tiles(first, count);

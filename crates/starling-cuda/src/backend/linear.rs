@@ -5,7 +5,8 @@ use cudarc::cublas::sys::{
     cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t,
 };
 use cudarc::cublas::{Gemm, GemmConfig};
-use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::cublaslt::{CudaBlasLT, Matmul, MatmulConfig};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, LaunchConfig};
 use half::bf16;
 use starling_backend::{BackendError, ModelOps};
 
@@ -20,6 +21,40 @@ pub const GEMV_KSPLIT_ENV: &str = "STARLING_GEMV_KSPLIT";
 /// Set to a byte count to make every warp of a matrix-vector launch prefetch that much of its
 /// weight share into L2 (0: none) instead of [`GEMV_PREFETCH_BYTES`] (for A/B runs).
 pub const GEMV_PREFETCH_ENV: &str = "STARLING_GEMV_PREFETCH_BYTES";
+
+/// `1` adds a linear layer's bias in a cuBLASLt GEMM's epilogue, `0` in a launch of its own
+/// after the cuBLAS GEMM (for A/B runs); unset, [`GEMM_BIAS_EPILOGUE_BY_DEFAULT`] decides.
+pub const GEMM_BIAS_ENV: &str = "STARLING_GEMM_BIAS_EPILOGUE";
+
+/// Whether biases go into the GEMM's epilogue when [`GEMM_BIAS_ENV`] is unset. Off until measured
+/// on a GPU (parity, recorded graphs, serving throughput against the separate launch).
+const GEMM_BIAS_EPILOGUE_BY_DEFAULT: bool = false;
+
+/// The cuBLASLt handle for GEMMs with a bias epilogue when asked for ([`GEMM_BIAS_ENV`]); `None`
+/// where not, or (logged) where the handle or its workspace cannot be made: the bias launch then.
+pub(super) fn make_blas_lt(stream: &std::sync::Arc<CudaStream>) -> Option<CudaBlasLT> {
+    let wanted = match std::env::var(GEMM_BIAS_ENV) {
+        Ok(v) => v.trim() == "1",
+        Err(_) => GEMM_BIAS_EPILOGUE_BY_DEFAULT,
+    };
+    if !wanted {
+        return None;
+    }
+    // cudarc unwraps the workspace allocation inside `new`: contain a failure to this fallback.
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        CudaBlasLT::new(stream.clone())
+    })) {
+        Ok(Ok(lt)) => Some(lt),
+        Ok(Err(e)) => {
+            tracing::warn!("cuBLASLt unavailable ({e}): biases are added after the GEMM");
+            None
+        }
+        Err(_) => {
+            tracing::warn!("cuBLASLt workspace allocation failed: biases are added after the GEMM");
+            None
+        }
+    }
+}
 
 /// Bytes of its weight share each warp of a matrix-vector launch requests into L2 before it waits
 /// on the preceding kernel (`gemv.cu`). Measured on the H200 (synthetic llama2-7b and qwen2.5-7b
@@ -273,7 +308,53 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
-    /// [`ModelOps::linear`]: GEMV for small batches (bias fused), else cuBLAS and a bias launch.
+    /// `y = x · wᵀ + bias` (bf16) in one cuBLASLt GEMM, the bias added in its epilogue (the
+    /// layout of [`CudaBackend::gemm_bf16`]: column-major `yᵀ = w · xᵀ`, whose rows are the
+    /// outputs the bias vector runs along).
+    fn gemm_bias_bf16(
+        &self,
+        lt: &CudaBlasLT,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: &CudaTensor,
+    ) -> Result<CudaTensor, CudaError> {
+        let (n, k) = x.matrix_dims()?;
+        let (m, wk) = w.matrix_dims()?;
+        if k != wk || bias.numel() != m {
+            return Err(CudaError::Shape(format!(
+                "linear: input [{n}, {k}] vs weight [{m}, {wk}], bias of {}",
+                bias.numel()
+            )));
+        }
+        let mut out = self.alloc_bf16(n * m)?;
+        let cfg = MatmulConfig {
+            transa: true,
+            transb: false,
+            transc: false,
+            m: m as u64,
+            n: n as u64,
+            k: k as u64,
+            alpha: 1.0,
+            lda: k as i64,
+            ldb: k as i64,
+            beta: 0.0,
+            ldc: m as i64,
+            stride_a: None,
+            stride_b: None,
+            stride_c: None,
+            stride_bias: None,
+            batch_size: None,
+        };
+        let (wb, xb, bb) = (w.bf16()?, x.bf16()?, bias.bf16()?);
+        self.profiled(Self::blas_site("gemm_bias", m, k), || {
+            // SAFETY: shapes checked above; buffers hold m*k, n*k, m and n*m elements.
+            unsafe { lt.matmul(cfg, wb, xb, &mut out, Some(bb), None) }.map_err(CudaError::from)
+        })?;
+        Ok(self.tensor(DeviceBuf::Bf16(out), vec![n, m]))
+    }
+
+    /// [`ModelOps::linear`]: GEMV for small batches (bias fused), else a cuBLASLt GEMM with the
+    /// bias in its epilogue, or cuBLAS and a bias launch.
     pub(super) fn linear_impl(
         &self,
         x: &CudaTensor,
@@ -283,6 +364,15 @@ impl CudaBackend {
         // Small batches: one kernel with the bias fused.
         if let Some(y) = self.try_gemv(x, w, bias, false).map_err(err)? {
             return Ok(y);
+        }
+        if let (Some(b), Some(lt)) = (bias, &self.blas_lt) {
+            match self.gemm_bias_bf16(lt, x, w, b) {
+                Ok(y) => return Ok(y),
+                // A shape cuBLASLt has no algorithm for (its heuristic is asked per call) takes
+                // the GEMM and the bias launch below; a bad shape fails there as well.
+                Err(CudaError::BlasLt(e)) => tracing::debug!("cuBLASLt bias GEMM: {e:?}"),
+                Err(e) => return Err(err(e)),
+            }
         }
         let mut y = self.gemm_bf16(x, w, false).map_err(err)?;
         if let Some(b) = bias {

@@ -23,7 +23,7 @@ fn define(source: &str, name: &str) -> usize {
 
 #[test]
 fn decode_kernel_geometry_matches_the_host() {
-    let src = DECODE_ATTENTION_SRC;
+    let src = DECODE_ATTENTION_SRC.text;
     assert_eq!(define(src, "DM_THREADS"), DECODE_MMA_THREADS as usize);
     assert_eq!(define(src, "DM_BN"), DECODE_MMA_TILE_KEYS);
     assert_eq!(define(src, "DM_STAGES"), DECODE_MMA_STAGES);
@@ -42,8 +42,45 @@ fn decode_kernel_geometry_matches_the_host() {
 }
 
 #[test]
+fn wgmma_prefill_kernel_geometry_matches_the_host() {
+    use crate::geometry::{
+        prefill_wgmma_shared_bytes, PREFILL_RESIDENT_PER_SM, PREFILL_WGMMA_HEAD_DIM,
+        PREFILL_WGMMA_STAGES, PREFILL_WGMMA_THREADS,
+    };
+    let src = PREFILL_WGMMA_SRC.text;
+    // Same tiles as the mma.sync kernel: the host's tile lists and split plan serve both.
+    assert_eq!(define(src, "WG_BM"), PREFILL_TILE_ROWS);
+    assert_eq!(define(src, "WG_BN"), PREFILL_TILE_KEYS);
+    assert_eq!(define(src, "WG_THREADS"), PREFILL_WGMMA_THREADS as usize);
+    assert_eq!(define(src, "WG_WARPS") * 32, PREFILL_WGMMA_THREADS as usize);
+    assert_eq!(define(src, "WG_STAGES"), PREFILL_WGMMA_STAGES);
+    assert_eq!(define(src, "WG_MIN_BLOCKS"), PREFILL_RESIDENT_PER_SM);
+    assert!(src.contains(&format!("{}(", names::PREFILL_WGMMA)));
+    assert_eq!(PREFILL_WGMMA_HEAD_DIM, 128);
+    // Q (32 KiB) and two stages of K and V (64 KiB): two blocks per SM, as the mma.sync kernel.
+    assert_eq!(prefill_wgmma_shared_bytes(), 96 * 1024);
+}
+
+#[test]
+fn only_hopper_devices_load_the_wgmma_module() {
+    for module in kernel_modules() {
+        let hopper = module.name == "prefill_wgmma";
+        assert_eq!(
+            module.target == ModuleTarget::Hopper,
+            hopper,
+            "{}",
+            module.name
+        );
+    }
+    assert_eq!(ModuleTarget::Hopper.arch("sm_90"), Some("sm_90a"));
+    assert_eq!(ModuleTarget::Hopper.arch("sm_89"), None);
+    assert_eq!(ModuleTarget::Hopper.arch("sm_100"), None);
+    assert_eq!(ModuleTarget::Device.arch("sm_89"), Some("sm_89"));
+}
+
+#[test]
 fn prefill_kernel_geometry_matches_the_host() {
-    let src = PREFILL_ATTENTION_SRC;
+    let src = PREFILL_ATTENTION_SRC.text;
     assert_eq!(define(src, "BM"), PREFILL_TILE_ROWS);
     assert_eq!(define(src, "BN"), PREFILL_TILE_KEYS);
     assert_eq!(define(src, "THREADS"), PREFILL_THREADS as usize);
@@ -89,7 +126,7 @@ fn prefill_kernel_geometry_matches_the_host() {
 
 #[test]
 fn latent_kernel_geometry_matches_the_host() {
-    let src = LATENT_SRC;
+    let src = LATENT_SRC.text;
     assert_eq!(define(src, "LS_THREADS"), LATENT_THREADS as usize);
     assert_eq!(define(src, "LV_THREADS"), LATENT_THREADS as usize);
     assert_eq!(define(src, "LS_BN"), crate::geometry::LATENT_SCORE_KEYS);
@@ -183,7 +220,7 @@ fn key_score_kernel_geometry_matches_the_host() {
         KEY_SCORE_MAX_HEAD_DIM as MAX_HEAD_DIM, KEY_SCORE_THREADS as THREADS, WINDOW_TILE_TOKENS,
         WINDOW_WARPS,
     };
-    let src = KEY_SCORES_SRC;
+    let src = KEY_SCORES_SRC.text;
     assert_eq!(define(src, "WARPS") * 32, THREADS as usize);
     assert_eq!(define(src, "WARPS"), WINDOW_WARPS);
     assert_eq!(define(src, "MAX_HEAD_DIM"), MAX_HEAD_DIM);
@@ -198,11 +235,28 @@ fn tiled_kernels_carry_the_shared_helpers() {
     for module in kernel_modules() {
         let has = module
             .source
+            .text
             .contains("__device__ __forceinline__ void mma_bf16(");
         let tiled = matches!(
             module.name,
-            "prefill_attention" | "decode_attention" | "latent" | "latent_rot"
+            "prefill_attention" | "prefill_wgmma" | "decode_attention" | "latent" | "latent_rot"
         );
         assert_eq!(has, tiled, "{}", module.name);
     }
+}
+
+#[test]
+fn kernel_files_rebuild_the_built_in_sources() {
+    // What STARLING_KERNEL_DIR compiles from the checkout is what the binary has built in: the
+    // file lists name every part, in order.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
+    for module in kernel_modules() {
+        let text = module.source.read_from(&dir, module.name).unwrap();
+        assert_eq!(text, module.source.text, "{}", module.name);
+    }
+    let err = PREFILL_WGMMA_SRC
+        .read_from(std::path::Path::new("no-such-kernel-dir"), "prefill_wgmma")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("pdl.cuh"), "{err}");
 }

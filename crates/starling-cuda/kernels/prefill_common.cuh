@@ -1,0 +1,182 @@
+// The parts of the tiled prefill kernels that do not depend on how the two products are
+// computed: prefill_attention.cu (mma.sync, sm_80+) and prefill_wgmma.cu (Hopper wgmma) share
+// them. Both lay a tile's rows out alike (row = token * group + head of the group, 16 rows a
+// warp, MT m-tiles of 16 a warp), both hold scores and outputs in mma.sync's C fragment per
+// 8-column tile (which is also wgmma's accumulator layout per warp), and both write the output
+// or the partials attention_combine_bf16 (attention.cu) merges. Not a kernel module of its own:
+// the host prepends it to both sources (kernels.rs), after mma_common.cuh.
+
+// One key tile's online-softmax update of this thread's rows: S (raw scores) becomes P, the
+// running max m (log2 units, scaled) and this lane's share of the sum l move on, and O is rescaled.
+// The scale is folded into the exponent (one FFMA per score) and the max taken on raw scores (the
+// scale is positive). With MASK, keys at or past a row's end, or before its window's start, score
+// -inf.
+template <bool MASK, int MT, int NT, int DT>
+__device__ __forceinline__ void online_softmax_tile(float (&s)[MT][NT][4], float (&o)[MT][DT][4],
+                                                    float (&m)[MT][2], float (&l)[MT][2],
+                                                    const int (&row_visible)[MT][2], int kv_end,
+                                                    int window, int kb, int qc, float scale_log2) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            // The row's keys: [its window's start, min(visible, the split's end)). Derived here
+            // from the visible count rather than kept per row (registers are the budget).
+            const int row_end = min(row_visible[mt][i], kv_end);
+            const int row_start = window > 0 ? row_visible[mt][i] - window : 0;
+            float mx = NEG_INF;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int key = kb + nt * 8 + 2 * qc + e;
+                    if (MASK && (key >= row_end || key < row_start))
+                        s[mt][nt][2 * i + e] = NEG_INF;
+                    mx = fmaxf(mx, s[mt][nt][2 * i + e]);
+                }
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m[mt][i], mx * scale_log2);
+            // Nothing seen yet: any finite base keeps exp2(-inf - base) = 0 (no NaN).
+            const float base = m_new == NEG_INF ? 0.f : m_new;
+            const float corr = fast_exp2(m[mt][i] - base);
+            m[mt][i] = m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float p = fast_exp2(fmaf(s[mt][nt][2 * i + e], scale_log2, -base));
+                    s[mt][nt][2 * i + e] = p;
+                    sum += p;
+                }
+            }
+            l[mt][i] = l[mt][i] * corr + sum;  // this lane's share; the quad sums at the end
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) {
+                o[mt][dt][2 * i] *= corr;
+                o[mt][dt][2 * i + 1] *= corr;
+            }
+        }
+    }
+}
+
+// The keys a query tile's block covers: [kv_start, kv_end) of its split. The tile's largest
+// visible count bounds the key loop, and under a window its smallest one's window start begins
+// it (block-uniform, so every thread runs the same iterations and reaches every barrier).
+template <int THREADS, int WARPS>
+__device__ __forceinline__ void prefill_tile_keys(const unsigned* __restrict__ tok_visible,
+                                                  int first, int count, int window, int split,
+                                                  int split_len, int& kv_start, int& kv_end) {
+    __shared__ int warp_visible[WARPS], warp_visible_min[WARPS];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int vis = 0, vis_min = 0x7fffffff;
+    for (int i = tid; i < count; i += THREADS) {
+        vis = max(vis, (int)tok_visible[first + i]);
+        vis_min = min(vis_min, (int)tok_visible[first + i]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        vis = max(vis, __shfl_xor_sync(0xffffffffu, vis, o));
+        vis_min = min(vis_min, __shfl_xor_sync(0xffffffffu, vis_min, o));
+    }
+    if (lane == 0) warp_visible[warp] = vis, warp_visible_min[warp] = vis_min;
+    __syncthreads();
+    int tile_visible = 0, tile_visible_min = 0x7fffffff;
+#pragma unroll
+    for (int w = 0; w < WARPS; w++) {
+        tile_visible = max(tile_visible, warp_visible[w]);
+        tile_visible_min = min(tile_visible_min, warp_visible_min[w]);
+    }
+    const int tile_first_key = window > 0 ? max(0, tile_visible_min - window) : 0;
+    kv_start = tile_first_key + split * split_len;
+    kv_end = min(kv_start + split_len, tile_visible);
+}
+
+// This thread's fragment rows (qr and qr + 8 of each of the warp's MT m-tiles) and their visible
+// counts (a padding row sees nothing, 0: every score is masked), and the keys visible to every
+// real row of the warp, [warp_full_start, warp_full_end): tiles wholly inside skip the mask
+// (padding rows' outputs are never written, so they need none).
+template <int MT>
+__device__ __forceinline__ void prefill_row_bounds(const unsigned* __restrict__ tok_visible,
+                                                   int first, int rows, int group, int kv_end,
+                                                   int window, int (&row_visible)[MT][2],
+                                                   int& warp_full_start, int& warp_full_end) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, qr = lane >> 2;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int r = (warp * MT + mt) * 16 + qr + 8 * i;
+            row_visible[mt][i] = r < rows ? (int)tok_visible[first + r / group] : 0;
+        }
+    }
+    warp_full_end = 0x7fffffff, warp_full_start = 0;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int r = (warp * MT + mt) * 16 + qr + 8 * i;
+            if (r < rows) {
+                warp_full_end = min(warp_full_end, min(row_visible[mt][i], kv_end));
+                if (window > 0)
+                    warp_full_start = max(warp_full_start, row_visible[mt][i] - window);
+            }
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        warp_full_end = min(warp_full_end, __shfl_xor_sync(0xffffffffu, warp_full_end, o));
+        warp_full_start = max(warp_full_start, __shfl_xor_sync(0xffffffffu, warp_full_start, o));
+    }
+}
+
+// Writes this thread's rows: normalised bf16 output with one split, else the unnormalised
+// partial (f32 accumulators, then the max in natural-log units and the sum, as the decode
+// kernels' partials) for attention_combine_bf16. Sums each row's quad of lane shares first.
+template <int MT, int DT>
+__device__ __forceinline__ void prefill_write_rows(
+    const float (&o)[MT][DT][4], const float (&m)[MT][2], float (&l)[MT][2], int first, int rows,
+    int group, int kvh, int num_q_heads, int splits, int split, bf16* __restrict__ out,
+    float* __restrict__ part_acc, float* __restrict__ part_ml) {
+    constexpr int D = DT * 8;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, qr = lane >> 2, qc = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            l[mt][i] += __shfl_xor_sync(0xffffffffu, l[mt][i], 1);
+            l[mt][i] += __shfl_xor_sync(0xffffffffu, l[mt][i], 2);
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int r = (warp * MT + mt) * 16 + qr + 8 * i;
+            if (r >= rows) continue;  // padding rows belong to no token: write nothing
+            const size_t t = (size_t)(first + r / group), h = (size_t)(kvh * group + r % group);
+            if (splits == 1) {
+                const float inv = l[mt][i] > 0.f ? 1.f / l[mt][i] : 0.f;
+                bf16* dst = out + t * num_q_heads * D + h * D + 2 * qc;
+#pragma unroll
+                for (int dt = 0; dt < DT; dt++)
+                    *reinterpret_cast<__nv_bfloat162*>(dst + dt * 8) =
+                        __floats2bfloat162_rn(o[mt][dt][2 * i] * inv, o[mt][dt][2 * i + 1] * inv);
+            } else {
+                const size_t base = (t * num_q_heads + h) * splits + split;
+                float* dst = part_acc + base * D + 2 * qc;
+#pragma unroll
+                for (int dt = 0; dt < DT; dt++)
+                    *reinterpret_cast<float2*>(dst + dt * 8) =
+                        make_float2(o[mt][dt][2 * i], o[mt][dt][2 * i + 1]);
+                if (qc == 0) {
+                    // The combine works in natural-log units, as the decode kernel's partials.
+                    part_ml[base * 2] = m[mt][i] * LN2;
+                    part_ml[base * 2 + 1] = l[mt][i];
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,322 @@
+// Tiled paged attention for prefill chunks on Hopper (sm_90a: wgmma), head_dim 128, bf16 cache.
+// Computes what prefill_attention.cu computes (CPU reference: starling-backend
+// cpu::attention::paged_attention), with the same launch arguments, tiles, split plan and output
+// layout: the host runs this kernel in its place where the device is compute capability 9.0
+// (kernels.rs loads the module for sm_90a only there).
+//
+// The products run on warpgroup MMA (wgmma.mma_async) instead of mma.sync: two warpgroups (8
+// warps) per block of BM = 128 rows, 64 rows each. S = Q·Kᵀ (m64n64k16 × 8 k-steps) reads both
+// operands from shared memory through descriptors, so neither Q nor K passes through registers
+// (no ldmatrix); O += P·V (m64n128k16 × 4) takes P from the registers the softmax leaves it in
+// (the accumulator layout of S is mma.sync's C fragment, so P packs into the A fragment exactly
+// as in the mma.sync kernel) and V from shared memory. Scores and outputs stay in f32 registers
+// (32 + 64 a thread), the online softmax, causal and window masks, tile key ranges and output
+// write are prefill_common.cuh's, shared with the mma.sync kernel.
+//
+// Shared layout: wgmma reads 8×8 "core matrices" of 16-byte rows, each 128 contiguous bytes.
+// Without swizzling (descriptor layout type 0), 16-byte chunk c of row r of a [rows][D] tile is
+// stored at ((r / 8) · (D / 8) + c) · 128 + (r % 8) · 16 bytes. Q and K are then K-major operands
+// (the reduction dim d is contiguous in a core matrix row): the leading byte offset (next 8 of
+// d) is 128, the stride byte offset (next 8 rows) D / 8 · 128 = 2048; k-step ks starts 256 · ks
+// bytes in. V is the B operand of P·V with its reduction dim (keys) across core-matrix rows:
+// MN-major, stride byte offset (next 8 of d) 128, leading byte offset (next 8 keys) 2048, and
+// k-step kk (16 keys) starts 4096 · kk bytes in. Copy q of a tile (16 bytes, q = 0, 1, ...) goes
+// to byte 16 · q when its row is 8 · (q / (8 · D / 8)) + q % 8 and its chunk (q / 8) % (D / 8):
+// consecutive threads fill consecutive bytes (no bank conflicts on the cp.async writes).
+//
+// K/V tiles of BN = 64 keys come through the block table with 16-byte cp.async copies into a
+// ring of STAGES (K, V) pairs; cp.async writes through the generic proxy and wgmma reads through
+// the async proxy, so each thread fences (fence.proxy.async) its landed copies before the
+// barrier that publishes the stage.
+
+#define WG_BM 128        // query rows per block (host: PREFILL_TILE_ROWS)
+#define WG_BN 64         // keys per K/V tile (host: PREFILL_TILE_KEYS)
+#define WG_WARPS 8       // two warpgroups
+#define WG_THREADS 256   // host: PREFILL_WGMMA_THREADS
+#define WG_MIN_BLOCKS 2  // resident blocks per SM the register allocation must allow
+#define WG_STAGES 2      // (K, V) tile pairs in the ring: 96 KiB with Q, two blocks per SM
+
+static_assert(WG_BM == WG_WARPS * 16 && WG_THREADS == WG_WARPS * 32, "tile geometry");
+
+// Descriptor byte offsets of the layout below at D = 128: 16-byte chunks of 8 rows form a 128-byte
+// core matrix; 8 rows of all 16 chunks are 2048 bytes.
+#define WG_QK_LBO 128   // Q and K (K-major): the next 8 elements of d
+#define WG_QK_SBO 2048  // ... the next 8 rows
+#define WG_V_LBO 2048   // V (MN-major): the next 8 keys
+#define WG_V_SBO 128    // ... the next 8 elements of d
+
+// S[64 x 64] (+)= A · Bᵀ for this warpgroup, both operands from shared-memory descriptors
+// (K-major); s[j][v] is the accumulator of 8-key tile j, wgmma's per-warp layout being mma.sync's
+// C fragment. ACC = false overwrites s (scale-d 0: s is neither zero-filled nor read, so it is not
+// live across the key loop).
+template <bool ACC>
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&s)[8][4], unsigned long long desc_a,
+                                                   unsigned long long desc_b) {
+    if constexpr (ACC) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
+            "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+            "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(s[0][0]), "+f"(s[0][1]), "+f"(s[0][2]), "+f"(s[0][3]), "+f"(s[1][0]),
+              "+f"(s[1][1]), "+f"(s[1][2]), "+f"(s[1][3]), "+f"(s[2][0]), "+f"(s[2][1]),
+              "+f"(s[2][2]), "+f"(s[2][3]), "+f"(s[3][0]), "+f"(s[3][1]), "+f"(s[3][2]),
+              "+f"(s[3][3]), "+f"(s[4][0]), "+f"(s[4][1]), "+f"(s[4][2]), "+f"(s[4][3]),
+              "+f"(s[5][0]), "+f"(s[5][1]), "+f"(s[5][2]), "+f"(s[5][3]), "+f"(s[6][0]),
+              "+f"(s[6][1]), "+f"(s[6][2]), "+f"(s[6][3]), "+f"(s[7][0]), "+f"(s[7][1]),
+              "+f"(s[7][2]), "+f"(s[7][3])
+            : "l"(desc_a), "l"(desc_b), "n"(1));
+    } else {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
+            "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+            "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+            : "=f"(s[0][0]), "=f"(s[0][1]), "=f"(s[0][2]), "=f"(s[0][3]), "=f"(s[1][0]),
+              "=f"(s[1][1]), "=f"(s[1][2]), "=f"(s[1][3]), "=f"(s[2][0]), "=f"(s[2][1]),
+              "=f"(s[2][2]), "=f"(s[2][3]), "=f"(s[3][0]), "=f"(s[3][1]), "=f"(s[3][2]),
+              "=f"(s[3][3]), "=f"(s[4][0]), "=f"(s[4][1]), "=f"(s[4][2]), "=f"(s[4][3]),
+              "=f"(s[5][0]), "=f"(s[5][1]), "=f"(s[5][2]), "=f"(s[5][3]), "=f"(s[6][0]),
+              "=f"(s[6][1]), "=f"(s[6][2]), "=f"(s[6][3]), "=f"(s[7][0]), "=f"(s[7][1]),
+              "=f"(s[7][2]), "=f"(s[7][3])
+            : "l"(desc_a), "l"(desc_b), "n"(0));
+    }
+}
+
+// O[64 x 128] += P · V for this warpgroup: P in registers (a[0..3], mma.sync's A fragment of this
+// warp's 16 rows), V from a shared-memory descriptor, MN-major (rows are keys with d contiguous:
+// imm-trans-b 1).
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&o)[16][4], const unsigned (&a)[4],
+                                                    unsigned long long desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+        "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
+        "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "
+        "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(o[0][0]), "+f"(o[0][1]), "+f"(o[0][2]), "+f"(o[0][3]), "+f"(o[1][0]), "+f"(o[1][1]),
+          "+f"(o[1][2]), "+f"(o[1][3]), "+f"(o[2][0]), "+f"(o[2][1]), "+f"(o[2][2]), "+f"(o[2][3]),
+          "+f"(o[3][0]), "+f"(o[3][1]), "+f"(o[3][2]), "+f"(o[3][3]), "+f"(o[4][0]), "+f"(o[4][1]),
+          "+f"(o[4][2]), "+f"(o[4][3]), "+f"(o[5][0]), "+f"(o[5][1]), "+f"(o[5][2]), "+f"(o[5][3]),
+          "+f"(o[6][0]), "+f"(o[6][1]), "+f"(o[6][2]), "+f"(o[6][3]), "+f"(o[7][0]), "+f"(o[7][1]),
+          "+f"(o[7][2]), "+f"(o[7][3]), "+f"(o[8][0]), "+f"(o[8][1]), "+f"(o[8][2]), "+f"(o[8][3]),
+          "+f"(o[9][0]), "+f"(o[9][1]), "+f"(o[9][2]), "+f"(o[9][3]), "+f"(o[10][0]),
+          "+f"(o[10][1]), "+f"(o[10][2]), "+f"(o[10][3]), "+f"(o[11][0]), "+f"(o[11][1]),
+          "+f"(o[11][2]), "+f"(o[11][3]), "+f"(o[12][0]), "+f"(o[12][1]), "+f"(o[12][2]),
+          "+f"(o[12][3]), "+f"(o[13][0]), "+f"(o[13][1]), "+f"(o[13][2]), "+f"(o[13][3]),
+          "+f"(o[14][0]), "+f"(o[14][1]), "+f"(o[14][2]), "+f"(o[14][3]), "+f"(o[15][0]),
+          "+f"(o[15][1]), "+f"(o[15][2]), "+f"(o[15][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+// Keeps the compiler from moving reads or writes of an accumulator across the waits above (they
+// name no registers): each accumulator is "redefined" here, after the wait.
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operands(float (&r)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(r[i][e])::"memory");
+}
+// Makes this thread's completed generic-proxy writes to shared memory (cp.async) visible to the
+// async proxy (wgmma operand reads).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// x, opaque to the compiler: descriptors built from it inside the key loop are computed there,
+// not hoisted out of it and held in registers across it (16 of Q's alone).
+__device__ __forceinline__ unsigned opaque(unsigned x) {
+    asm volatile("" : "+r"(x));
+    return x;
+}
+
+// A shared-memory matrix descriptor without swizzling: start address, leading and stride byte
+// offsets (each in 16-byte units; layout type 0 and base offset 0 in the high bits).
+__device__ __forceinline__ unsigned long long wgmma_desc(unsigned addr, unsigned lbo,
+                                                         unsigned sbo) {
+    return (unsigned long long)((addr & 0x3ffff) >> 4) |
+           ((unsigned long long)(lbo >> 4) << 16) | ((unsigned long long)(sbo >> 4) << 32);
+}
+
+// Row and chunk of this thread's copy p of a tile (see the layout above); the copy goes to byte
+// 16 · (threadIdx.x + WG_THREADS · p) of the tile.
+template <int D>
+__device__ __forceinline__ int core_copy_row(int p) {
+    constexpr int CPR = D / 8;
+    const int q = threadIdx.x + WG_THREADS * p;
+    return (q / (8 * CPR)) * 8 + (q & 7);
+}
+template <int D>
+__device__ __forceinline__ int core_copy_chunk() {
+    return (threadIdx.x >> 3) % (D / 8);
+}
+
+template <int D, int STAGES>
+__device__ void prefill_wgmma_impl(
+    bf16* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
+    const bf16* __restrict__ qkv, int qkv_width, const bf16* __restrict__ k_cache,
+    const bf16* __restrict__ v_cache, const unsigned* __restrict__ tiles,
+    const unsigned* __restrict__ tok_seq, const unsigned* __restrict__ tok_visible,
+    const unsigned* __restrict__ block_tables, int max_blocks, int block_size, int num_kv_heads,
+    int group, float scale, int window, int splits, int split_len) {
+    constexpr int KS = D / 16;                  // k-steps of S over the head dim
+    constexpr int NT = WG_BN / 8;               // 8-key column tiles of S
+    constexpr int DT = D / 8;                   // 8-wide column tiles of O
+    constexpr int TILE_BYTES = WG_BN * D * 2;   // one K or V tile
+    constexpr int ROW_GROUP_BYTES = D / 8 * 128;  // 8 rows of core matrices
+    constexpr int KV_COPIES = WG_BN * D / 8 / WG_THREADS;  // 16-byte copies a thread, per tile
+    constexpr int Q_COPIES = WG_BM * D / 8 / WG_THREADS;
+    static_assert(NT == 8 && DT == 16, "the wgmma shapes are m64n64 (S) and m64n128 (O)");
+    static_assert(KV_COPIES * WG_THREADS * 8 == WG_BN * D, "K/V copy geometry");
+    static_assert(STAGES >= 2, "the ring needs a stage in flight");
+
+    // Q [BM rows], then stage s of the ring: K at 2s tiles, V at 2s + 1 (host:
+    // prefill_wgmma_shared_bytes).
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    unsigned char* q_s = smem_raw;
+    unsigned char* ring = smem_raw + WG_BM * D * 2;
+    const unsigned q_addr = smem_u32(q_s), ring_addr = smem_u32(ring);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    const int kvh = blockIdx.y, split = blockIdx.z;
+    // The host lists tiles with the most context first (AttentionRows).
+    const int first = (int)tiles[2 * blockIdx.x], count = (int)tiles[2 * blockIdx.x + 1];
+    const int rows = count * group;
+    const int num_q_heads = num_kv_heads * group;
+    const unsigned* table = block_tables + (size_t)tok_seq[first] * max_blocks;
+
+    int kv_start, kv_end;
+    prefill_tile_keys<WG_THREADS, WG_WARPS>(tok_visible, first, count, window, split, split_len,
+                                            kv_start, kv_end);
+    const int n_tiles = kv_end > kv_start ? (kv_end - kv_start + WG_BN - 1) / WG_BN : 0;
+    const int qc = lane & 3;
+    int row_visible[1][2], warp_full_start, warp_full_end;
+    prefill_row_bounds<1>(tok_visible, first, rows, group, kv_end, window, row_visible,
+                          warp_full_start, warp_full_end);
+
+    const size_t slot_stride = (size_t)num_kv_heads * D, head_off = (size_t)kvh * D;
+    const int chunk = core_copy_chunk<D>();
+    // Issues the copies of the K and V tiles starting at key `kb` into ring stage `s` (rows past
+    // kv_end zero-filled: 0 · NaN would poison P·V).
+    auto load_kv_tiles = [&](int s, int kb) {
+        unsigned char* k_dst = ring + 2 * s * TILE_BYTES;
+#pragma unroll
+        for (int p = 0; p < KV_COPIES; p++) {
+            const int j = kb + core_copy_row<D>(p);
+            const bool valid = j < kv_end;
+            const size_t off = valid ? (size_t)paged_slot(table, j, block_size) * slot_stride +
+                                           head_off + chunk * 8
+                                     : 0;
+            const int dst = 16 * (tid + WG_THREADS * p);
+            cp_async16(reinterpret_cast<bf16*>(k_dst + dst), k_cache + off, valid);
+            cp_async16(reinterpret_cast<bf16*>(k_dst + TILE_BYTES + dst), v_cache + off, valid);
+        }
+    };
+#pragma unroll
+    for (int p = 0; p < Q_COPIES; p++) {
+        const int r = core_copy_row<D>(p);
+        const bool valid = r < rows;
+        const bf16* src = valid ? qkv + (size_t)(first + r / group) * qkv_width +
+                                      (size_t)(kvh * group + r % group) * D + chunk * 8
+                                : qkv;
+        cp_async16(reinterpret_cast<bf16*>(q_s + 16 * (tid + WG_THREADS * p)), src, valid);
+    }
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < n_tiles) load_kv_tiles(s, kv_start + s * WG_BN);
+        cp_async_commit();
+    }
+
+    float o[1][DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) o[0][dt][0] = o[0][dt][1] = o[0][dt][2] = o[0][dt][3] = 0.f;
+    float m[1][2] = {{NEG_INF, NEG_INF}}, l[1][2] = {{0.f, 0.f}};
+    const float scale_log2 = scale * LOG2E;
+    // This warpgroup's 64 Q rows start 8 row groups in per warpgroup.
+    const unsigned q_wg_addr = q_addr + wg * 8 * ROW_GROUP_BYTES;
+
+    for (int it = 0; it < n_tiles; it++) {
+        cp_async_wait<STAGES - 2>();  // tile `it` (and Q) has landed (this thread's copies)
+        fence_proxy_async_shared();   // ... and is visible to wgmma's reads
+        __syncthreads();  // ... everyone's; and both warpgroups are done with tile it - 1's stage
+        {
+            const int next = it + STAGES - 1;
+            if (next < n_tiles) load_kv_tiles(next % STAGES, kv_start + next * WG_BN);
+            cp_async_commit();
+        }
+        const unsigned q_tile_addr = opaque(q_wg_addr);
+        const unsigned k_addr = ring_addr + 2 * (it % STAGES) * TILE_BYTES;
+        const unsigned v_addr = k_addr + TILE_BYTES;
+        const int kb = kv_start + it * WG_BN;
+
+        float s[1][NT][4];
+        wgmma_fence();
+        wgmma_m64n64k16_ss<false>(s[0], wgmma_desc(q_tile_addr, WG_QK_LBO, WG_QK_SBO),
+                                  wgmma_desc(k_addr, WG_QK_LBO, WG_QK_SBO));
+#pragma unroll
+        for (int ks = 1; ks < KS; ks++)
+            wgmma_m64n64k16_ss<true>(s[0],
+                                     wgmma_desc(q_tile_addr + 256 * ks, WG_QK_LBO, WG_QK_SBO),
+                                     wgmma_desc(k_addr + 256 * ks, WG_QK_LBO, WG_QK_SBO));
+        wgmma_commit();
+        wgmma_wait_all();
+        wgmma_fence_operands(s[0]);
+
+        if (kb >= warp_full_start && kb + WG_BN <= warp_full_end)
+            online_softmax_tile<false, 1, NT, DT>(s, o, m, l, row_visible, kv_end, window, kb, qc,
+                                                  scale_log2);
+        else
+            online_softmax_tile<true, 1, NT, DT>(s, o, m, l, row_visible, kv_end, window, kb, qc,
+                                                 scale_log2);
+
+        // O += P·V: S's accumulators of two 8-key tiles are P's A fragment of 16 keys.
+        unsigned a[WG_BN / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < WG_BN / 16; kk++) {
+            a[kk][0] = pack_bf16(s[0][2 * kk][0], s[0][2 * kk][1]);
+            a[kk][1] = pack_bf16(s[0][2 * kk][2], s[0][2 * kk][3]);
+            a[kk][2] = pack_bf16(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
+            a[kk][3] = pack_bf16(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < WG_BN / 16; kk++)
+            wgmma_m64n128k16_rs(o[0], a[kk],
+                                wgmma_desc(v_addr + 2 * ROW_GROUP_BYTES * kk, WG_V_LBO, WG_V_SBO));
+        wgmma_commit();
+        wgmma_wait_all();
+        wgmma_fence_operands(o[0]);
+        // The next iteration's barrier orders these reads before the stage is refilled.
+    }
+    // No copy may land in shared memory after the block exits.
+    cp_async_wait<0>();
+
+    prefill_write_rows<1, DT>(o, m, l, first, rows, group, kvh, num_q_heads, splits, split, out,
+                              part_acc, part_ml);
+}
+
+extern "C" __global__ void __launch_bounds__(WG_THREADS, WG_MIN_BLOCKS) prefill_wgmma_d128_bf16(
+    bf16* out, float* part_acc, float* part_ml, const bf16* qkv, int qkv_width,
+    const bf16* k_cache, const bf16* v_cache, const unsigned* tiles, const unsigned* tok_seq,
+    const unsigned* tok_visible, const unsigned* block_tables, int max_blocks, int block_size,
+    int num_kv_heads, int group, float scale, int window, int splits, int split_len) {
+    pdl_entry();
+    prefill_wgmma_impl<128, WG_STAGES>(out, part_acc, part_ml, qkv, qkv_width, k_cache, v_cache,
+                                       tiles, tok_seq, tok_visible, block_tables, max_blocks,
+                                       block_size, num_kv_heads, group, scale, window, splits,
+                                       split_len);
+}
