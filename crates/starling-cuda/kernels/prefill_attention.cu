@@ -81,21 +81,11 @@ __device__ void prefill_attention_impl(
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int kvh = blockIdx.y, split = blockIdx.z;
-    // The host lists tiles with the most context first (AttentionRows), so the heaviest blocks
-    // start in the first wave and light ones fill the tail.
-    const int first = (int)tiles[2 * blockIdx.x], count = (int)tiles[2 * blockIdx.x + 1];
-    const int rows = count * group;
     const int num_q_heads = num_kv_heads * group;
-    const unsigned* table = block_tables + (size_t)tok_seq[first] * max_blocks;
-
-    int kv_start, kv_end;
-    prefill_tile_keys<THREADS, WARPS>(tok_visible, first, count, window, split, split_len,
-                                      kv_start, kv_end);
-    const int n_tiles = kv_end > kv_start ? (kv_end - kv_start + BN - 1) / BN : 0;
     const int qc = lane & 3;
-    int row_visible[MT][2], warp_full_start, warp_full_end;
-    prefill_row_bounds<MT>(tok_visible, first, rows, group, kv_end, window, row_visible,
-                           warp_full_start, warp_full_end);
+    const PrefillTile<MT> tile = prefill_tile<THREADS, WARPS, MT, BN>(
+        tiles, tok_seq, tok_visible, block_tables, max_blocks, group, window, split, split_len);
+    const int first = tile.first, rows = tile.rows, kv_start = tile.kv_start, kv_end = tile.kv_end;
 
     // Prologue: Q (padding rows zero-filled) and the first STAGES - 1 K/V tiles go in flight,
     // one commit group per tile (Q joins tile 0's; groups may be empty, so the count stays
@@ -105,13 +95,13 @@ __device__ void prefill_attention_impl(
     auto load_kv_tiles = [&](int s, int kb) {
         unsigned slots[Copy::LPT];
         if constexpr (FP8) {
-            tile_slots<D / 2, THREADS, BN>(slots, table, kb, kv_end, block_size);
+            tile_slots<D / 2, THREADS, BN>(slots, tile.table, kb, kv_end, block_size);
             load_tile_fp8<D, THREADS, BN>(ring8 + 2 * s * TILE, k_cache, slots, slot_stride,
                                           head_off);
             load_tile_fp8<D, THREADS, BN>(ring8 + (2 * s + 1) * TILE, v_cache, slots,
                                           slot_stride, head_off);
         } else {
-            tile_slots<D, THREADS, BN>(slots, table, kb, kv_end, block_size);
+            tile_slots<D, THREADS, BN>(slots, tile.table, kb, kv_end, block_size);
             load_tile<D, THREADS, BN>(ring + 2 * s * TILE, k_cache, slots, slot_stride, head_off);
             load_tile<D, THREADS, BN>(ring + (2 * s + 1) * TILE, v_cache, slots, slot_stride,
                                       head_off);
@@ -131,7 +121,7 @@ __device__ void prefill_attention_impl(
     }
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-        if (s < n_tiles) load_kv_tiles(s, kv_start + s * BN);
+        if (s < tile.n_tiles) load_kv_tiles(s, kv_start + s * BN);
         cp_async_commit();
     }
 
@@ -146,13 +136,13 @@ __device__ void prefill_attention_impl(
     for (int mt = 0; mt < MT; mt++) m[mt][0] = m[mt][1] = NEG_INF, l[mt][0] = l[mt][1] = 0.f;
     const float scale_log2 = scale * LOG2E;
 
-    for (int it = 0; it < n_tiles; it++) {
+    for (int it = 0; it < tile.n_tiles; it++) {
         cp_async_wait<STAGES - 2>();  // tile `it` (and Q) has landed (this thread's copies)
         __syncthreads();  // ... everyone's; and every warp is done with tile it - 1's stage
         {
             // Refill the stage tile it - 1 used with tile it + STAGES - 1.
             const int next = it + STAGES - 1;
-            if (next < n_tiles) load_kv_tiles(next % STAGES, kv_start + next * BN);
+            if (next < tile.n_tiles) load_kv_tiles(next % STAGES, kv_start + next * BN);
             cp_async_commit();
         }
         const bf16* k_s = ring + 2 * (it % STAGES) * TILE;
@@ -196,12 +186,12 @@ __device__ void prefill_attention_impl(
         // Online softmax per row (each row's 64 scores are spread over a quad of lanes). Only a
         // tile reaching past some row's end (the diagonal, the context's end) or before some
         // row's window start needs the mask.
-        if (kb >= warp_full_start && kb + BN <= warp_full_end)
-            online_softmax_tile<false, MT, NT, DT>(s, o, m, l, row_visible, kv_end, window, kb,
-                                                   qc, scale_log2);
+        if (kb >= tile.warp_full_start && kb + BN <= tile.warp_full_end)
+            online_softmax_tile<false, MT, NT, DT>(s, o, m, l, tile.row_visible, kv_end,
+                                                  window, kb, qc, scale_log2);
         else
-            online_softmax_tile<true, MT, NT, DT>(s, o, m, l, row_visible, kv_end, window, kb, qc,
-                                                  scale_log2);
+            online_softmax_tile<true, MT, NT, DT>(s, o, m, l, tile.row_visible, kv_end,
+                                                  window, kb, qc, scale_log2);
 
         // O += P·V: S's accumulator fragments of two 8-key tiles are P's A fragment.
 #pragma unroll

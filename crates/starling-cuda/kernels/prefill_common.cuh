@@ -132,6 +132,38 @@ __device__ __forceinline__ void prefill_row_bounds(const unsigned* __restrict__ 
     }
 }
 
+// A block's query tile (block x of the host's tile list: first token and token count, rows =
+// tokens × group), its sequence's block table, the keys its split covers and this thread's row
+// bounds: the setup both prefill kernels start with.
+template <int MT>
+struct PrefillTile {
+    int first, rows;
+    const unsigned* table;
+    int kv_start, kv_end, n_tiles;
+    int row_visible[MT][2];
+    int warp_full_start, warp_full_end;
+};
+
+template <int THREADS, int WARPS, int MT, int BN>
+__device__ __forceinline__ PrefillTile<MT> prefill_tile(
+    const unsigned* __restrict__ tiles, const unsigned* __restrict__ tok_seq,
+    const unsigned* __restrict__ tok_visible, const unsigned* __restrict__ block_tables,
+    int max_blocks, int group, int window, int split, int split_len) {
+    PrefillTile<MT> t;
+    // The host lists tiles with the most context first (AttentionRows), so the heaviest blocks
+    // start in the first wave and light ones fill the tail.
+    t.first = (int)tiles[2 * blockIdx.x];
+    const int count = (int)tiles[2 * blockIdx.x + 1];
+    t.rows = count * group;
+    t.table = block_tables + (size_t)tok_seq[t.first] * max_blocks;
+    prefill_tile_keys<THREADS, WARPS>(tok_visible, t.first, count, window, split, split_len,
+                                      t.kv_start, t.kv_end);
+    t.n_tiles = t.kv_end > t.kv_start ? (t.kv_end - t.kv_start + BN - 1) / BN : 0;
+    prefill_row_bounds<MT>(tok_visible, t.first, t.rows, group, t.kv_end, window, t.row_visible,
+                           t.warp_full_start, t.warp_full_end);
+    return t;
+}
+
 // Writes this thread's rows: normalised bf16 output with one split, else the unnormalised
 // partial (f32 accumulators, then the max in natural-log units and the sum, as the decode
 // kernels' partials) for attention_combine_bf16. Sums each row's quad of lane shares first.

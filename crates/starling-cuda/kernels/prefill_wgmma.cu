@@ -45,6 +45,23 @@ static_assert(WG_BM == WG_WARPS * 16 && WG_THREADS == WG_WARPS * 32, "tile geome
 #define WG_V_LBO 2048   // V (MN-major): the next 8 keys
 #define WG_V_SBO 128    // ... the next 8 elements of d
 
+// The m64n64k16 product's PTX: 32 accumulators, the two descriptors, then scale-d (an immediate
+// turned into the predicate: 0 overwrites the accumulators, 1 adds to them).
+#define WGMMA_M64N64K16_SS                                                                     \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                              \
+    "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"                                   \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "         \
+    "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"                     \
+    "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+// Its accumulators s[8][4] as asm operands with constraint C ("+f" read and written, "=f"
+// written only).
+#define WGMMA_S_OPERANDS(C, s)                                                             \
+    C(s[0][0]), C(s[0][1]), C(s[0][2]), C(s[0][3]), C(s[1][0]), C(s[1][1]), C(s[1][2]), \
+    C(s[1][3]), C(s[2][0]), C(s[2][1]), C(s[2][2]), C(s[2][3]), C(s[3][0]), C(s[3][1]), \
+    C(s[3][2]), C(s[3][3]), C(s[4][0]), C(s[4][1]), C(s[4][2]), C(s[4][3]), C(s[5][0]), \
+    C(s[5][1]), C(s[5][2]), C(s[5][3]), C(s[6][0]), C(s[6][1]), C(s[6][2]), C(s[6][3]), \
+    C(s[7][0]), C(s[7][1]), C(s[7][2]), C(s[7][3])
+
 // S[64 x 64] (+)= A · Bᵀ for this warpgroup, both operands from shared-memory descriptors
 // (K-major); s[j][v] is the accumulator of 8-key tile j, wgmma's per-warp layout being mma.sync's
 // C fragment. ACC = false overwrites s (scale-d 0: s is neither zero-filled nor read, so it is not
@@ -52,37 +69,14 @@ static_assert(WG_BM == WG_WARPS * 16 && WG_THREADS == WG_WARPS * 32, "tile geome
 template <bool ACC>
 __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&s)[8][4], unsigned long long desc_a,
                                                    unsigned long long desc_b) {
-    if constexpr (ACC) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
-            "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-            "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-            : "+f"(s[0][0]), "+f"(s[0][1]), "+f"(s[0][2]), "+f"(s[0][3]), "+f"(s[1][0]),
-              "+f"(s[1][1]), "+f"(s[1][2]), "+f"(s[1][3]), "+f"(s[2][0]), "+f"(s[2][1]),
-              "+f"(s[2][2]), "+f"(s[2][3]), "+f"(s[3][0]), "+f"(s[3][1]), "+f"(s[3][2]),
-              "+f"(s[3][3]), "+f"(s[4][0]), "+f"(s[4][1]), "+f"(s[4][2]), "+f"(s[4][3]),
-              "+f"(s[5][0]), "+f"(s[5][1]), "+f"(s[5][2]), "+f"(s[5][3]), "+f"(s[6][0]),
-              "+f"(s[6][1]), "+f"(s[6][2]), "+f"(s[6][3]), "+f"(s[7][0]), "+f"(s[7][1]),
-              "+f"(s[7][2]), "+f"(s[7][3])
-            : "l"(desc_a), "l"(desc_b), "n"(1));
-    } else {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
-            "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-            "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-            : "=f"(s[0][0]), "=f"(s[0][1]), "=f"(s[0][2]), "=f"(s[0][3]), "=f"(s[1][0]),
-              "=f"(s[1][1]), "=f"(s[1][2]), "=f"(s[1][3]), "=f"(s[2][0]), "=f"(s[2][1]),
-              "=f"(s[2][2]), "=f"(s[2][3]), "=f"(s[3][0]), "=f"(s[3][1]), "=f"(s[3][2]),
-              "=f"(s[3][3]), "=f"(s[4][0]), "=f"(s[4][1]), "=f"(s[4][2]), "=f"(s[4][3]),
-              "=f"(s[5][0]), "=f"(s[5][1]), "=f"(s[5][2]), "=f"(s[5][3]), "=f"(s[6][0]),
-              "=f"(s[6][1]), "=f"(s[6][2]), "=f"(s[6][3]), "=f"(s[7][0]), "=f"(s[7][1]),
-              "=f"(s[7][2]), "=f"(s[7][3])
-            : "l"(desc_a), "l"(desc_b), "n"(0));
-    }
+    if constexpr (ACC)
+        asm volatile(WGMMA_M64N64K16_SS
+                     : WGMMA_S_OPERANDS("+f", s)
+                     : "l"(desc_a), "l"(desc_b), "n"(1));
+    else
+        asm volatile(WGMMA_M64N64K16_SS
+                     : WGMMA_S_OPERANDS("=f", s)
+                     : "l"(desc_a), "l"(desc_b), "n"(0));
 }
 
 // O[64 x 128] += P · V for this warpgroup: P in registers (a[0..3], mma.sync's A fragment of this
@@ -193,20 +187,11 @@ __device__ void prefill_wgmma_impl(
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
     const int kvh = blockIdx.y, split = blockIdx.z;
-    // The host lists tiles with the most context first (AttentionRows).
-    const int first = (int)tiles[2 * blockIdx.x], count = (int)tiles[2 * blockIdx.x + 1];
-    const int rows = count * group;
     const int num_q_heads = num_kv_heads * group;
-    const unsigned* table = block_tables + (size_t)tok_seq[first] * max_blocks;
-
-    int kv_start, kv_end;
-    prefill_tile_keys<WG_THREADS, WG_WARPS>(tok_visible, first, count, window, split, split_len,
-                                            kv_start, kv_end);
-    const int n_tiles = kv_end > kv_start ? (kv_end - kv_start + WG_BN - 1) / WG_BN : 0;
     const int qc = lane & 3;
-    int row_visible[1][2], warp_full_start, warp_full_end;
-    prefill_row_bounds<1>(tok_visible, first, rows, group, kv_end, window, row_visible,
-                          warp_full_start, warp_full_end);
+    const PrefillTile<1> tile = prefill_tile<WG_THREADS, WG_WARPS, 1, WG_BN>(
+        tiles, tok_seq, tok_visible, block_tables, max_blocks, group, window, split, split_len);
+    const int first = tile.first, rows = tile.rows, kv_start = tile.kv_start, kv_end = tile.kv_end;
 
     const size_t slot_stride = (size_t)num_kv_heads * D, head_off = (size_t)kvh * D;
     const int chunk = core_copy_chunk<D>();
@@ -218,7 +203,7 @@ __device__ void prefill_wgmma_impl(
         for (int p = 0; p < KV_COPIES; p++) {
             const int j = kb + core_copy_row<D>(p);
             const bool valid = j < kv_end;
-            const size_t off = valid ? (size_t)paged_slot(table, j, block_size) * slot_stride +
+            const size_t off = valid ? (size_t)paged_slot(tile.table, j, block_size) * slot_stride +
                                            head_off + chunk * 8
                                      : 0;
             const int dst = 16 * (tid + WG_THREADS * p);
@@ -237,7 +222,7 @@ __device__ void prefill_wgmma_impl(
     }
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-        if (s < n_tiles) load_kv_tiles(s, kv_start + s * WG_BN);
+        if (s < tile.n_tiles) load_kv_tiles(s, kv_start + s * WG_BN);
         cp_async_commit();
     }
 
@@ -249,13 +234,13 @@ __device__ void prefill_wgmma_impl(
     // This warpgroup's 64 Q rows start 8 row groups in per warpgroup.
     const unsigned q_wg_addr = q_addr + wg * 8 * ROW_GROUP_BYTES;
 
-    for (int it = 0; it < n_tiles; it++) {
+    for (int it = 0; it < tile.n_tiles; it++) {
         cp_async_wait<STAGES - 2>();  // tile `it` (and Q) has landed (this thread's copies)
         fence_proxy_async_shared();   // ... and is visible to wgmma's reads
         __syncthreads();  // ... everyone's; and both warpgroups are done with tile it - 1's stage
         {
             const int next = it + STAGES - 1;
-            if (next < n_tiles) load_kv_tiles(next % STAGES, kv_start + next * WG_BN);
+            if (next < tile.n_tiles) load_kv_tiles(next % STAGES, kv_start + next * WG_BN);
             cp_async_commit();
         }
         const unsigned q_tile_addr = opaque(q_wg_addr);
@@ -276,12 +261,12 @@ __device__ void prefill_wgmma_impl(
         wgmma_wait_all();
         wgmma_fence_operands(s[0]);
 
-        if (kb >= warp_full_start && kb + WG_BN <= warp_full_end)
-            online_softmax_tile<false, 1, NT, DT>(s, o, m, l, row_visible, kv_end, window, kb, qc,
-                                                  scale_log2);
+        if (kb >= tile.warp_full_start && kb + WG_BN <= tile.warp_full_end)
+            online_softmax_tile<false, 1, NT, DT>(s, o, m, l, tile.row_visible, kv_end,
+                                                  window, kb, qc, scale_log2);
         else
-            online_softmax_tile<true, 1, NT, DT>(s, o, m, l, row_visible, kv_end, window, kb, qc,
-                                                 scale_log2);
+            online_softmax_tile<true, 1, NT, DT>(s, o, m, l, tile.row_visible, kv_end,
+                                                  window, kb, qc, scale_log2);
 
         // O += P·V: S's accumulators of two 8-key tiles are P's A fragment of 16 keys.
         unsigned a[WG_BN / 16][4];
