@@ -38,7 +38,8 @@
 # REQ_PER_CONC (1) and MAX_REQ (128) (requests per concurrency point: more averages out a
 # point's noise), and the grids below (CONC_POINTS, CTX_POINTS, LONG_POINTS, RATES,
 # CONC_WORKLOADS, LONG_INPUT, CTX_OUTPUT). SETUP_ONLY=1 stops after step 3 (the install and the
-# synthetic model), for scripts that serve vLLM their own way (vllm_profile.sh).
+# synthetic model), for scripts that serve vLLM their own way (vllm_profile.sh); with SKIP_VLLM=1
+# as well, only the inputs and the synthetic model (no vLLM staged: Starling-only A/B runs).
 # DRY_RUN=1 (a check on the CPU machine, no vLLM): S=<starling binary> MODEL=<an HF dir>
 # OUT=<dir>, tiny grids; only step 4 runs, with the two Starling engines on --device cpu.
 set -uo pipefail
@@ -81,6 +82,7 @@ missing=()
 [ -s "$TOK/tokenizer.json" ] || missing+=("$TOK/tokenizer.json (scripts/device/make_tokenizer_qwen.sh)")
 [ -s "$SHAREGPT" ] || missing+=("$SHAREGPT (scripts/device/stage_vllm.sh)")
 [ -s "$SUMS" ] || missing+=("$SUMS (scripts/device/stage_vllm.sh)")
+if [ "${SKIP_VLLM:-0}" != 1 ]; then
 if [ ! -s "$VW/$WHEEL" ]; then
   parts=$(find "$VW" -maxdepth 1 -name 'vllm.part*' 2>/dev/null | wc -l)
   want=$(grep -c 'vllm.part' "$SUMS" 2>/dev/null || echo '?')
@@ -91,6 +93,7 @@ for w in "$VW"/*.whl; do
   [ -e "$w" ] && [ "${w##*/}" != "$WHEEL" ] && deps=$((deps + 1))
 done
 [ "$deps" -ge 79 ] || missing+=("$VW/*.whl ($deps of 79 dependency wheels staged)")
+fi
 python3 -c "import torch, transformers, safetensors" 2>/dev/null || missing+=("python3 with torch + transformers")
 if [ ${#missing[@]} -gt 0 ]; then
   printf 'missing: %s\n' "${missing[@]}"
@@ -102,6 +105,7 @@ mkdir -p "$RUN"
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"; } > "$RUN/env.txt" 2>&1
 
 # 2. The vLLM wheel, joined and checked; the set installed to $SITE (8 s).
+if [ "${SKIP_VLLM:-0}" != 1 ]; then
 if [ ! -s "$VW/$WHEEL" ]; then
   cat "$VW"/vllm.part* > "$VW/$WHEEL.tmp" && mv "$VW/$WHEEL.tmp" "$VW/$WHEEL"
 fi
@@ -111,6 +115,7 @@ if [ ! -d "$SITE/vllm-0.26.0.dist-info" ]; then
     || { echo "pip install of the wheel set failed"; exit 4; }
 fi
 echo "vllm $(PYTHONPATH=$SITE python3 -c 'import vllm; print(vllm.__version__)' 2>&1 | tail -1)" | tee -a "$RUN/env.txt"
+fi
 
 # 3. The synthetic Qwen2.5-Coder-1.5B directory (random bf16 weights, real tokenizer).
 if [ ! -s "$HOME/qwen_syn/model.safetensors" ]; then

@@ -21,7 +21,8 @@
 # choices for an A/B in the same call: "-wgmma" the Hopper prefill kernel
 # (STARLING_PREFILL_KERNEL=wgmma), "-mma" the mma.sync one, "-bias" the linear layers' bias in
 # the cuBLASLt GEMM's epilogue (STARLING_GEMM_BIAS_EPILOGUE=1), "-sepbias" in a launch of its own,
-# e.g. "graphs graphs-wgmma-bias profiled-wgmma-bias"). Results in $OUT: vllm_profile.md (both tables and the unprofiled figures) and
+# e.g. "graphs graphs-wgmma-bias profiled-wgmma-bias"), SKIP_VLLM (1: Starling's modes only, no
+# vLLM staged; the synthetic model is still made). Results in $OUT: vllm_profile.md (both tables and the unprofiled figures) and
 # vllm_profile.tgz (every run's JSON / markdown and the server logs).
 set -uo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -68,8 +69,9 @@ workload() {
 }
 post() { python3 -c "import urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:$1$2', method='POST'), timeout=600)"; }
 
-# vLLM: unprofiled run, then the profiled one on the same server.
+# vLLM: unprofiled run, then the profiled one on the same server (SKIP_VLLM=1: none).
 port=8051
+if [ "${SKIP_VLLM:-0}" != 1 ]; then
 profiler_config="{\"profiler\":\"torch\",\"torch_profiler_dir\":\"$PROF_DIR\",\"torch_profiler_with_stack\":false,\"torch_profiler_use_gzip\":false,\"ignore_frontend\":true,\"delay_iterations\":$SKIP_ITERS,\"max_iterations\":$PROFILE_ITERS}"
 env PYTHONPATH="$SITE" VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
   VLLM_NO_USAGE_STATS=1 python3 -m vllm.entrypoints.openai.api_server --model "$HOME/qwen_syn" \
@@ -88,6 +90,7 @@ else
   echo "vLLM did not start"; tail -20 "$RUN/vllm_server.log"
 fi
 kill -INT $vpid 2>/dev/null; sleep 5; kill -9 $vpid 2>/dev/null; wait $vpid 2>/dev/null
+fi
 
 # Starling: unprofiled (graphs on), then --kernel-profile, one server each.
 for mode in ${STARLING_MODES:-graphs profiled}; do
