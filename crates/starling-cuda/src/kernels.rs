@@ -84,25 +84,16 @@ impl KernelSource {
 
 const OPS_SRC: KernelSource = kernel_source!("ops.cu", bf16_vec, fp8);
 const HEAD_NORM_SRC: KernelSource = kernel_source!("head_norm.cu", bf16_vec);
-const ATTENTION_SRC: KernelSource = kernel_source!(
-    "../kernels/attention.cu",
-    bf16_vec,
-    fp8,
-    kv_elem,
-    decode_common
-);
+const ATTENTION_SRC: KernelSource =
+    kernel_source!("attention.cu", bf16_vec, fp8, kv_elem, decode_common);
 const KV_CACHE_SRC: KernelSource = kernel_source!("kv_cache.cu");
 const KEY_SCORES_SRC: KernelSource = kernel_source!("key_scores.cu", bf16_vec, fp8, kv_elem);
 const PREFILL_ATTENTION_SRC: KernelSource =
     kernel_source!("prefill_attention.cu", fp8, mma_common, prefill_common);
 const PREFILL_WGMMA_SRC: KernelSource =
     kernel_source!("prefill_wgmma.cu", fp8, mma_common, prefill_common);
-const DECODE_ATTENTION_SRC: KernelSource = kernel_source!(
-    "../kernels/decode_attention.cu",
-    fp8,
-    mma_common,
-    decode_common
-);
+const DECODE_ATTENTION_SRC: KernelSource =
+    kernel_source!("decode_attention.cu", fp8, mma_common, decode_common);
 const SAMPLING_SRC: KernelSource = kernel_source!("sampling.cu");
 const GEMV_SRC: KernelSource = kernel_source!("gemv.cu", bf16_vec);
 const LATENT_SRC: KernelSource = kernel_source!("latent.cu", fp8, mma_common, latent_common);
