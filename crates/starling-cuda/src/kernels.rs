@@ -16,6 +16,10 @@ use crate::geometry::{
 use crate::{CudaError, KernelCache};
 
 pub(crate) use crate::geometry::CacheElem;
+pub use crate::kernel_source::{
+    wgmma_prefill_requested, KernelSource, ModuleTarget, KERNEL_DIR_ENV, PREFILL_KERNEL_ENV,
+    WGMMA_PREFILL_BY_DEFAULT,
+};
 use crate::tiled_kernels::opt_in_shared_memory;
 pub(crate) use crate::tiled_kernels::{DecodeMmaKernel, PrefillKernel};
 
@@ -37,49 +41,6 @@ macro_rules! kernel_source {
             files: &["pdl.cuh", $(concat!(stringify!($header), ".cuh"),)* $file],
         }
     };
-}
-
-/// A module's source as built in, and the files of `kernels/` it is made of, in order.
-#[derive(Clone, Copy, Debug)]
-pub struct KernelSource {
-    /// The files' text, concatenated.
-    pub text: &'static str,
-    /// File names under `crates/starling-cuda/kernels/`.
-    pub files: &'static [&'static str],
-}
-
-/// Environment variable naming a directory that holds the kernel files (a checkout's
-/// `crates/starling-cuda/kernels`): modules are then compiled from those files instead of the
-/// sources built into the binary, so a kernel can be changed and run on a GPU machine without
-/// rebuilding. For kernel development only; the PTX cache keys on the text, so edits recompile.
-pub const KERNEL_DIR_ENV: &str = "STARLING_KERNEL_DIR";
-
-impl KernelSource {
-    /// The text to compile: from [`KERNEL_DIR_ENV`]'s directory when it is set, else built in.
-    pub fn load(&self, module: &str) -> Result<std::borrow::Cow<'static, str>, CudaError> {
-        match std::env::var_os(KERNEL_DIR_ENV) {
-            None => Ok(std::borrow::Cow::Borrowed(self.text)),
-            Some(dir) => {
-                tracing::info!("kernel {module}: source from {}", dir.to_string_lossy());
-                self.read_from(std::path::Path::new(&dir), module)
-                    .map(std::borrow::Cow::Owned)
-            }
-        }
-    }
-
-    /// The files concatenated from `dir` (a clear error naming a missing or unreadable one).
-    pub fn read_from(&self, dir: &std::path::Path, module: &str) -> Result<String, CudaError> {
-        let mut text = String::new();
-        for file in self.files {
-            let path = dir.join(file);
-            let part = std::fs::read_to_string(&path).map_err(|e| CudaError::Compile {
-                module: module.to_string(),
-                log: format!("{KERNEL_DIR_ENV}: {}: {e}", path.display()),
-            })?;
-            text.push_str(&part);
-        }
-        Ok(text)
-    }
 }
 
 const OPS_SRC: KernelSource = kernel_source!("ops.cu", bf16_vec, fp8);
@@ -280,46 +241,6 @@ pub struct KernelModule {
     pub functions: Vec<String>,
     /// The devices it is compiled for.
     pub target: ModuleTarget,
-}
-
-/// Which devices a kernel module is compiled and loaded for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ModuleTarget {
-    /// Every device, for its own architecture (`sm_{major}{minor}`).
-    Device,
-    /// Compute capability 9.0 only, for `sm_90a`: the architecture-specific instructions
-    /// (wgmma) that PTX for plain `sm_90` cannot use, and that no other device runs.
-    Hopper,
-}
-
-impl ModuleTarget {
-    /// The architecture to compile for on a device of architecture `device_arch` (`sm_90`, …),
-    /// or `None` where the module does not load there.
-    pub fn arch(self, device_arch: &'static str) -> Option<&'static str> {
-        match self {
-            ModuleTarget::Device => Some(device_arch),
-            ModuleTarget::Hopper => (device_arch == "sm_90").then_some("sm_90a"),
-        }
-    }
-}
-
-/// Environment variable choosing the tiled prefill kernel on a Hopper GPU: `wgmma` for the
-/// wgmma kernel (`prefill_wgmma.cu`, head width 128, bf16 cache), `mma` for the mma.sync one
-/// (`prefill_attention.cu`); unset, [`WGMMA_PREFILL_BY_DEFAULT`] decides.
-pub const PREFILL_KERNEL_ENV: &str = "STARLING_PREFILL_KERNEL";
-
-/// Whether a Hopper GPU runs the wgmma prefill kernel when [`PREFILL_KERNEL_ENV`] is unset. Off
-/// until the kernel has passed its parity tests and beaten the mma.sync kernel on a GPU.
-pub const WGMMA_PREFILL_BY_DEFAULT: bool = false;
-
-/// Whether the wgmma prefill kernel is asked for ([`PREFILL_KERNEL_ENV`], else the default); it
-/// loads only on compute capability 9.0.
-pub fn wgmma_prefill_requested() -> bool {
-    match std::env::var(PREFILL_KERNEL_ENV) {
-        Ok(v) if v.trim() == "wgmma" => true,
-        Ok(v) if v.trim() == "mma" => false,
-        _ => WGMMA_PREFILL_BY_DEFAULT,
-    }
 }
 
 /// Every (head width, group bound, cache element) the per-token attention kernel is

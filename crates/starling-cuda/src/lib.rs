@@ -14,6 +14,7 @@ mod device_buf;
 mod error;
 mod geometry;
 mod kernel_profile;
+mod kernel_source;
 mod kernels;
 mod launch;
 mod recording_pool;
