@@ -661,7 +661,7 @@ impl Kernels {
         elem: CacheElem,
     ) -> Option<&PrefillKernel> {
         if let Some(k) = &self.prefill_wgmma {
-            if head_dim == 128 && elem == CacheElem::Bf16 {
+            if head_dim == crate::geometry::PREFILL_WGMMA_HEAD_DIM && elem == CacheElem::Bf16 {
                 return Some(k);
             }
         }

@@ -56,7 +56,11 @@ fn wgmma_prefill_kernel_geometry_matches_the_host() {
     assert_eq!(define(src, "WG_STAGES"), PREFILL_WGMMA_STAGES);
     assert_eq!(define(src, "WG_MIN_BLOCKS"), PREFILL_RESIDENT_PER_SM);
     assert!(src.contains(&format!("{}(", names::PREFILL_WGMMA)));
-    assert_eq!(PREFILL_WGMMA_HEAD_DIM, 128);
+    // The one instantiation is the head width the host hands the kernel out for.
+    assert!(src.contains(&format!(
+        "prefill_wgmma_impl<{PREFILL_WGMMA_HEAD_DIM}, WG_STAGES>("
+    )));
+    assert!(names::PREFILL_WGMMA.contains(&format!("_d{PREFILL_WGMMA_HEAD_DIM}_")));
     // Q (32 KiB) and two stages of K and V (64 KiB): two blocks per SM, as the mma.sync kernel.
     assert_eq!(prefill_wgmma_shared_bytes(), 96 * 1024);
 }
