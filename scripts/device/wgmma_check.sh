@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The Hopper prefill kernel (prefill_wgmma.cu) on the device, in one call: its prefill parity
-# first; if that fails, the same test over the four (Q/K, V) descriptor-offset arrangements,
+# A Hopper prefill kernel (prefill_wgmma.cu; KERNEL=wgmma, the default, or wgmma-ws, the
+# warp-specialised one) on the device, in one call: its prefill parity first; if that fails,
+# for wgmma the same test over the four (Q/K, V) descriptor-offset arrangements,
 # compiled from edited copies of the checkout's kernels (STARLING_KERNEL_DIR: no rebuild), to
 # tell a layout mistake from another; if it passes, the whole parity suite, the prefill tests
 # again on the mma.sync kernel, the decode-graph tests where carried (GEMMs recorded into
 # graphs, the cuBLASLt bias epilogue's among them), and `bench kernels --prompt-prefill` with
-# each prefill kernel.
+# each prefill kernel (the one under test, wgmma, mma), then with each edit of VARIANTS (sed
+# expressions separated by ";;", applied to copies of prefill_wgmma.cu: e.g.
+# VARIANTS='s/^#define WS_LAG .*/#define WS_LAG 1/').
 #   carry [".device/starling", ".device/tests/parity-<hash>", ".device/tests/graphs_gpu-<hash>"]
 #   command: bash scripts/device/wgmma_check.sh
 set -uo pipefail
@@ -13,11 +16,18 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64
 P=$(ls .device/tests/parity-* | head -1)
 S=${S:-.device/starling}
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u +%FT%TZ; } | tee "$OUT/card.txt"
-# The new paths are opt-in until measured: ask for both.
-export STARLING_PREFILL_KERNEL=wgmma STARLING_GEMM_BIAS_EPILOGUE=1
+K=${KERNEL:-wgmma}
+# The kernel under test is opt-in until measured: ask for it.
+export STARLING_PREFILL_KERNEL=$K STARLING_GEMM_BIAS_EPILOGUE=1
 if ! timeout 120 "$P" --include-ignored --test-threads=1 prefill_attention_matches_cpu \
-  > "$OUT/parity_prefill_wgmma.log" 2>&1; then
-  grep -E "panicked|rel|err" "$OUT/parity_prefill_wgmma.log" | head -5
+  > "$OUT/parity_prefill_$K.log" 2>&1; then
+  grep -E "panicked|rel|err" "$OUT/parity_prefill_$K.log" | head -5
+  if [ "$K" != wgmma ]; then
+    # Do the parts it shares with the wgmma kernel (descriptors, softmax) pass there?
+    STARLING_PREFILL_KERNEL=wgmma timeout 60 "$P" --include-ignored --test-threads=1 \
+      prefill_attention_matches_cpu 2>&1 | grep -E "test result|panicked" | head -3
+    exit 1
+  fi
   for v in "2048 128 2048 128" "128 2048 128 2048" "2048 128 128 2048"; do
     set -- $v
     d=$HOME/kernels_$1_$2_$3_$4
@@ -31,7 +41,7 @@ if ! timeout 120 "$P" --include-ignored --test-threads=1 prefill_attention_match
   done
   exit 1
 fi
-tail -3 "$OUT/parity_prefill_wgmma.log"
+tail -3 "$OUT/parity_prefill_$K.log"
 status=0
 timeout 240 "$P" --include-ignored --test-threads=1 > "$OUT/parity_default.log" 2>&1 || status=1
 grep -E "^test |test result" "$OUT/parity_default.log" | grep -v " ok$" | head -20
@@ -43,9 +53,23 @@ for g in .device/tests/graphs_gpu-*; do
   timeout 120 "$g" --include-ignored --test-threads=1 > "$OUT/graphs_gpu.log" 2>&1 || status=1
   grep "test result" "$OUT/graphs_gpu.log"
 done
-for k in wgmma mma; do
+for k in $(echo "$K wgmma mma" | tr ' ' '\n' | awk '!seen[$0]++'); do
   STARLING_PREFILL_KERNEL=$k timeout 120 "$S" bench kernels --prompt-prefill \
     --output "$OUT/prompt_prefill_$k.json" > "$OUT/prompt_prefill_$k.md" 2>&1 || status=1
   grep -E "kernel|Qwen|GQA" "$OUT/prompt_prefill_$k.md" | head -10
+done
+i=0
+IFS=$'\n'
+for v in $(echo "${VARIANTS:-}" | sed 's/;;/\n/g'); do
+  i=$((i + 1))
+  d=$HOME/kernels_variant_$i
+  rm -rf "$d" && cp -r crates/starling-cuda/kernels "$d" && sed -i "$v" "$d/prefill_wgmma.cu"
+  echo "== variant $i: $v" | tee "$OUT/variant_$i.txt"
+  STARLING_KERNEL_DIR=$d timeout 60 "$P" --include-ignored --test-threads=1 \
+    prefill_attention_matches_cpu 2>&1 | grep -E "test result|panicked" | head -3
+  STARLING_KERNEL_DIR=$d timeout 120 "$S" bench kernels --prompt-prefill \
+    --output "$OUT/prompt_prefill_variant_$i.json" > "$OUT/prompt_prefill_variant_$i.md" 2>&1 ||
+    status=1
+  grep -E "kernel|Qwen|GQA" "$OUT/prompt_prefill_variant_$i.md" | head -10
 done
 exit $status

@@ -6,16 +6,20 @@
 // or the partials attention_combine_bf16 (attention.cu) merges. Not a kernel module of its own:
 // the host prepends it to both sources (kernels.rs), after mma_common.cuh.
 
-// One key tile's online-softmax update of this thread's rows: S (raw scores) becomes P, the
-// running max m (log2 units, scaled) and this lane's share of the sum l move on, and O is rescaled.
-// The scale is folded into the exponent (one FFMA per score) and the max taken on raw scores (the
-// scale is positive). With MASK, keys at or past a row's end, or before its window's start, score
-// -inf.
-template <bool MASK, int MT, int NT, int DT>
-__device__ __forceinline__ void online_softmax_tile(float (&s)[MT][NT][4], float (&o)[MT][DT][4],
-                                                    float (&m)[MT][2], float (&l)[MT][2],
-                                                    const int (&row_visible)[MT][2], int kv_end,
-                                                    int window, int kb, int qc, float scale_log2) {
+// One key tile's online-softmax update of this thread's rows, scores only: S (raw scores) becomes
+// P, the running max m (log2 units, scaled) and this lane's share of the sum l move on, and
+// corr[mt][i] is the factor the row's output accumulators must be scaled by before P·V adds to
+// them, handed to row_done(mt, i, corr) as each row is finished (so that a kernel can compute
+// P while the previous tile's P·V still runs, and keep the factors for later, or rescale at
+// once without holding them: the mma.sync kernel's registers are that tight). The scale is
+// folded into the exponent (one FFMA per score) and the max taken on raw scores (the scale is
+// positive). With MASK, keys at or past a row's end, or before its window's start, score -inf.
+template <bool MASK, int MT, int NT, typename RowDone>
+__device__ __forceinline__ void online_softmax_scores(float (&s)[MT][NT][4], float (&m)[MT][2],
+                                                      float (&l)[MT][2],
+                                                      const int (&row_visible)[MT][2],
+                                                      int kv_end, int window, int kb, int qc,
+                                                      float scale_log2, RowDone row_done) {
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
@@ -53,13 +57,40 @@ __device__ __forceinline__ void online_softmax_tile(float (&s)[MT][NT][4], float
                 }
             }
             l[mt][i] = l[mt][i] * corr + sum;  // this lane's share; the quad sums at the end
-#pragma unroll
-            for (int dt = 0; dt < DT; dt++) {
-                o[mt][dt][2 * i] *= corr;
-                o[mt][dt][2 * i + 1] *= corr;
-            }
+            row_done(mt, i, corr);
         }
     }
+}
+
+// Scales row i (0: the fragment's upper 8 rows, 1: the lower) of this thread's m-tile mt of O.
+template <int MT, int DT>
+__device__ __forceinline__ void rescale_row(float (&o)[MT][DT][4], int mt, int i, float corr) {
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) {
+        o[mt][dt][2 * i] *= corr;
+        o[mt][dt][2 * i + 1] *= corr;
+    }
+}
+
+// Scales each of this thread's rows of O by its factor kept from online_softmax_scores.
+template <int MT, int DT>
+__device__ __forceinline__ void rescale_rows(float (&o)[MT][DT][4], const float (&corr)[MT][2]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) rescale_row<MT, DT>(o, mt, i, corr[mt][i]);
+}
+
+// One key tile's whole online-softmax update: online_softmax_scores, each row of O rescaled as
+// soon as its factor is known.
+template <bool MASK, int MT, int NT, int DT>
+__device__ __forceinline__ void online_softmax_tile(float (&s)[MT][NT][4], float (&o)[MT][DT][4],
+                                                    float (&m)[MT][2], float (&l)[MT][2],
+                                                    const int (&row_visible)[MT][2], int kv_end,
+                                                    int window, int kb, int qc, float scale_log2) {
+    online_softmax_scores<MASK, MT, NT>(
+        s, m, l, row_visible, kv_end, window, kb, qc, scale_log2,
+        [&](int mt, int i, float corr) { rescale_row<MT, DT>(o, mt, i, corr); });
 }
 
 // The keys a query tile's block covers: [kv_start, kv_end) of its split. The tile's largest

@@ -113,8 +113,10 @@ __device__ __forceinline__ void wgmma_fence() {
 __device__ __forceinline__ void wgmma_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void wgmma_wait_all() {
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+// Waits until at most N of this warpgroup's committed wgmma groups are pending (in order).
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 // Keeps the compiler from moving reads or writes of an accumulator across the waits above (they
 // name no registers): each accumulator is "redefined" here, after the wait.
@@ -124,6 +126,15 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&r)[N][4]) {
     for (int i = 0; i < N; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++) asm volatile("" : "+f"(r[i][e])::"memory");
+}
+// The same for A fragments in registers, which a wgmma reads until it completes: they stay
+// live, and unwritten, until after the wait.
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operands(unsigned (&r)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+r"(r[i][e])::"memory");
 }
 // Makes this thread's completed generic-proxy writes to shared memory (cp.async) visible to the
 // async proxy (wgmma operand reads).
@@ -146,17 +157,99 @@ __device__ __forceinline__ unsigned long long wgmma_desc(unsigned addr, unsigned
            ((unsigned long long)(lbo >> 4) << 16) | ((unsigned long long)(sbo >> 4) << 32);
 }
 
-// Row and chunk of this thread's copy p of a tile (see the layout above); the copy goes to byte
-// 16 · (threadIdx.x + WG_THREADS · p) of the tile.
-template <int D>
-__device__ __forceinline__ int core_copy_row(int p) {
+// Row and chunk of copy p of a tile by thread t of THREADS copying threads (see the layout above);
+// the copy goes to byte 16 · (t + THREADS · p) of the tile.
+template <int D, int THREADS>
+__device__ __forceinline__ int core_copy_row(int t, int p) {
     constexpr int CPR = D / 8;
-    const int q = threadIdx.x + WG_THREADS * p;
+    static_assert(THREADS % (8 * CPR) == 0, "a thread's chunk is the same in every copy");
+    const int q = t + THREADS * p;
     return (q / (8 * CPR)) * 8 + (q & 7);
 }
 template <int D>
-__device__ __forceinline__ int core_copy_chunk() {
-    return (threadIdx.x >> 3) % (D / 8);
+__device__ __forceinline__ int core_copy_chunk(int t) {
+    return (t >> 3) % (D / 8);
+}
+
+// Copies this thread's share of the Q tile ([BM rows] of the block's tokens × group heads, rows
+// past `rows` zero-filled) into q_s, as thread t of THREADS copying threads.
+template <int D, int THREADS>
+__device__ __forceinline__ void load_q_tile(unsigned char* q_s, const bf16* __restrict__ qkv,
+                                            int qkv_width, int first, int rows, int group,
+                                            int kvh, int t) {
+    constexpr int Q_COPIES = WG_BM * D / 8 / THREADS;
+    const int chunk = core_copy_chunk<D>(t);
+#pragma unroll
+    for (int p = 0; p < Q_COPIES; p++) {
+        const int r = core_copy_row<D, THREADS>(t, p);
+        const bool valid = r < rows;
+        const bf16* src = valid ? qkv + (size_t)(first + r / group) * qkv_width +
+                                      (size_t)(kvh * group + r % group) * D + chunk * 8
+                                : qkv;
+        cp_async16(reinterpret_cast<bf16*>(q_s + 16 * (t + THREADS * p)), src, valid);
+    }
+}
+
+// Issues this thread's copies of the K and V tiles of keys [kb, kb + BN) into k_dst (V one tile
+// after it), as thread t of THREADS copying threads; rows past kv_end are zero-filled (0 · NaN
+// would poison P·V).
+template <int D, int THREADS>
+__device__ __forceinline__ void load_kv_tile_pair(unsigned char* k_dst,
+                                                  const bf16* __restrict__ k_cache,
+                                                  const bf16* __restrict__ v_cache,
+                                                  const unsigned* __restrict__ table,
+                                                  int block_size, size_t slot_stride,
+                                                  size_t head_off, int kb, int kv_end, int t) {
+    constexpr int TILE_BYTES = WG_BN * D * 2;
+    constexpr int KV_COPIES = WG_BN * D / 8 / THREADS;
+    static_assert(KV_COPIES * THREADS * 8 == WG_BN * D, "K/V copy geometry");
+    const int chunk = core_copy_chunk<D>(t);
+#pragma unroll
+    for (int p = 0; p < KV_COPIES; p++) {
+        const int j = kb + core_copy_row<D, THREADS>(t, p);
+        const bool valid = j < kv_end;
+        const size_t off =
+            valid ? (size_t)paged_slot(table, j, block_size) * slot_stride + head_off + chunk * 8
+                  : 0;
+        const int dst = 16 * (t + THREADS * p);
+        cp_async16(reinterpret_cast<bf16*>(k_dst + dst), k_cache + off, valid);
+        cp_async16(reinterpret_cast<bf16*>(k_dst + TILE_BYTES + dst), v_cache + off, valid);
+    }
+}
+
+// S[64 x BN] = Q · Kᵀ for this warpgroup's 64 rows (Q at q_addr, K at k_addr: core-matrix
+// layout, K-major), issued, not waited for.
+template <int D>
+__device__ __forceinline__ void wgmma_scores(float (&s)[8][4], unsigned q_addr, unsigned k_addr) {
+    wgmma_m64n64k16_ss<false>(s, wgmma_desc(q_addr, WG_QK_LBO, WG_QK_SBO),
+                              wgmma_desc(k_addr, WG_QK_LBO, WG_QK_SBO));
+#pragma unroll
+    for (int ks = 1; ks < D / 16; ks++)
+        wgmma_m64n64k16_ss<true>(s, wgmma_desc(q_addr + 256 * ks, WG_QK_LBO, WG_QK_SBO),
+                                 wgmma_desc(k_addr + 256 * ks, WG_QK_LBO, WG_QK_SBO));
+}
+
+// P (the softmax's S) as the A fragments of P·V: S's accumulators of two 8-key tiles are P's A
+// fragment of 16 keys.
+__device__ __forceinline__ void pack_p(unsigned (&a)[WG_BN / 16][4], const float (&s)[8][4]) {
+#pragma unroll
+    for (int kk = 0; kk < WG_BN / 16; kk++) {
+        a[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+        a[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+        a[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        a[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+}
+
+// O[64 x D] += P · V for this warpgroup (V at v_addr, MN-major), issued, not waited for.
+template <int D>
+__device__ __forceinline__ void wgmma_pv(float (&o)[16][4], const unsigned (&a)[WG_BN / 16][4],
+                                         unsigned v_addr) {
+    constexpr int ROW_GROUP_BYTES = D / 8 * 128;
+#pragma unroll
+    for (int kk = 0; kk < WG_BN / 16; kk++)
+        wgmma_m64n128k16_rs(o, a[kk],
+                            wgmma_desc(v_addr + 2 * ROW_GROUP_BYTES * kk, WG_V_LBO, WG_V_SBO));
 }
 
 template <int D, int STAGES>
@@ -167,15 +260,11 @@ __device__ void prefill_wgmma_impl(
     const unsigned* __restrict__ tok_seq, const unsigned* __restrict__ tok_visible,
     const unsigned* __restrict__ block_tables, int max_blocks, int block_size, int num_kv_heads,
     int group, float scale, int window, int splits, int split_len) {
-    constexpr int KS = D / 16;                  // k-steps of S over the head dim
     constexpr int NT = WG_BN / 8;               // 8-key column tiles of S
     constexpr int DT = D / 8;                   // 8-wide column tiles of O
     constexpr int TILE_BYTES = WG_BN * D * 2;   // one K or V tile
     constexpr int ROW_GROUP_BYTES = D / 8 * 128;  // 8 rows of core matrices
-    constexpr int KV_COPIES = WG_BN * D / 8 / WG_THREADS;  // 16-byte copies a thread, per tile
-    constexpr int Q_COPIES = WG_BM * D / 8 / WG_THREADS;
     static_assert(NT == 8 && DT == 16, "the wgmma shapes are m64n64 (S) and m64n128 (O)");
-    static_assert(KV_COPIES * WG_THREADS * 8 == WG_BN * D, "K/V copy geometry");
     static_assert(STAGES >= 2, "the ring needs a stage in flight");
 
     // Q [BM rows], then stage s of the ring: K at 2s tiles, V at 2s + 1 (host:
@@ -194,32 +283,11 @@ __device__ void prefill_wgmma_impl(
     const int first = tile.first, rows = tile.rows, kv_start = tile.kv_start, kv_end = tile.kv_end;
 
     const size_t slot_stride = (size_t)num_kv_heads * D, head_off = (size_t)kvh * D;
-    const int chunk = core_copy_chunk<D>();
-    // Issues the copies of the K and V tiles starting at key `kb` into ring stage `s` (rows past
-    // kv_end zero-filled: 0 · NaN would poison P·V).
     auto load_kv_tiles = [&](int s, int kb) {
-        unsigned char* k_dst = ring + 2 * s * TILE_BYTES;
-#pragma unroll
-        for (int p = 0; p < KV_COPIES; p++) {
-            const int j = kb + core_copy_row<D>(p);
-            const bool valid = j < kv_end;
-            const size_t off = valid ? (size_t)paged_slot(tile.table, j, block_size) * slot_stride +
-                                           head_off + chunk * 8
-                                     : 0;
-            const int dst = 16 * (tid + WG_THREADS * p);
-            cp_async16(reinterpret_cast<bf16*>(k_dst + dst), k_cache + off, valid);
-            cp_async16(reinterpret_cast<bf16*>(k_dst + TILE_BYTES + dst), v_cache + off, valid);
-        }
+        load_kv_tile_pair<D, WG_THREADS>(ring + 2 * s * TILE_BYTES, k_cache, v_cache, tile.table,
+                                         block_size, slot_stride, head_off, kb, kv_end, tid);
     };
-#pragma unroll
-    for (int p = 0; p < Q_COPIES; p++) {
-        const int r = core_copy_row<D>(p);
-        const bool valid = r < rows;
-        const bf16* src = valid ? qkv + (size_t)(first + r / group) * qkv_width +
-                                      (size_t)(kvh * group + r % group) * D + chunk * 8
-                                : qkv;
-        cp_async16(reinterpret_cast<bf16*>(q_s + 16 * (tid + WG_THREADS * p)), src, valid);
-    }
+    load_q_tile<D, WG_THREADS>(q_s, qkv, qkv_width, first, rows, group, kvh, tid);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
         if (s < tile.n_tiles) load_kv_tiles(s, kv_start + s * WG_BN);
@@ -250,15 +318,9 @@ __device__ void prefill_wgmma_impl(
 
         float s[1][NT][4];
         wgmma_fence();
-        wgmma_m64n64k16_ss<false>(s[0], wgmma_desc(q_tile_addr, WG_QK_LBO, WG_QK_SBO),
-                                  wgmma_desc(k_addr, WG_QK_LBO, WG_QK_SBO));
-#pragma unroll
-        for (int ks = 1; ks < KS; ks++)
-            wgmma_m64n64k16_ss<true>(s[0],
-                                     wgmma_desc(q_tile_addr + 256 * ks, WG_QK_LBO, WG_QK_SBO),
-                                     wgmma_desc(k_addr + 256 * ks, WG_QK_LBO, WG_QK_SBO));
+        wgmma_scores<D>(s[0], q_tile_addr, k_addr);
         wgmma_commit();
-        wgmma_wait_all();
+        wgmma_wait<0>();
         wgmma_fence_operands(s[0]);
 
         if (kb >= tile.warp_full_start && kb + WG_BN <= tile.warp_full_end)
@@ -268,22 +330,12 @@ __device__ void prefill_wgmma_impl(
             online_softmax_tile<true, 1, NT, DT>(s, o, m, l, tile.row_visible, kv_end,
                                                   window, kb, qc, scale_log2);
 
-        // O += P·V: S's accumulators of two 8-key tiles are P's A fragment of 16 keys.
         unsigned a[WG_BN / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < WG_BN / 16; kk++) {
-            a[kk][0] = pack_bf16(s[0][2 * kk][0], s[0][2 * kk][1]);
-            a[kk][1] = pack_bf16(s[0][2 * kk][2], s[0][2 * kk][3]);
-            a[kk][2] = pack_bf16(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
-            a[kk][3] = pack_bf16(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
-        }
+        pack_p(a, s[0]);
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < WG_BN / 16; kk++)
-            wgmma_m64n128k16_rs(o[0], a[kk],
-                                wgmma_desc(v_addr + 2 * ROW_GROUP_BYTES * kk, WG_V_LBO, WG_V_SBO));
+        wgmma_pv<D>(o[0], a, v_addr);
         wgmma_commit();
-        wgmma_wait_all();
+        wgmma_wait<0>();
         wgmma_fence_operands(o[0]);
         // The next iteration's barrier orders these reads before the stage is refilled.
     }
@@ -304,4 +356,241 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, WG_MIN_BLOCKS) prefill_
                                        tiles, tok_seq, tok_visible, block_tables, max_blocks,
                                        block_size, num_kv_heads, group, scale, window, splits,
                                        split_len);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The warp-specialised variant (FlashAttention-3's schedule, without its inter-warpgroup
+// ping-pong): the same two consumer warpgroups of 64 rows (warps 0-7, so rows, fragments and the
+// output write are the kernel's above), and a third, producer warpgroup (warps 8-11) that only
+// copies K/V tiles into a deeper ring. Stages are handed over through mbarriers instead of
+// block-wide barriers, so the two consumers run free of each other and of the copies: each
+// issues the next tile's S = Q·Kᵀ and the previous tile's O += P·V back to back, and computes
+// the next P's exponentials while the P·V runs (one S and one P in registers: 32 + 16 beside
+// O's 64). The producer hands registers to the consumers (setmaxnreg); one block per SM.
+//
+// Hand-over: a producer thread waits for its own copies of a stage (cp.async groups, WS_LAG
+// tiles behind the newest so that several tiles are in flight), fences them into the async
+// proxy (fence.proxy.async) and arrives on the stage's `full` barrier (all 128 producer
+// threads); a consumer waits on `full` before its wgmma reads the stage, and arrives on its
+// `empty` barrier (all 256 consumer threads) once its last wgmma reading it has completed; the
+// producer waits on `empty` before refilling the stage.
+
+#define WS_PRODUCERS 128      // the producer warpgroup's threads
+#define WS_CONSUMERS 256      // the consumer warpgroups' threads (WG_THREADS of the kernel above)
+#define WS_THREADS 384        // host: PREFILL_WGMMA_WS_THREADS
+#define WS_STAGES 4           // host: PREFILL_WGMMA_WS_STAGES (Q + 4 pairs: 160 KiB)
+#define WS_LAG 2              // tiles a producer thread keeps copying past the one it publishes
+#define WS_PRODUCER_REGS 40   // setmaxnreg: 128 × 40 + 256 × 232 ≤ 64K registers of an SM
+#define WS_CONSUMER_REGS 232
+// 1: the two consumers take turns issuing their products (named barriers 2 and 3, as
+// FlashAttention-3's inter-warpgroup "ping-pong"), so one's exponentials run under the other's
+// products; 0: each issues as soon as its operands are ready.
+#define WS_PINGPONG 0
+
+static_assert(WS_CONSUMERS == WG_THREADS && WS_THREADS == WS_CONSUMERS + WS_PRODUCERS,
+              "warp-specialised geometry");
+// The producer, refilling tile it's stage, waits for the consumers to release tile it - STAGES,
+// which they do after waiting for tile it - STAGES + 1; it has published up to it - 1 - WS_LAG.
+static_assert(WS_LAG >= 1 && WS_LAG <= WS_STAGES - 2, "the producer publishes before it blocks");
+
+__device__ __forceinline__ void mbar_init(unsigned addr, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
+}
+// Arrives (release: this thread's prior writes are visible to threads that observe the phase).
+__device__ __forceinline__ void mbar_arrive(unsigned addr) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(addr) : "memory");
+}
+// Waits (acquire) until the barrier's phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(unsigned addr, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(addr), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+// The consumer warpgroups alone (named barrier 1; 0 is __syncthreads').
+__device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync 1, %0;\n" ::"n"(WS_CONSUMERS) : "memory");
+}
+
+// Ping-pong turns: consumer warpgroup wg waits for its turn (barrier 2 + wg: its own 128 threads
+// sync, the other warpgroup's 128 arrive) before issuing a tile's products, and hands the turn
+// to the other after. Both issue n_tiles + 1 times; warpgroup 1 gives warpgroup 0 the first
+// turn and skips its own last hand-over, so every barrier phase completes.
+__device__ __forceinline__ void ws_turn_wait(int wg) {
+    if (WS_PINGPONG) asm volatile("bar.sync %0, %1;\n" ::"r"(2 + wg), "n"(WS_CONSUMERS) : "memory");
+}
+__device__ __forceinline__ void ws_turn_pass(int wg, bool last) {
+    if (WS_PINGPONG && !(wg == 1 && last))
+        asm volatile("bar.arrive %0, %1;\n" ::"r"(3 - wg), "n"(WS_CONSUMERS) : "memory");
+}
+
+// One key tile's softmax on S (raw scores → P, m, l, corr), masked where the tile is not wholly
+// visible to this warp's rows.
+template <int NT>
+__device__ __forceinline__ void ws_softmax(float (&s)[1][NT][4], float (&m)[1][2],
+                                           float (&l)[1][2], float (&corr)[1][2],
+                                           const PrefillTile<1>& tile, int window, int kb, int qc,
+                                           float scale_log2) {
+    auto keep = [&](int mt, int i, float c) { corr[mt][i] = c; };
+    if (kb >= tile.warp_full_start && kb + WG_BN <= tile.warp_full_end)
+        online_softmax_scores<false, 1, NT>(s, m, l, tile.row_visible, tile.kv_end, window, kb,
+                                            qc, scale_log2, keep);
+    else
+        online_softmax_scores<true, 1, NT>(s, m, l, tile.row_visible, tile.kv_end, window, kb,
+                                           qc, scale_log2, keep);
+}
+
+template <int D, int STAGES>
+__device__ void prefill_wgmma_ws_impl(
+    bf16* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
+    const bf16* __restrict__ qkv, int qkv_width, const bf16* __restrict__ k_cache,
+    const bf16* __restrict__ v_cache, const unsigned* __restrict__ tiles,
+    const unsigned* __restrict__ tok_seq, const unsigned* __restrict__ tok_visible,
+    const unsigned* __restrict__ block_tables, int max_blocks, int block_size, int num_kv_heads,
+    int group, float scale, int window, int splits, int split_len) {
+    constexpr int NT = WG_BN / 8;
+    constexpr int DT = D / 8;
+    constexpr int TILE_BYTES = WG_BN * D * 2;
+    constexpr int ROW_GROUP_BYTES = D / 8 * 128;
+    static_assert(NT == 8 && DT == 16, "the wgmma shapes are m64n64 (S) and m64n128 (O)");
+
+    // Q [BM rows], then stage s of the ring: K at 2s tiles, V at 2s + 1 (host:
+    // prefill_wgmma_ws_shared_bytes).
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    __shared__ __align__(8) unsigned long long full_bar[STAGES], empty_bar[STAGES];
+    unsigned char* q_s = smem_raw;
+    unsigned char* ring = smem_raw + WG_BM * D * 2;
+    const unsigned q_addr = smem_u32(q_s), ring_addr = smem_u32(ring);
+    const unsigned full_addr = smem_u32(full_bar), empty_addr = smem_u32(empty_bar);
+
+    const int tid = threadIdx.x;
+    const int kvh = blockIdx.y, split = blockIdx.z;
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(full_addr + 8 * s, WS_PRODUCERS);
+            mbar_init(empty_addr + 8 * s, WS_CONSUMERS);
+        }
+    }
+    // prefill_tile's block-wide barrier also publishes the initialised mbarriers.
+    const PrefillTile<1> tile = prefill_tile<WS_THREADS, WS_THREADS / 32, 1, WG_BN>(
+        tiles, tok_seq, tok_visible, block_tables, max_blocks, group, window, split, split_len);
+    const int n_tiles = tile.n_tiles, kv_start = tile.kv_start;
+
+    if (tid >= WS_CONSUMERS) {
+        // Producer: copy tile it into stage it % STAGES once the consumers have released the
+        // tile that stage held; publish tile it - WS_LAG once this thread's copies of it landed.
+        setmaxnreg_dec<WS_PRODUCER_REGS>();
+        const int t = tid - WS_CONSUMERS;
+        const size_t slot_stride = (size_t)num_kv_heads * D, head_off = (size_t)kvh * D;
+        auto publish = [&](int it) {
+            fence_proxy_async_shared();
+            mbar_arrive(full_addr + 8 * (it % STAGES));
+        };
+        for (int it = 0; it < n_tiles; it++) {
+            const int st = it % STAGES;
+            if (it >= STAGES) mbar_wait(empty_addr + 8 * st, ((it / STAGES) - 1) & 1);
+            load_kv_tile_pair<D, WS_PRODUCERS>(ring + 2 * st * TILE_BYTES, k_cache, v_cache,
+                                               tile.table, block_size, slot_stride, head_off,
+                                               kv_start + it * WG_BN, tile.kv_end, t);
+            cp_async_commit();
+            if (it >= WS_LAG) {
+                cp_async_wait<WS_LAG>();
+                publish(it - WS_LAG);
+            }
+        }
+        cp_async_wait<0>();
+        for (int it = max(0, n_tiles - WS_LAG); it < n_tiles; it++) publish(it);
+        return;
+    }
+
+    // Consumers.
+    setmaxnreg_inc<WS_CONSUMER_REGS>();
+    const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2, qc = lane & 3;
+    load_q_tile<D, WS_CONSUMERS>(q_s, qkv, qkv_width, tile.first, tile.rows, group, kvh, tid);
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async_shared();
+    consumers_sync();  // every consumer's share of Q has landed
+
+    float o[1][DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) o[0][dt][0] = o[0][dt][1] = o[0][dt][2] = o[0][dt][3] = 0.f;
+    float m[1][2] = {{NEG_INF, NEG_INF}}, l[1][2] = {{0.f, 0.f}}, corr[1][2];
+    const float scale_log2 = scale * LOG2E;
+    const unsigned q_wg_addr = q_addr + wg * 8 * ROW_GROUP_BYTES;
+    auto k_addr = [&](int it) { return ring_addr + 2 * (it % STAGES) * TILE_BYTES; };
+
+    if (n_tiles > 0) {
+        float s[1][NT][4];
+        unsigned a[WG_BN / 16][4];
+        if (WS_PINGPONG && wg == 1)
+            asm volatile("bar.arrive 2, %0;\n" ::"n"(WS_CONSUMERS) : "memory");
+        // Tile 0's scores and P (O is still zero: nothing to rescale).
+        mbar_wait(full_addr, 0);
+        ws_turn_wait(wg);
+        wgmma_fence();
+        wgmma_scores<D>(s[0], opaque(q_wg_addr), k_addr(0));
+        wgmma_commit();
+        ws_turn_pass(wg, false);
+        wgmma_wait<0>();
+        wgmma_fence_operands(s[0]);
+        ws_softmax(s, m, l, corr, tile, window, kv_start, qc, scale_log2);
+        pack_p(a, s[0]);
+        for (int it = 1; it < n_tiles; it++) {
+            mbar_wait(full_addr + 8 * (it % STAGES), (it / STAGES) & 1);
+            ws_turn_wait(wg);
+            wgmma_fence();
+            wgmma_scores<D>(s[0], opaque(q_wg_addr), k_addr(it));  // tile it's S ...
+            wgmma_commit();
+            wgmma_pv<D>(o[0], a, k_addr(it - 1) + TILE_BYTES);  // ... and tile it - 1's P·V
+            wgmma_commit();
+            ws_turn_pass(wg, false);
+            wgmma_wait<1>();  // S has landed; P·V runs on under the exponentials
+            wgmma_fence_operands(s[0]);
+            ws_softmax(s, m, l, corr, tile, window, kv_start + it * WG_BN, qc, scale_log2);
+            wgmma_wait<0>();
+            wgmma_fence_operands(o[0]);
+            wgmma_fence_operands(a);
+            mbar_arrive(empty_addr + 8 * ((it - 1) % STAGES));  // tile it - 1 is read
+            rescale_rows<1, DT>(o, corr);
+            pack_p(a, s[0]);
+        }
+        ws_turn_wait(wg);
+        wgmma_fence();
+        wgmma_pv<D>(o[0], a, k_addr(n_tiles - 1) + TILE_BYTES);
+        wgmma_commit();
+        ws_turn_pass(wg, true);
+        wgmma_wait<0>();
+        wgmma_fence_operands(o[0]);
+        wgmma_fence_operands(a);
+    }
+
+    prefill_write_rows<1, DT>(o, m, l, tile.first, tile.rows, group, kvh, num_kv_heads * group,
+                              splits, split, out, part_acc, part_ml);
+}
+
+extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_wgmma_ws_d128_bf16(
+    bf16* out, float* part_acc, float* part_ml, const bf16* qkv, int qkv_width,
+    const bf16* k_cache, const bf16* v_cache, const unsigned* tiles, const unsigned* tok_seq,
+    const unsigned* tok_visible, const unsigned* block_tables, int max_blocks, int block_size,
+    int num_kv_heads, int group, float scale, int window, int splits, int split_len) {
+    pdl_entry();
+    prefill_wgmma_ws_impl<128, WS_STAGES>(out, part_acc, part_ml, qkv, qkv_width, k_cache,
+                                          v_cache, tiles, tok_seq, tok_visible, block_tables,
+                                          max_blocks, block_size, num_kv_heads, group, scale,
+                                          window, splits, split_len);
 }

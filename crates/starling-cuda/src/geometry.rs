@@ -87,6 +87,20 @@ pub(crate) const fn prefill_wgmma_shared_bytes() -> usize {
     (PREFILL_TILE_ROWS + PREFILL_WGMMA_STAGES * 2 * PREFILL_TILE_KEYS) * PREFILL_WGMMA_HEAD_DIM * 2
 }
 
+/// Threads per block of the warp-specialised Hopper prefill kernel (`WS_THREADS`: two consumer
+/// warpgroups of 64 rows and a producer warpgroup).
+pub(crate) const PREFILL_WGMMA_WS_THREADS: u32 = 384;
+/// (K, V) tile pairs in its ring (`WS_STAGES`).
+pub(crate) const PREFILL_WGMMA_WS_STAGES: usize = 4;
+
+/// Dynamic shared memory of one warp-specialised Hopper prefill block: the Q tile and its ring
+/// (one block per SM).
+pub(crate) const fn prefill_wgmma_ws_shared_bytes() -> usize {
+    (PREFILL_TILE_ROWS + PREFILL_WGMMA_WS_STAGES * 2 * PREFILL_TILE_KEYS)
+        * PREFILL_WGMMA_HEAD_DIM
+        * 2
+}
+
 /// The bf16 (K, V) tile pair an fp8 kernel converts each staged tile into (none for bf16).
 const fn converted_pair_bytes(keys: usize, head_dim: usize, elem: CacheElem) -> usize {
     match elem {

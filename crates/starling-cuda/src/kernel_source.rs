@@ -68,20 +68,53 @@ impl ModuleTarget {
 }
 
 /// Environment variable choosing the tiled prefill kernel on a Hopper GPU: `wgmma` for the
-/// wgmma kernel (`prefill_wgmma.cu`, head width 128, bf16 cache), `mma` for the mma.sync one
-/// (`prefill_attention.cu`); unset, [`WGMMA_PREFILL_BY_DEFAULT`] decides.
+/// wgmma kernel (`prefill_wgmma.cu`, head width 128, bf16 cache), `wgmma-ws` for its
+/// warp-specialised variant (a producer warpgroup, mbarrier hand-over), `mma` for the mma.sync
+/// one (`prefill_attention.cu`); unset, [`WGMMA_PREFILL_BY_DEFAULT`] decides.
 pub const PREFILL_KERNEL_ENV: &str = "STARLING_PREFILL_KERNEL";
 
 /// Whether a Hopper GPU runs the wgmma prefill kernel when [`PREFILL_KERNEL_ENV`] is unset. Off
 /// until the kernel has passed its parity tests and beaten the mma.sync kernel on a GPU.
 pub const WGMMA_PREFILL_BY_DEFAULT: bool = false;
 
-/// Whether the wgmma prefill kernel is asked for ([`PREFILL_KERNEL_ENV`], else the default); it
-/// loads only on compute capability 9.0.
-pub fn wgmma_prefill_requested() -> bool {
-    match std::env::var(PREFILL_KERNEL_ENV) {
-        Ok(v) if v.trim() == "wgmma" => true,
-        Ok(v) if v.trim() == "mma" => false,
-        _ => WGMMA_PREFILL_BY_DEFAULT,
+/// Which Hopper prefill kernel serves head width 128 with a bf16 cache on compute capability 9.0
+/// (elsewhere the mma.sync kernel always does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HopperPrefill {
+    /// The mma.sync kernel, as on every other device.
+    Mma,
+    /// `prefill_wgmma_d128_bf16`: two warpgroups, block-wide barriers, two blocks per SM.
+    Wgmma,
+    /// `prefill_wgmma_ws_d128_bf16`: two consumer warpgroups and a producer warpgroup handing
+    /// stages over through mbarriers, one block per SM.
+    WgmmaWarpSpecialised,
+}
+
+impl HopperPrefill {
+    /// The choice [`PREFILL_KERNEL_ENV`] asks for, else the default. An unknown value is logged
+    /// and ignored (the default serves).
+    pub fn requested() -> Self {
+        let default = if WGMMA_PREFILL_BY_DEFAULT {
+            Self::Wgmma
+        } else {
+            Self::Mma
+        };
+        match std::env::var(PREFILL_KERNEL_ENV) {
+            Ok(v) => Self::parse(&v).unwrap_or_else(|| {
+                tracing::warn!("{PREFILL_KERNEL_ENV}={v:?} is none of mma, wgmma, wgmma-ws");
+                default
+            }),
+            Err(_) => default,
+        }
+    }
+
+    /// `mma`, `wgmma` or `wgmma-ws` (surrounding blanks ignored).
+    pub fn parse(value: &str) -> Option<Self> {
+        match value.trim() {
+            "mma" => Some(Self::Mma),
+            "wgmma" => Some(Self::Wgmma),
+            "wgmma-ws" => Some(Self::WgmmaWarpSpecialised),
+            _ => None,
+        }
     }
 }

@@ -17,7 +17,7 @@ use crate::{CudaError, KernelCache};
 
 pub(crate) use crate::geometry::CacheElem;
 pub use crate::kernel_source::{
-    wgmma_prefill_requested, KernelSource, ModuleTarget, KERNEL_DIR_ENV, PREFILL_KERNEL_ENV,
+    HopperPrefill, KernelSource, ModuleTarget, KERNEL_DIR_ENV, PREFILL_KERNEL_ENV,
     WGMMA_PREFILL_BY_DEFAULT,
 };
 use crate::tiled_kernels::opt_in_shared_memory;
@@ -213,6 +213,8 @@ mod names {
 
     /// The Hopper (wgmma) tiled prefill kernel: head width 128, bf16 cache.
     pub(super) const PREFILL_WGMMA: &str = "prefill_wgmma_d128_bf16";
+    /// Its warp-specialised variant (producer warpgroup, mbarrier hand-over).
+    pub(super) const PREFILL_WGMMA_WS: &str = "prefill_wgmma_ws_d128_bf16";
 
     /// The matrix-vector instantiation for `n` input rows, one output kind and `ksplit` warps per
     /// output column.
@@ -312,7 +314,7 @@ pub fn kernel_modules() -> Vec<KernelModule> {
             target: ModuleTarget::Hopper,
             name: "prefill_wgmma",
             source: PREFILL_WGMMA_SRC,
-            functions: owned(&[names::PREFILL_WGMMA]),
+            functions: owned(&[names::PREFILL_WGMMA, names::PREFILL_WGMMA_WS]),
         },
         KernelModule {
             target: ModuleTarget::Device,
@@ -429,9 +431,9 @@ pub(crate) struct Kernels {
     /// Tiled prefill attention, indexed by head width, where the device can run both element
     /// instantiations: see [`Kernels::prefill_attention`].
     prefill_attention: Vec<(usize, [PrefillKernel; 2])>,
-    /// The Hopper tiled prefill kernel (head width 128, bf16 cache), which takes the place of
-    /// the mma.sync one where it loaded (asked for, on compute capability 9.0): see
-    /// [`Kernels::prefill_attention`].
+    /// The Hopper tiled prefill kernel asked for ([`HopperPrefill`]: head width 128, bf16
+    /// cache), which takes the place of the mma.sync one where it loaded (on compute capability
+    /// 9.0): see [`Kernels::prefill_attention`].
     prefill_wgmma: Option<PrefillKernel>,
     /// Tensor-core decode attention, indexed by head width, where the device can run both
     /// element instantiations: see [`Kernels::decode_attention_mma`].
@@ -484,12 +486,12 @@ impl Kernels {
     ) -> Result<Self, CudaError> {
         let mut loaded: HashMap<String, CudaFunction> = HashMap::new();
         let mut site_names = HashMap::new();
-        let wgmma_prefill = wgmma_prefill_requested();
+        let hopper_prefill = HopperPrefill::requested();
         for module in kernel_modules() {
             let Some(module_arch) = module.target.arch(arch) else {
                 continue;
             };
-            if !wgmma_prefill && module.name == "prefill_wgmma" {
+            if hopper_prefill == HopperPrefill::Mma && module.name == "prefill_wgmma" {
                 continue;
             }
             let source = module.source.load(module.name)?;
@@ -501,9 +503,15 @@ impl Kernels {
             }
         }
         // Only where its module loaded (a Hopper GPU, not switched off).
-        let prefill_wgmma = loaded
-            .remove(names::PREFILL_WGMMA)
-            .and_then(PrefillKernel::prepare_wgmma);
+        let prefill_wgmma = match hopper_prefill {
+            HopperPrefill::Mma => None,
+            HopperPrefill::Wgmma => loaded.remove(names::PREFILL_WGMMA),
+            HopperPrefill::WgmmaWarpSpecialised => loaded.remove(names::PREFILL_WGMMA_WS),
+        }
+        .and_then(|f| PrefillKernel::prepare_wgmma(f, hopper_prefill));
+        // The module's other kernel is not used.
+        loaded.remove(names::PREFILL_WGMMA);
+        loaded.remove(names::PREFILL_WGMMA_WS);
         let mut take = |name: &str| {
             loaded
                 .remove(name)

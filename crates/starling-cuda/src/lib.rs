@@ -29,8 +29,8 @@ pub use compile::KernelCache;
 pub use device_buf::DeviceBuf;
 pub use error::CudaError;
 pub use kernels::{
-    kernel_modules, wgmma_prefill_requested, KernelModule, KernelSource, ModuleTarget,
-    KERNEL_DIR_ENV, PREFILL_KERNEL_ENV, WGMMA_PREFILL_BY_DEFAULT,
+    kernel_modules, HopperPrefill, KernelModule, KernelSource, ModuleTarget, KERNEL_DIR_ENV,
+    PREFILL_KERNEL_ENV, WGMMA_PREFILL_BY_DEFAULT,
 };
 pub use launch::PDL_ENV;
 pub use tensor::CudaTensor;

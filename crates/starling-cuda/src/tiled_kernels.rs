@@ -6,9 +6,11 @@ use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::CudaFunction;
 
 use crate::geometry::{
-    decode_mma_shared_bytes, prefill_shared_bytes, prefill_wgmma_shared_bytes, CacheElem,
-    DECODE_MMA_THREADS, PREFILL_THREADS, PREFILL_WGMMA_THREADS,
+    decode_mma_shared_bytes, prefill_shared_bytes, prefill_wgmma_shared_bytes,
+    prefill_wgmma_ws_shared_bytes, CacheElem, DECODE_MMA_THREADS, PREFILL_THREADS,
+    PREFILL_WGMMA_THREADS, PREFILL_WGMMA_WS_THREADS,
 };
+use crate::kernel_source::HopperPrefill;
 
 /// The tensor-core decode kernel for one head width, with its launch needs on this device.
 pub(crate) struct DecodeMmaKernel {
@@ -115,21 +117,35 @@ impl PrefillKernel {
         })
     }
 
-    /// The Hopper (wgmma) kernel, head width 128 and bf16 cache, prepared as [`Self::prepare`]
-    /// does; `None` (logged) where the device cannot run it: the mma.sync kernel serves then.
-    pub(crate) fn prepare_wgmma(function: CudaFunction) -> Option<Self> {
+    /// A Hopper (wgmma) kernel, head width 128 and bf16 cache, prepared as [`Self::prepare`]
+    /// does; `None` (logged) where the device cannot run it (or `kind` is the mma.sync kernel):
+    /// the mma.sync kernel serves then.
+    pub(crate) fn prepare_wgmma(function: CudaFunction, kind: HopperPrefill) -> Option<Self> {
+        let (bytes, threads, label) = match kind {
+            HopperPrefill::Mma => return None,
+            HopperPrefill::Wgmma => (
+                prefill_wgmma_shared_bytes(),
+                PREFILL_WGMMA_THREADS,
+                "prefill attention wgmma d128 bf16",
+            ),
+            HopperPrefill::WgmmaWarpSpecialised => (
+                prefill_wgmma_ws_shared_bytes(),
+                PREFILL_WGMMA_WS_THREADS,
+                "prefill attention wgmma-ws d128 bf16",
+            ),
+        };
         let (shared_bytes, resident) = opt_in_shared_memory(
             &function,
-            prefill_wgmma_shared_bytes(),
-            PREFILL_WGMMA_THREADS,
-            "prefill attention wgmma d128 bf16",
+            bytes,
+            threads,
+            label,
             "the mma.sync prefill kernel serves",
         )?;
-        tracing::debug!("prefill attention wgmma d128 bf16: {resident} blocks per SM");
+        tracing::debug!("{label}: {resident} blocks per SM");
         Some(Self {
             function,
             shared_bytes,
-            threads: PREFILL_WGMMA_THREADS,
+            threads,
         })
     }
 }

@@ -1211,10 +1211,12 @@ fn prefill_attention_matches_cpu() {
 fn prefill_runs_the_kernel_the_device_calls_for() {
     let gpu = gpu();
     let hopper = gpu.name().contains("sm_90");
-    let want = if hopper && starling_cuda::wgmma_prefill_requested() {
-        "prefill_wgmma_d128_bf16"
-    } else {
-        "prefill_attention_d128_bf16"
+    let want = match starling_cuda::HopperPrefill::requested() {
+        starling_cuda::HopperPrefill::Wgmma if hopper => "prefill_wgmma_d128_bf16",
+        starling_cuda::HopperPrefill::WgmmaWarpSpecialised if hopper => {
+            "prefill_wgmma_ws_d128_bf16"
+        }
+        _ => "prefill_attention_d128_bf16",
     };
     assert_eq!(
         gpu.prefill_kernel_name(128).as_deref(),

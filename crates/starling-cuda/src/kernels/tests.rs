@@ -66,6 +66,46 @@ fn wgmma_prefill_kernel_geometry_matches_the_host() {
 }
 
 #[test]
+fn warp_specialised_prefill_kernel_geometry_matches_the_host() {
+    use crate::geometry::{
+        prefill_wgmma_ws_shared_bytes, PREFILL_WGMMA_HEAD_DIM, PREFILL_WGMMA_THREADS,
+        PREFILL_WGMMA_WS_STAGES, PREFILL_WGMMA_WS_THREADS,
+    };
+    let src = PREFILL_WGMMA_SRC.text;
+    // Its consumers are the other kernel's two warpgroups; a producer warpgroup beside them.
+    assert_eq!(define(src, "WS_CONSUMERS"), PREFILL_WGMMA_THREADS as usize);
+    assert_eq!(define(src, "WS_THREADS"), PREFILL_WGMMA_WS_THREADS as usize);
+    assert_eq!(
+        define(src, "WS_CONSUMERS") + define(src, "WS_PRODUCERS"),
+        PREFILL_WGMMA_WS_THREADS as usize
+    );
+    assert_eq!(define(src, "WS_STAGES"), PREFILL_WGMMA_WS_STAGES);
+    // The register split setmaxnreg asks for fits an SM's 64K registers at one block per SM.
+    let regs = define(src, "WS_PRODUCERS") * define(src, "WS_PRODUCER_REGS")
+        + define(src, "WS_CONSUMERS") * define(src, "WS_CONSUMER_REGS");
+    assert!(regs <= 65536, "{regs}");
+    assert!(src.contains(&format!("{}(", names::PREFILL_WGMMA_WS)));
+    assert!(src.contains(&format!(
+        "prefill_wgmma_ws_impl<{PREFILL_WGMMA_HEAD_DIM}, WS_STAGES>("
+    )));
+    // Q (32 KiB) and four stages of K and V (128 KiB): one block per SM.
+    assert_eq!(prefill_wgmma_ws_shared_bytes(), 160 * 1024);
+}
+
+#[test]
+fn hopper_prefill_choices_parse() {
+    use crate::kernel_source::HopperPrefill;
+    assert_eq!(HopperPrefill::parse("mma"), Some(HopperPrefill::Mma));
+    assert_eq!(HopperPrefill::parse(" wgmma\n"), Some(HopperPrefill::Wgmma));
+    assert_eq!(
+        HopperPrefill::parse("wgmma-ws"),
+        Some(HopperPrefill::WgmmaWarpSpecialised)
+    );
+    assert_eq!(HopperPrefill::parse("wgmma_ws"), None);
+    assert_eq!(HopperPrefill::parse(""), None);
+}
+
+#[test]
 fn only_hopper_devices_load_the_wgmma_module() {
     for module in kernel_modules() {
         let hopper = module.name == "prefill_wgmma";
