@@ -79,32 +79,55 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&s)[8][4], unsigned lo
                      : "l"(desc_a), "l"(desc_b), "n"(0));
 }
 
+// The 64 accumulators r[16][4] of an n128 product as asm operands with constraint C.
+#define WGMMA_ACC64_OPERANDS(C, r) \
+    C(r[0][0]), C(r[0][1]), C(r[0][2]), C(r[0][3]), C(r[1][0]), C(r[1][1]), C(r[1][2]), \
+    C(r[1][3]), C(r[2][0]), C(r[2][1]), C(r[2][2]), C(r[2][3]), C(r[3][0]), C(r[3][1]), \
+    C(r[3][2]), C(r[3][3]), C(r[4][0]), C(r[4][1]), C(r[4][2]), C(r[4][3]), C(r[5][0]), \
+    C(r[5][1]), C(r[5][2]), C(r[5][3]), C(r[6][0]), C(r[6][1]), C(r[6][2]), C(r[6][3]), \
+    C(r[7][0]), C(r[7][1]), C(r[7][2]), C(r[7][3]), C(r[8][0]), C(r[8][1]), C(r[8][2]), \
+    C(r[8][3]), C(r[9][0]), C(r[9][1]), C(r[9][2]), C(r[9][3]), C(r[10][0]), C(r[10][1]), \
+    C(r[10][2]), C(r[10][3]), C(r[11][0]), C(r[11][1]), C(r[11][2]), C(r[11][3]), C(r[12][0]), \
+    C(r[12][1]), C(r[12][2]), C(r[12][3]), C(r[13][0]), C(r[13][1]), C(r[13][2]), C(r[13][3]), \
+    C(r[14][0]), C(r[14][1]), C(r[14][2]), C(r[14][3]), C(r[15][0]), C(r[15][1]), C(r[15][2]), \
+    C(r[15][3])
+// Their register list in the instruction text: %0 ... %63.
+#define WGMMA_ACC64_REGS \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+    "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
+    "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+
 // O[64 x 128] += P · V for this warpgroup: P in registers (a[0..3], mma.sync's A fragment of this
 // warp's 16 rows), V from a shared-memory descriptor, MN-major (rows are keys with d contiguous:
 // imm-trans-b 1).
 __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&o)[16][4], const unsigned (&a)[4],
                                                     unsigned long long desc_b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
-        "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
-        "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "
-        "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-        : "+f"(o[0][0]), "+f"(o[0][1]), "+f"(o[0][2]), "+f"(o[0][3]), "+f"(o[1][0]), "+f"(o[1][1]),
-          "+f"(o[1][2]), "+f"(o[1][3]), "+f"(o[2][0]), "+f"(o[2][1]), "+f"(o[2][2]), "+f"(o[2][3]),
-          "+f"(o[3][0]), "+f"(o[3][1]), "+f"(o[3][2]), "+f"(o[3][3]), "+f"(o[4][0]), "+f"(o[4][1]),
-          "+f"(o[4][2]), "+f"(o[4][3]), "+f"(o[5][0]), "+f"(o[5][1]), "+f"(o[5][2]), "+f"(o[5][3]),
-          "+f"(o[6][0]), "+f"(o[6][1]), "+f"(o[6][2]), "+f"(o[6][3]), "+f"(o[7][0]), "+f"(o[7][1]),
-          "+f"(o[7][2]), "+f"(o[7][3]), "+f"(o[8][0]), "+f"(o[8][1]), "+f"(o[8][2]), "+f"(o[8][3]),
-          "+f"(o[9][0]), "+f"(o[9][1]), "+f"(o[9][2]), "+f"(o[9][3]), "+f"(o[10][0]),
-          "+f"(o[10][1]), "+f"(o[10][2]), "+f"(o[10][3]), "+f"(o[11][0]), "+f"(o[11][1]),
-          "+f"(o[11][2]), "+f"(o[11][3]), "+f"(o[12][0]), "+f"(o[12][1]), "+f"(o[12][2]),
-          "+f"(o[12][3]), "+f"(o[13][0]), "+f"(o[13][1]), "+f"(o[13][2]), "+f"(o[13][3]),
-          "+f"(o[14][0]), "+f"(o[14][1]), "+f"(o[14][2]), "+f"(o[14][3]), "+f"(o[15][0]),
-          "+f"(o[15][1]), "+f"(o[15][2]), "+f"(o[15][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WGMMA_ACC64_REGS
+                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : WGMMA_ACC64_OPERANDS("+f", o)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
+}
+
+// S[64 x 128] (+)= A · Bᵀ for this warpgroup, both operands from shared-memory descriptors
+// (K-major): wgmma_m64n64k16_ss for 128-key tiles.
+template <bool ACC>
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&s)[16][4], unsigned long long desc_a,
+                                                    unsigned long long desc_b) {
+#define WGMMA_M64N128K16_SS                                                \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                          \
+    "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WGMMA_ACC64_REGS \
+    "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+    if constexpr (ACC)
+        asm volatile(WGMMA_M64N128K16_SS
+                     : WGMMA_ACC64_OPERANDS("+f", s)
+                     : "l"(desc_a), "l"(desc_b), "n"(1));
+    else
+        asm volatile(WGMMA_M64N128K16_SS
+                     : WGMMA_ACC64_OPERANDS("=f", s)
+                     : "l"(desc_a), "l"(desc_b), "n"(0));
+#undef WGMMA_M64N128K16_SS
 }
 
 __device__ __forceinline__ void wgmma_fence() {
@@ -193,16 +216,16 @@ __device__ __forceinline__ void load_q_tile(unsigned char* q_s, const bf16* __re
 // Issues this thread's copies of the K and V tiles of keys [kb, kb + BN) into k_dst (V one tile
 // after it), as thread t of THREADS copying threads; rows past kv_end are zero-filled (0 · NaN
 // would poison P·V).
-template <int D, int THREADS>
+template <int D, int THREADS, int BN>
 __device__ __forceinline__ void load_kv_tile_pair(unsigned char* k_dst,
                                                   const bf16* __restrict__ k_cache,
                                                   const bf16* __restrict__ v_cache,
                                                   const unsigned* __restrict__ table,
                                                   int block_size, size_t slot_stride,
                                                   size_t head_off, int kb, int kv_end, int t) {
-    constexpr int TILE_BYTES = WG_BN * D * 2;
-    constexpr int KV_COPIES = WG_BN * D / 8 / THREADS;
-    static_assert(KV_COPIES * THREADS * 8 == WG_BN * D, "K/V copy geometry");
+    constexpr int TILE_BYTES = BN * D * 2;
+    constexpr int KV_COPIES = BN * D / 8 / THREADS;
+    static_assert(KV_COPIES * THREADS * 8 == BN * D, "K/V copy geometry");
     const int chunk = core_copy_chunk<D>(t);
 #pragma unroll
     for (int p = 0; p < KV_COPIES; p++) {
@@ -218,22 +241,31 @@ __device__ __forceinline__ void load_kv_tile_pair(unsigned char* k_dst,
 }
 
 // S[64 x BN] = Q · Kᵀ for this warpgroup's 64 rows (Q at q_addr, K at k_addr: core-matrix
-// layout, K-major), issued, not waited for.
-template <int D>
-__device__ __forceinline__ void wgmma_scores(float (&s)[8][4], unsigned q_addr, unsigned k_addr) {
-    wgmma_m64n64k16_ss<false>(s, wgmma_desc(q_addr, WG_QK_LBO, WG_QK_SBO),
-                              wgmma_desc(k_addr, WG_QK_LBO, WG_QK_SBO));
+// layout, K-major; BN 64 or 128 keys), issued, not waited for.
+template <int D, int BN>
+__device__ __forceinline__ void wgmma_scores(float (&s)[BN / 8][4], unsigned q_addr,
+                                             unsigned k_addr) {
+    static_assert(BN == 64 || BN == 128, "S is m64n64 or m64n128");
 #pragma unroll
-    for (int ks = 1; ks < D / 16; ks++)
-        wgmma_m64n64k16_ss<true>(s, wgmma_desc(q_addr + 256 * ks, WG_QK_LBO, WG_QK_SBO),
-                                 wgmma_desc(k_addr + 256 * ks, WG_QK_LBO, WG_QK_SBO));
+    for (int ks = 0; ks < D / 16; ks++) {
+        const unsigned long long qd = wgmma_desc(q_addr + 256 * ks, WG_QK_LBO, WG_QK_SBO);
+        const unsigned long long kd = wgmma_desc(k_addr + 256 * ks, WG_QK_LBO, WG_QK_SBO);
+        if constexpr (BN == 64) {
+            if (ks == 0) wgmma_m64n64k16_ss<false>(s, qd, kd);
+            else wgmma_m64n64k16_ss<true>(s, qd, kd);
+        } else {
+            if (ks == 0) wgmma_m64n128k16_ss<false>(s, qd, kd);
+            else wgmma_m64n128k16_ss<true>(s, qd, kd);
+        }
+    }
 }
 
 // P (the softmax's S) as the A fragments of P·V: S's accumulators of two 8-key tiles are P's A
 // fragment of 16 keys.
-__device__ __forceinline__ void pack_p(unsigned (&a)[WG_BN / 16][4], const float (&s)[8][4]) {
+template <int BN>
+__device__ __forceinline__ void pack_p(unsigned (&a)[BN / 16][4], const float (&s)[BN / 8][4]) {
 #pragma unroll
-    for (int kk = 0; kk < WG_BN / 16; kk++) {
+    for (int kk = 0; kk < BN / 16; kk++) {
         a[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
         a[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
         a[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
@@ -242,12 +274,12 @@ __device__ __forceinline__ void pack_p(unsigned (&a)[WG_BN / 16][4], const float
 }
 
 // O[64 x D] += P · V for this warpgroup (V at v_addr, MN-major), issued, not waited for.
-template <int D>
-__device__ __forceinline__ void wgmma_pv(float (&o)[16][4], const unsigned (&a)[WG_BN / 16][4],
+template <int D, int BN>
+__device__ __forceinline__ void wgmma_pv(float (&o)[16][4], const unsigned (&a)[BN / 16][4],
                                          unsigned v_addr) {
     constexpr int ROW_GROUP_BYTES = D / 8 * 128;
 #pragma unroll
-    for (int kk = 0; kk < WG_BN / 16; kk++)
+    for (int kk = 0; kk < BN / 16; kk++)
         wgmma_m64n128k16_rs(o, a[kk],
                             wgmma_desc(v_addr + 2 * ROW_GROUP_BYTES * kk, WG_V_LBO, WG_V_SBO));
 }
@@ -284,7 +316,7 @@ __device__ void prefill_wgmma_impl(
 
     const size_t slot_stride = (size_t)num_kv_heads * D, head_off = (size_t)kvh * D;
     auto load_kv_tiles = [&](int s, int kb) {
-        load_kv_tile_pair<D, WG_THREADS>(ring + 2 * s * TILE_BYTES, k_cache, v_cache, tile.table,
+        load_kv_tile_pair<D, WG_THREADS, WG_BN>(ring + 2 * s * TILE_BYTES, k_cache, v_cache, tile.table,
                                          block_size, slot_stride, head_off, kb, kv_end, tid);
     };
     load_q_tile<D, WG_THREADS>(q_s, qkv, qkv_width, first, rows, group, kvh, tid);
@@ -318,7 +350,7 @@ __device__ void prefill_wgmma_impl(
 
         float s[1][NT][4];
         wgmma_fence();
-        wgmma_scores<D>(s[0], q_tile_addr, k_addr);
+        wgmma_scores<D, WG_BN>(s[0], q_tile_addr, k_addr);
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_fence_operands(s[0]);
@@ -331,9 +363,9 @@ __device__ void prefill_wgmma_impl(
                                                   window, kb, qc, scale_log2);
 
         unsigned a[WG_BN / 16][4];
-        pack_p(a, s[0]);
+        pack_p<WG_BN>(a, s[0]);
         wgmma_fence();
-        wgmma_pv<D>(o[0], a, v_addr);
+        wgmma_pv<D, WG_BN>(o[0], a, v_addr);
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_fence_operands(o[0]);
@@ -378,7 +410,9 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, WG_MIN_BLOCKS) prefill_
 #define WS_PRODUCERS 128      // the producer warpgroup's threads
 #define WS_CONSUMERS 256      // the consumer warpgroups' threads (WG_THREADS of the kernel above)
 #define WS_THREADS 384        // host: PREFILL_WGMMA_WS_THREADS
-#define WS_STAGES 4           // host: PREFILL_WGMMA_WS_STAGES (Q + 4 pairs: 160 KiB)
+#define WS_BN 64              // keys per K/V tile: 64 or 128 (S is m64n64 or m64n128)
+#define WS_STAGES 4           // (K, V) tile pairs in the ring
+#define WS_RING_BYTES 196608  // host: PREFILL_WGMMA_WS_RING_BYTES (with Q: 224 KiB, one block)
 #define WS_LAG 2              // tiles a producer thread keeps copying past the one it publishes
 #define WS_PRODUCER_REGS 40   // setmaxnreg: 128 × 40 + 256 × 232 ≤ 64K registers of an SM
 #define WS_CONSUMER_REGS 232
@@ -389,6 +423,10 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, WG_MIN_BLOCKS) prefill_
 
 static_assert(WS_CONSUMERS == WG_THREADS && WS_THREADS == WS_CONSUMERS + WS_PRODUCERS,
               "warp-specialised geometry");
+// Tiles of WS_BN keys over splits that are multiples of the host's 64-key tiles: a split's last
+// tile may be partial (masked), never shared with the next split.
+static_assert(WS_BN % WG_BN == 0, "whole host tiles per kernel tile");
+static_assert(WS_STAGES * 2 * WS_BN * 128 * 2 <= WS_RING_BYTES, "the ring fits what the host gives");
 // The producer, refilling tile it's stage, waits for the consumers to release tile it - STAGES,
 // which they do after waiting for tile it - STAGES + 1; it has published up to it - 1 - WS_LAG.
 static_assert(WS_LAG >= 1 && WS_LAG <= WS_STAGES - 2, "the producer publishes before it blocks");
@@ -445,7 +483,7 @@ __device__ __forceinline__ void ws_softmax(float (&s)[1][NT][4], float (&m)[1][2
                                            const PrefillTile<1>& tile, int window, int kb, int qc,
                                            float scale_log2) {
     auto keep = [&](int mt, int i, float c) { corr[mt][i] = c; };
-    if (kb >= tile.warp_full_start && kb + WG_BN <= tile.warp_full_end)
+    if (kb >= tile.warp_full_start && kb + NT * 8 <= tile.warp_full_end)
         online_softmax_scores<false, 1, NT>(s, m, l, tile.row_visible, tile.kv_end, window, kb,
                                             qc, scale_log2, keep);
     else
@@ -453,7 +491,7 @@ __device__ __forceinline__ void ws_softmax(float (&s)[1][NT][4], float (&m)[1][2
                                            qc, scale_log2, keep);
 }
 
-template <int D, int STAGES>
+template <int D, int BN, int STAGES>
 __device__ void prefill_wgmma_ws_impl(
     bf16* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
     const bf16* __restrict__ qkv, int qkv_width, const bf16* __restrict__ k_cache,
@@ -461,11 +499,11 @@ __device__ void prefill_wgmma_ws_impl(
     const unsigned* __restrict__ tok_seq, const unsigned* __restrict__ tok_visible,
     const unsigned* __restrict__ block_tables, int max_blocks, int block_size, int num_kv_heads,
     int group, float scale, int window, int splits, int split_len) {
-    constexpr int NT = WG_BN / 8;
+    constexpr int NT = BN / 8;
     constexpr int DT = D / 8;
-    constexpr int TILE_BYTES = WG_BN * D * 2;
+    constexpr int TILE_BYTES = BN * D * 2;
     constexpr int ROW_GROUP_BYTES = D / 8 * 128;
-    static_assert(NT == 8 && DT == 16, "the wgmma shapes are m64n64 (S) and m64n128 (O)");
+    static_assert(DT == 16, "O is m64n128");
 
     // Q [BM rows], then stage s of the ring: K at 2s tiles, V at 2s + 1 (host:
     // prefill_wgmma_ws_shared_bytes).
@@ -486,7 +524,7 @@ __device__ void prefill_wgmma_ws_impl(
         }
     }
     // prefill_tile's block-wide barrier also publishes the initialised mbarriers.
-    const PrefillTile<1> tile = prefill_tile<WS_THREADS, WS_THREADS / 32, 1, WG_BN>(
+    const PrefillTile<1> tile = prefill_tile<WS_THREADS, WS_THREADS / 32, 1, BN>(
         tiles, tok_seq, tok_visible, block_tables, max_blocks, group, window, split, split_len);
     const int n_tiles = tile.n_tiles, kv_start = tile.kv_start;
 
@@ -503,9 +541,9 @@ __device__ void prefill_wgmma_ws_impl(
         for (int it = 0; it < n_tiles; it++) {
             const int st = it % STAGES;
             if (it >= STAGES) mbar_wait(empty_addr + 8 * st, ((it / STAGES) - 1) & 1);
-            load_kv_tile_pair<D, WS_PRODUCERS>(ring + 2 * st * TILE_BYTES, k_cache, v_cache,
-                                               tile.table, block_size, slot_stride, head_off,
-                                               kv_start + it * WG_BN, tile.kv_end, t);
+            load_kv_tile_pair<D, WS_PRODUCERS, BN>(ring + 2 * st * TILE_BYTES, k_cache, v_cache,
+                                                   tile.table, block_size, slot_stride, head_off,
+                                                   kv_start + it * BN, tile.kv_end, t);
             cp_async_commit();
             if (it >= WS_LAG) {
                 cp_async_wait<WS_LAG>();
@@ -536,42 +574,42 @@ __device__ void prefill_wgmma_ws_impl(
 
     if (n_tiles > 0) {
         float s[1][NT][4];
-        unsigned a[WG_BN / 16][4];
+        unsigned a[BN / 16][4];
         if (WS_PINGPONG && wg == 1)
             asm volatile("bar.arrive 2, %0;\n" ::"n"(WS_CONSUMERS) : "memory");
         // Tile 0's scores and P (O is still zero: nothing to rescale).
         mbar_wait(full_addr, 0);
         ws_turn_wait(wg);
         wgmma_fence();
-        wgmma_scores<D>(s[0], opaque(q_wg_addr), k_addr(0));
+        wgmma_scores<D, BN>(s[0], opaque(q_wg_addr), k_addr(0));
         wgmma_commit();
         ws_turn_pass(wg, false);
         wgmma_wait<0>();
         wgmma_fence_operands(s[0]);
         ws_softmax(s, m, l, corr, tile, window, kv_start, qc, scale_log2);
-        pack_p(a, s[0]);
+        pack_p<BN>(a, s[0]);
         for (int it = 1; it < n_tiles; it++) {
             mbar_wait(full_addr + 8 * (it % STAGES), (it / STAGES) & 1);
             ws_turn_wait(wg);
             wgmma_fence();
-            wgmma_scores<D>(s[0], opaque(q_wg_addr), k_addr(it));  // tile it's S ...
+            wgmma_scores<D, BN>(s[0], opaque(q_wg_addr), k_addr(it));  // tile it's S ...
             wgmma_commit();
-            wgmma_pv<D>(o[0], a, k_addr(it - 1) + TILE_BYTES);  // ... and tile it - 1's P·V
+            wgmma_pv<D, BN>(o[0], a, k_addr(it - 1) + TILE_BYTES);  // ... and tile it - 1's P·V
             wgmma_commit();
             ws_turn_pass(wg, false);
             wgmma_wait<1>();  // S has landed; P·V runs on under the exponentials
             wgmma_fence_operands(s[0]);
-            ws_softmax(s, m, l, corr, tile, window, kv_start + it * WG_BN, qc, scale_log2);
+            ws_softmax(s, m, l, corr, tile, window, kv_start + it * BN, qc, scale_log2);
             wgmma_wait<0>();
             wgmma_fence_operands(o[0]);
             wgmma_fence_operands(a);
             mbar_arrive(empty_addr + 8 * ((it - 1) % STAGES));  // tile it - 1 is read
             rescale_rows<1, DT>(o, corr);
-            pack_p(a, s[0]);
+            pack_p<BN>(a, s[0]);
         }
         ws_turn_wait(wg);
         wgmma_fence();
-        wgmma_pv<D>(o[0], a, k_addr(n_tiles - 1) + TILE_BYTES);
+        wgmma_pv<D, BN>(o[0], a, k_addr(n_tiles - 1) + TILE_BYTES);
         wgmma_commit();
         ws_turn_pass(wg, true);
         wgmma_wait<0>();
@@ -589,7 +627,7 @@ extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_wgmma_ws_d12
     const unsigned* tok_visible, const unsigned* block_tables, int max_blocks, int block_size,
     int num_kv_heads, int group, float scale, int window, int splits, int split_len) {
     pdl_entry();
-    prefill_wgmma_ws_impl<128, WS_STAGES>(out, part_acc, part_ml, qkv, qkv_width, k_cache,
+    prefill_wgmma_ws_impl<128, WS_BN, WS_STAGES>(out, part_acc, part_ml, qkv, qkv_width, k_cache,
                                           v_cache, tiles, tok_seq, tok_visible, block_tables,
                                           max_blocks, block_size, num_kv_heads, group, scale,
                                           window, splits, split_len);

@@ -90,15 +90,15 @@ pub(crate) const fn prefill_wgmma_shared_bytes() -> usize {
 /// Threads per block of the warp-specialised Hopper prefill kernel (`WS_THREADS`: two consumer
 /// warpgroups of 64 rows and a producer warpgroup).
 pub(crate) const PREFILL_WGMMA_WS_THREADS: u32 = 384;
-/// (K, V) tile pairs in its ring (`WS_STAGES`).
-pub(crate) const PREFILL_WGMMA_WS_STAGES: usize = 4;
+/// Shared memory its K/V ring may fill (`WS_RING_BYTES`): the kernel chooses its tile keys and
+/// stages within it (`WS_BN` × `WS_STAGES`), so that a kernel directory (`STARLING_KERNEL_DIR`)
+/// can try other ones without a rebuild.
+pub(crate) const PREFILL_WGMMA_WS_RING_BYTES: usize = 192 * 1024;
 
 /// Dynamic shared memory of one warp-specialised Hopper prefill block: the Q tile and its ring
-/// (one block per SM).
+/// (one block per SM; with the kernel's static barriers, within the 227 KiB a block may have).
 pub(crate) const fn prefill_wgmma_ws_shared_bytes() -> usize {
-    (PREFILL_TILE_ROWS + PREFILL_WGMMA_WS_STAGES * 2 * PREFILL_TILE_KEYS)
-        * PREFILL_WGMMA_HEAD_DIM
-        * 2
+    PREFILL_TILE_ROWS * PREFILL_WGMMA_HEAD_DIM * 2 + PREFILL_WGMMA_WS_RING_BYTES
 }
 
 /// The bf16 (K, V) tile pair an fp8 kernel converts each staged tile into (none for bf16).

@@ -69,7 +69,7 @@ fn wgmma_prefill_kernel_geometry_matches_the_host() {
 fn warp_specialised_prefill_kernel_geometry_matches_the_host() {
     use crate::geometry::{
         prefill_wgmma_ws_shared_bytes, PREFILL_WGMMA_HEAD_DIM, PREFILL_WGMMA_THREADS,
-        PREFILL_WGMMA_WS_STAGES, PREFILL_WGMMA_WS_THREADS,
+        PREFILL_WGMMA_WS_RING_BYTES, PREFILL_WGMMA_WS_THREADS,
     };
     let src = PREFILL_WGMMA_SRC.text;
     // Its consumers are the other kernel's two warpgroups; a producer warpgroup beside them.
@@ -79,17 +79,22 @@ fn warp_specialised_prefill_kernel_geometry_matches_the_host() {
         define(src, "WS_CONSUMERS") + define(src, "WS_PRODUCERS"),
         PREFILL_WGMMA_WS_THREADS as usize
     );
-    assert_eq!(define(src, "WS_STAGES"), PREFILL_WGMMA_WS_STAGES);
+    assert_eq!(define(src, "WS_RING_BYTES"), PREFILL_WGMMA_WS_RING_BYTES);
+    // Its tiles and stages fit the ring the host allocates (the kernel also asserts it).
+    assert!(
+        define(src, "WS_STAGES") * 2 * define(src, "WS_BN") * PREFILL_WGMMA_HEAD_DIM * 2
+            <= PREFILL_WGMMA_WS_RING_BYTES
+    );
     // The register split setmaxnreg asks for fits an SM's 64K registers at one block per SM.
     let regs = define(src, "WS_PRODUCERS") * define(src, "WS_PRODUCER_REGS")
         + define(src, "WS_CONSUMERS") * define(src, "WS_CONSUMER_REGS");
     assert!(regs <= 65536, "{regs}");
     assert!(src.contains(&format!("{}(", names::PREFILL_WGMMA_WS)));
     assert!(src.contains(&format!(
-        "prefill_wgmma_ws_impl<{PREFILL_WGMMA_HEAD_DIM}, WS_STAGES>("
+        "prefill_wgmma_ws_impl<{PREFILL_WGMMA_HEAD_DIM}, WS_BN, WS_STAGES>("
     )));
-    // Q (32 KiB) and four stages of K and V (128 KiB): one block per SM.
-    assert_eq!(prefill_wgmma_ws_shared_bytes(), 160 * 1024);
+    // Q (32 KiB) and the ring (192 KiB): one block per SM, within the 227 KiB of a block.
+    assert_eq!(prefill_wgmma_ws_shared_bytes(), 224 * 1024);
 }
 
 #[test]
