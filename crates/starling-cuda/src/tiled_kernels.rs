@@ -88,6 +88,8 @@ pub(crate) struct PrefillKernel {
     pub(crate) shared_bytes: u32,
     /// Threads per block.
     pub(crate) threads: u32,
+    /// Blocks of it resident per SM (the driver's occupancy figure): the split plan's waves.
+    pub(crate) resident_per_sm: usize,
 }
 
 impl PrefillKernel {
@@ -114,6 +116,7 @@ impl PrefillKernel {
             function,
             shared_bytes,
             threads: PREFILL_THREADS,
+            resident_per_sm: resident,
         })
     }
 
@@ -146,6 +149,7 @@ impl PrefillKernel {
             function,
             shared_bytes,
             threads,
+            resident_per_sm: resident,
         })
     }
 }

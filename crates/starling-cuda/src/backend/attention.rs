@@ -49,6 +49,10 @@ impl CudaBackend {
                 mma: mma_blocks,
                 mma_resident_per_sm: mma.map_or(1, |k| k.resident_per_sm),
                 prefill: prefill_blocks,
+                prefill_resident_per_sm: self
+                    .kernels
+                    .prefill_attention(head_dim, CacheElem::Bf16)
+                    .map(|k| k.resident_per_sm),
             },
             max_visible_tokens,
             self.num_sms,

@@ -169,8 +169,13 @@ pub(crate) struct GridBlocks {
     /// Resident tensor-core decode blocks per SM (the driver's occupancy figure); any value when
     /// `mma` is zero.
     pub(crate) mma_resident_per_sm: usize,
-    /// Blocks of the tiled prefill kernel (`prefill_attention.cu`).
+    /// Blocks of the tiled prefill kernel (`prefill_attention.cu`, or a Hopper one in its
+    /// place).
     pub(crate) prefill: usize,
+    /// Resident blocks per SM of the prefill kernel that runs (the driver's occupancy figure:
+    /// one for the warp-specialised Hopper kernel); `None`: [`PREFILL_RESIDENT_PER_SM`], the
+    /// mma.sync kernel's.
+    pub(crate) prefill_resident_per_sm: Option<usize>,
 }
 
 /// Flash-decoding split of long contexts until the grid fills the GPU. Each kernel's blocks count
@@ -197,7 +202,11 @@ pub(crate) fn plan_splits(
         return plan_wave_splits(
             blocks.prefill,
             max_visible_tokens,
-            num_sms * PREFILL_RESIDENT_PER_SM,
+            num_sms
+                * blocks
+                    .prefill_resident_per_sm
+                    .unwrap_or(PREFILL_RESIDENT_PER_SM)
+                    .max(1),
             PREFILL_MIN_SPLIT_TOKENS,
             PREFILL_TILE_KEYS,
         );
@@ -501,6 +510,33 @@ mod tests {
         assert_eq!(plan_mma(8, 0, 2, 200).splits, 1);
         // Four resident blocks per SM (head_dim 64) double the slots.
         assert_eq!(plan_mma(128, 0, 4, 4096).splits, 4);
+    }
+
+    #[test]
+    fn prefill_only_plans_count_the_running_kernels_residency() {
+        let plan = |tiles: usize, resident: Option<usize>| {
+            plan_splits(
+                GridBlocks {
+                    prefill: tiles,
+                    prefill_resident_per_sm: resident,
+                    ..Default::default()
+                },
+                8192,
+                132,
+            )
+        };
+        // Unknown residency is the mma.sync kernel's.
+        assert_eq!(plan(40, None), plan(40, Some(PREFILL_RESIDENT_PER_SM)));
+        // 40 tiles on 132 slots (one block per SM) need fewer splits to fill a wave than on 264.
+        let one = plan(40, Some(1));
+        let two = plan(40, Some(2));
+        assert!(one.splits < two.splits, "{one:?} {two:?}");
+        assert!(one.splits * one.split_len >= 8192 && one.split_len % PREFILL_TILE_KEYS == 0);
+        // Tiles filling whole waves of one block per SM are not split; at two per SM, 132
+        // tiles fill half a wave and are.
+        assert_eq!(plan(132, Some(1)).splits, 1);
+        assert_eq!(plan(264, Some(1)).splits, 1);
+        assert!(plan(132, Some(2)).splits > 1);
     }
 
     #[test]
