@@ -45,58 +45,52 @@ static_assert(WG_BM == WG_WARPS * 16 && WG_THREADS == WG_WARPS * 32, "tile geome
 #define WG_V_LBO 2048   // V (MN-major): the next 8 keys
 #define WG_V_SBO 128    // ... the next 8 elements of d
 
-// The m64n64k16 product's PTX: 32 accumulators, the two descriptors, then scale-d (an immediate
-// turned into the predicate: 0 overwrites the accumulators, 1 adds to them).
-#define WGMMA_M64N64K16_SS                                                                     \
-    "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                              \
-    "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"                                   \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "         \
-    "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"                     \
-    "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-// Its accumulators s[8][4] as asm operands with constraint C ("+f" read and written, "=f"
-// written only).
-#define WGMMA_S_OPERANDS(C, s)                                                             \
-    C(s[0][0]), C(s[0][1]), C(s[0][2]), C(s[0][3]), C(s[1][0]), C(s[1][1]), C(s[1][2]), \
-    C(s[1][3]), C(s[2][0]), C(s[2][1]), C(s[2][2]), C(s[2][3]), C(s[3][0]), C(s[3][1]), \
-    C(s[3][2]), C(s[3][3]), C(s[4][0]), C(s[4][1]), C(s[4][2]), C(s[4][3]), C(s[5][0]), \
-    C(s[5][1]), C(s[5][2]), C(s[5][3]), C(s[6][0]), C(s[6][1]), C(s[6][2]), C(s[6][3]), \
-    C(s[7][0]), C(s[7][1]), C(s[7][2]), C(s[7][3])
-
-// S[64 x 64] (+)= A · Bᵀ for this warpgroup, both operands from shared-memory descriptors
-// (K-major); s[j][v] is the accumulator of 8-key tile j, wgmma's per-warp layout being mma.sync's
-// C fragment. ACC = false overwrites s (scale-d 0: s is neither zero-filled nor read, so it is not
-// live across the key loop).
-template <bool ACC>
-__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&s)[8][4], unsigned long long desc_a,
-                                                   unsigned long long desc_b) {
-    if constexpr (ACC)
-        asm volatile(WGMMA_M64N64K16_SS
-                     : WGMMA_S_OPERANDS("+f", s)
-                     : "l"(desc_a), "l"(desc_b), "n"(1));
-    else
-        asm volatile(WGMMA_M64N64K16_SS
-                     : WGMMA_S_OPERANDS("=f", s)
-                     : "l"(desc_a), "l"(desc_b), "n"(0));
-}
-
-// The 64 accumulators r[16][4] of an n128 product as asm operands with constraint C.
-#define WGMMA_ACC64_OPERANDS(C, r) \
+// Accumulator operands of the products: r[N][4] (N = 8 for 64 columns, 16 for 128) with
+// constraint C ("+f" read and written, "=f" written only), and their register lists in the
+// instruction text.
+#define WGMMA_ACC32_OPERANDS(C, r)                                                         \
     C(r[0][0]), C(r[0][1]), C(r[0][2]), C(r[0][3]), C(r[1][0]), C(r[1][1]), C(r[1][2]), \
     C(r[1][3]), C(r[2][0]), C(r[2][1]), C(r[2][2]), C(r[2][3]), C(r[3][0]), C(r[3][1]), \
     C(r[3][2]), C(r[3][3]), C(r[4][0]), C(r[4][1]), C(r[4][2]), C(r[4][3]), C(r[5][0]), \
     C(r[5][1]), C(r[5][2]), C(r[5][3]), C(r[6][0]), C(r[6][1]), C(r[6][2]), C(r[6][3]), \
-    C(r[7][0]), C(r[7][1]), C(r[7][2]), C(r[7][3]), C(r[8][0]), C(r[8][1]), C(r[8][2]), \
-    C(r[8][3]), C(r[9][0]), C(r[9][1]), C(r[9][2]), C(r[9][3]), C(r[10][0]), C(r[10][1]), \
-    C(r[10][2]), C(r[10][3]), C(r[11][0]), C(r[11][1]), C(r[11][2]), C(r[11][3]), C(r[12][0]), \
-    C(r[12][1]), C(r[12][2]), C(r[12][3]), C(r[13][0]), C(r[13][1]), C(r[13][2]), C(r[13][3]), \
-    C(r[14][0]), C(r[14][1]), C(r[14][2]), C(r[14][3]), C(r[15][0]), C(r[15][1]), C(r[15][2]), \
-    C(r[15][3])
-// Their register list in the instruction text: %0 ... %63.
+    C(r[7][0]), C(r[7][1]), C(r[7][2]), C(r[7][3])
+#define WGMMA_ACC32_REGS                                                               \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
+    "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define WGMMA_ACC64_OPERANDS(C, r) WGMMA_ACC32_OPERANDS(C, r), WGMMA_ACC32_OPERANDS(C, (r + 8))
 #define WGMMA_ACC64_REGS \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
     "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
     "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
     "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+
+// S[64 x N] (+)= A · Bᵀ for this warpgroup, both operands from shared-memory descriptors
+// (K-major): NAME<ACC>(s, desc_a, desc_b) for the m64nNk16 instruction SHAPE with NT = N / 8
+// accumulator tiles (register list REGS, operands OPERANDS), the descriptors being operands
+// DESCS and scale-d operand SCALE. s[j][v] is the accumulator of 8-key tile j, wgmma's per-warp
+// layout being mma.sync's C fragment. ACC = false overwrites s (scale-d 0, an immediate turned
+// into the predicate: s is neither zero-filled nor read, so it is not live across the key loop).
+#define WGMMA_SS_PTX(SHAPE, REGS, DESCS, SCALE)                                             \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE ", 0;\n"                                      \
+    "wgmma.mma_async.sync.aligned." SHAPE ".f32.bf16.bf16 {" REGS "}, " DESCS ", p, 1, 1, 0, " \
+    "0;\n}\n"
+#define DEFINE_WGMMA_SS(NAME, SHAPE, NT, REGS, OPERANDS, DESCS, SCALE)                   \
+    template <bool ACC>                                                                   \
+    __device__ __forceinline__ void NAME(float(&s)[NT][4], unsigned long long desc_a,    \
+                                         unsigned long long desc_b) {                     \
+        if constexpr (ACC)                                                                \
+            asm volatile(WGMMA_SS_PTX(SHAPE, REGS, DESCS, SCALE)                          \
+                         : OPERANDS("+f", s)                                              \
+                         : "l"(desc_a), "l"(desc_b), "n"(1));                             \
+        else                                                                              \
+            asm volatile(WGMMA_SS_PTX(SHAPE, REGS, DESCS, SCALE)                          \
+                         : OPERANDS("=f", s)                                              \
+                         : "l"(desc_a), "l"(desc_b), "n"(0));                             \
+    }
+DEFINE_WGMMA_SS(wgmma_m64n64k16_ss, "m64n64k16", 8, WGMMA_ACC32_REGS, WGMMA_ACC32_OPERANDS,
+                "%32, %33", "%34")
+DEFINE_WGMMA_SS(wgmma_m64n128k16_ss, "m64n128k16", 16, WGMMA_ACC64_REGS, WGMMA_ACC64_OPERANDS,
+                "%64, %65", "%66")
 
 // O[64 x 128] += P · V for this warpgroup: P in registers (a[0..3], mma.sync's A fragment of this
 // warp's 16 rows), V from a shared-memory descriptor, MN-major (rows are keys with d contiguous:
@@ -108,26 +102,6 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&o)[16][4], const uns
                  "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
                  : WGMMA_ACC64_OPERANDS("+f", o)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
-}
-
-// S[64 x 128] (+)= A · Bᵀ for this warpgroup, both operands from shared-memory descriptors
-// (K-major): wgmma_m64n64k16_ss for 128-key tiles.
-template <bool ACC>
-__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&s)[16][4], unsigned long long desc_a,
-                                                    unsigned long long desc_b) {
-#define WGMMA_M64N128K16_SS                                                \
-    "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                          \
-    "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WGMMA_ACC64_REGS \
-    "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-    if constexpr (ACC)
-        asm volatile(WGMMA_M64N128K16_SS
-                     : WGMMA_ACC64_OPERANDS("+f", s)
-                     : "l"(desc_a), "l"(desc_b), "n"(1));
-    else
-        asm volatile(WGMMA_M64N128K16_SS
-                     : WGMMA_ACC64_OPERANDS("=f", s)
-                     : "l"(desc_a), "l"(desc_b), "n"(0));
-#undef WGMMA_M64N128K16_SS
 }
 
 __device__ __forceinline__ void wgmma_fence() {
