@@ -374,20 +374,23 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, WG_MIN_BLOCKS) prefill_
 // the next P's exponentials while the P·V runs (one S and one P in registers: 32 + 16 beside
 // O's 64). The producer hands registers to the consumers (setmaxnreg); one block per SM.
 //
-// Hand-over: a producer thread waits for its own copies of a stage (cp.async groups, WS_LAG
-// tiles behind the newest so that several tiles are in flight), fences them into the async
-// proxy (fence.proxy.async) and arrives on the stage's `full` barrier (all 128 producer
-// threads); a consumer waits on `full` before its wgmma reads the stage, and arrives on its
-// `empty` barrier (all 256 consumer threads) once its last wgmma reading it has completed; the
-// producer waits on `empty` before refilling the stage.
+// Hand-over: each producer thread's copies of a stage arrive on the stage's `full` barrier as
+// they land (cp.async.mbarrier.arrive.noinc: all 128 producer threads, the producer never
+// waits for its own copies, as FlashAttention-3's paged cp.async path); a consumer waits on
+// `full`, fences the stage into the async proxy (fence.proxy.async: cp.async writes through
+// the generic proxy, wgmma reads through the async one) and issues its wgmma, and arrives on the
+// stage's `empty` barrier (all 256 consumer threads) once its last wgmma reading it has
+// completed; the producer waits on `empty` before refilling the stage. (WS_ARRIVE_ASYNC 0: the
+// producer waits for its copies WS_LAG tiles behind the newest, fences them itself and arrives.)
 
 #define WS_PRODUCERS 128      // the producer warpgroup's threads
 #define WS_CONSUMERS 256      // the consumer warpgroups' threads (WG_THREADS of the kernel above)
 #define WS_THREADS 384        // host: PREFILL_WGMMA_WS_THREADS
 #define WS_BN 64              // keys per K/V tile: 64 or 128 (S is m64n64 or m64n128)
-#define WS_STAGES 4           // (K, V) tile pairs in the ring
+#define WS_STAGES 6           // (K, V) tile pairs in the ring
 #define WS_RING_BYTES 196608  // host: PREFILL_WGMMA_WS_RING_BYTES (with Q: 224 KiB, one block)
-#define WS_LAG 2              // tiles a producer thread keeps copying past the one it publishes
+#define WS_ARRIVE_ASYNC 1     // 1: copies arrive on `full` as they land; 0: the producer waits
+#define WS_LAG 3              // (WS_ARRIVE_ASYNC 0) tiles copied past the one published
 #define WS_PRODUCER_REGS 40   // setmaxnreg: 128 × 40 + 256 × 232 ≤ 64K registers of an SM
 #define WS_CONSUMER_REGS 232
 // 1: the two consumers take turns issuing their products (named barriers 2 and 3, as
@@ -403,7 +406,8 @@ static_assert(WS_BN % WG_BN == 0, "whole host tiles per kernel tile");
 static_assert(WS_STAGES * 2 * WS_BN * 128 * 2 <= WS_RING_BYTES, "the ring fits what the host gives");
 // The producer, refilling tile it's stage, waits for the consumers to release tile it - STAGES,
 // which they do after waiting for tile it - STAGES + 1; it has published up to it - 1 - WS_LAG.
-static_assert(WS_LAG >= 1 && WS_LAG <= WS_STAGES - 2, "the producer publishes before it blocks");
+static_assert(WS_ARRIVE_ASYNC || (WS_LAG >= 1 && WS_LAG <= WS_STAGES - 2),
+              "the producer publishes before it blocks");
 
 __device__ __forceinline__ void mbar_init(unsigned addr, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
@@ -411,6 +415,11 @@ __device__ __forceinline__ void mbar_init(unsigned addr, unsigned count) {
 // Arrives (release: this thread's prior writes are visible to threads that observe the phase).
 __device__ __forceinline__ void mbar_arrive(unsigned addr) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(addr) : "memory");
+}
+// Arrives on the barrier (without raising its pending count) once every cp.async this thread
+// has issued so far has landed.
+__device__ __forceinline__ void mbar_arrive_on_copies(unsigned addr) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
 }
 // Waits (acquire) until the barrier's phase of parity `parity` has completed.
 __device__ __forceinline__ void mbar_wait(unsigned addr, unsigned parity) {
@@ -504,7 +513,8 @@ __device__ void prefill_wgmma_ws_impl(
 
     if (tid >= WS_CONSUMERS) {
         // Producer: copy tile it into stage it % STAGES once the consumers have released the
-        // tile that stage held; publish tile it - WS_LAG once this thread's copies of it landed.
+        // tile that stage held; its copies arrive on the stage's `full` barrier as they land
+        // (WS_ARRIVE_ASYNC 0: publish tile it - WS_LAG once this thread's copies of it landed).
         setmaxnreg_dec<WS_PRODUCER_REGS>();
         const int t = tid - WS_CONSUMERS;
         const size_t slot_stride = (size_t)num_kv_heads * D, head_off = (size_t)kvh * D;
@@ -518,14 +528,19 @@ __device__ void prefill_wgmma_ws_impl(
             load_kv_tile_pair<D, WS_PRODUCERS, BN>(ring + 2 * st * TILE_BYTES, k_cache, v_cache,
                                                    tile.table, block_size, slot_stride, head_off,
                                                    kv_start + it * BN, tile.kv_end, t);
-            cp_async_commit();
-            if (it >= WS_LAG) {
-                cp_async_wait<WS_LAG>();
-                publish(it - WS_LAG);
+            if (WS_ARRIVE_ASYNC) {
+                mbar_arrive_on_copies(full_addr + 8 * st);
+            } else {
+                cp_async_commit();
+                if (it >= WS_LAG) {
+                    cp_async_wait<WS_LAG>();
+                    publish(it - WS_LAG);
+                }
             }
         }
-        cp_async_wait<0>();
-        for (int it = max(0, n_tiles - WS_LAG); it < n_tiles; it++) publish(it);
+        cp_async_wait<0>();  // (no copy may land after the block exits)
+        if (!WS_ARRIVE_ASYNC)
+            for (int it = max(0, n_tiles - WS_LAG); it < n_tiles; it++) publish(it);
         return;
     }
 
@@ -553,6 +568,7 @@ __device__ void prefill_wgmma_ws_impl(
             asm volatile("bar.arrive 2, %0;\n" ::"n"(WS_CONSUMERS) : "memory");
         // Tile 0's scores and P (O is still zero: nothing to rescale).
         mbar_wait(full_addr, 0);
+        if (WS_ARRIVE_ASYNC) fence_proxy_async_shared();
         ws_turn_wait(wg);
         wgmma_fence();
         wgmma_scores<D, BN>(s[0], opaque(q_wg_addr), k_addr(0));
@@ -564,6 +580,7 @@ __device__ void prefill_wgmma_ws_impl(
         pack_p<BN>(a, s[0]);
         for (int it = 1; it < n_tiles; it++) {
             mbar_wait(full_addr + 8 * (it % STAGES), (it / STAGES) & 1);
+            if (WS_ARRIVE_ASYNC) fence_proxy_async_shared();
             ws_turn_wait(wg);
             wgmma_fence();
             wgmma_scores<D, BN>(s[0], opaque(q_wg_addr), k_addr(it));  // tile it's S ...
