@@ -9,7 +9,7 @@
 # each prefill kernel (the one under test, wgmma, mma), then with each edit of VARIANTS (sed
 # expressions separated by ";;", applied to copies of prefill_wgmma.cu: e.g.
 # VARIANTS='s/^#define WS_LAG .*/#define WS_LAG 1/').
-# SKIP_SUITE=1 skips the whole parity suite, the mma.sync and graph tests (kernel variants only).
+# BENCH lists the kernels benched as built (default "$KERNEL wgmma mma"); SKIP_SUITE=1 skips the whole parity suite, the mma.sync and graph tests (kernel variants only).
 #   carry [".device/starling", ".device/tests/parity-<hash>", ".device/tests/graphs_gpu-<hash>"]
 #   command: bash scripts/device/wgmma_check.sh
 set -uo pipefail
@@ -58,7 +58,7 @@ for g in .device/tests/graphs_gpu-*; do
   grep "test result" "$OUT/graphs_gpu.log"
 done
 fi
-for k in $(echo "$K wgmma mma" | tr ' ' '\n' | awk '!seen[$0]++'); do
+for k in $(echo "${BENCH:-$K wgmma mma}" | tr ' ' '\n' | awk '!seen[$0]++'); do
   STARLING_PREFILL_KERNEL=$k timeout 120 "$S" bench kernels --prompt-prefill \
     --output "$OUT/prompt_prefill_$k.json" > "$OUT/prompt_prefill_$k.md" 2>&1 || status=1
   grep -E "kernel|Qwen|GQA" "$OUT/prompt_prefill_$k.md" | head -10
