@@ -389,14 +389,14 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, WG_MIN_BLOCKS) prefill_
 #define WS_BN 64              // keys per K/V tile: 64 or 128 (S is m64n64 or m64n128)
 #define WS_STAGES 6           // (K, V) tile pairs in the ring
 #define WS_RING_BYTES 196608  // host: PREFILL_WGMMA_WS_RING_BYTES (with Q: 224 KiB, one block)
-#define WS_ARRIVE_ASYNC 0     // 1: copies arrive on `full` as they land; 0: the producer waits
+#define WS_ARRIVE_ASYNC 1     // 1: copies arrive on `full` as they land; 0: the producer waits
 #define WS_LAG 3              // (WS_ARRIVE_ASYNC 0) tiles copied past the one published
 #define WS_PRODUCER_REGS 40   // setmaxnreg: 128 × 40 + 256 × 232 ≤ 64K registers of an SM
 #define WS_CONSUMER_REGS 232
 // 1: the two consumers take turns issuing their products (named barriers 2 and 3, as
 // FlashAttention-3's inter-warpgroup "ping-pong"), so one's exponentials run under the other's
 // products; 0: each issues as soon as its operands are ready.
-#define WS_PINGPONG 0
+#define WS_PINGPONG 1
 
 static_assert(WS_CONSUMERS == WG_THREADS && WS_THREADS == WS_CONSUMERS + WS_PRODUCERS,
               "warp-specialised geometry");
