@@ -11,6 +11,11 @@ ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/
 [ -x "$ncu" ] || { echo "no ncu on this machine" >&2; exit 1; }
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u +%FT%TZ; } | tee "$OUT/card.txt"
 dir=${KERNEL_DIR:-crates/starling-cuda/kernels}
+# SED: an edit of prefill_wgmma.cu (e.g. a variant's define) applied to a copy of that directory.
+if [ -n "${SED:-}" ]; then
+  rm -rf "$HOME/ncu_kernels" && cp -r "$dir" "$HOME/ncu_kernels" && sed -i "$SED" "$HOME/ncu_kernels/prefill_wgmma.cu"
+  dir=$HOME/ncu_kernels
+fi
 for k in ${KERNELS:-wgmma-ws mma}; do
   STARLING_PREFILL_KERNEL=$k STARLING_KERNEL_DIR=$dir timeout 150 "$ncu" --set full \
     --kernel-name regex:'prefill_(wgmma_ws|wgmma|attention)_d128_bf16' --launch-skip 5 --launch-count 1 \

@@ -146,12 +146,36 @@ __device__ __forceinline__ unsigned opaque(unsigned x) {
     return x;
 }
 
-// A shared-memory matrix descriptor without swizzling: start address, leading and stride byte
-// offsets (each in 16-byte units; layout type 0 and base offset 0 in the high bits).
+// A shared-memory matrix descriptor: start address, leading and stride byte offsets (each in
+// 16-byte units), base offset 0 (swizzled tiles start 1024-byte aligned) and the layout type in
+// bits 62-63: 0 no swizzle, 1 the 128-byte swizzle (SW = true).
+template <bool SW = false>
 __device__ __forceinline__ unsigned long long wgmma_desc(unsigned addr, unsigned lbo,
                                                          unsigned sbo) {
     return (unsigned long long)((addr & 0x3ffff) >> 4) |
-           ((unsigned long long)(lbo >> 4) << 16) | ((unsigned long long)(sbo >> 4) << 32);
+           ((unsigned long long)(lbo >> 4) << 16) | ((unsigned long long)(sbo >> 4) << 32) |
+           ((unsigned long long)(SW ? 1 : 0) << 62);
+}
+
+// The 128-byte swizzled layout (SW = true; the warp-specialised kernel's WS_SWIZZLE), which
+// wgmma reads without bank conflicts and which 8 consecutive threads fill from 128 contiguous
+// bytes of one row: a [R rows][128] bf16 tile is two column halves of 64 elements (d 0-63, then
+// 64-127, the second R · 128 bytes in), each R rows of 128 bytes, and 16-byte chunk c (0-7) of
+// row r sits at r · 128 + (c ^ r % 8) · 16 in its half (the hardware's Swizzle<3,4,3> on
+// 1024-byte-aligned atoms of 8 rows). K-major operands (Q, K): stride byte offset 1024 (the next
+// 8 rows), leading offset unused; k-step ks starts (ks / 4) · R · 128 + (ks % 4) · 32 bytes in.
+// V, the MN-major operand of P·V (rows are keys, d contiguous): leading byte offset R · 128 (the
+// next 64 of d), stride byte offset 1024 (the next 8 keys); k-step kk starts 2048 · kk in.
+#define WG_SW_SBO 1024
+#define WG_SW_V_SWAP 0  // 1 swaps V's leading and stride offsets (a variant, should parity fail)
+
+// Byte offset of 16-byte chunk c16 (0-15) of row r in an R-row tile, as the layout SW lays it.
+template <int R, bool SW>
+__device__ __forceinline__ int tile_chunk_offset(int r, int c16) {
+    if constexpr (SW)
+        return (c16 >> 3) * R * 128 + r * 128 + (((c16 & 7) ^ (r & 7)) << 4);
+    else
+        return ((r >> 3) * 16 + c16) * 128 + (r & 7) * 16;
 }
 
 // Row and chunk of copy p of a tile by thread t of THREADS copying threads (see the layout above);
@@ -168,29 +192,51 @@ __device__ __forceinline__ int core_copy_chunk(int t) {
     return (t >> 3) % (D / 8);
 }
 
+// Row, chunk and destination byte of copy p by thread t of THREADS copying threads of an R-row
+// tile: unswizzled, consecutive threads take consecutive rows of one chunk (consecutive
+// destination bytes); swizzled, consecutive threads take consecutive chunks of one row (128
+// contiguous source bytes for 8 threads, one 128-byte destination row).
+template <int D, int THREADS, int R, bool SW>
+struct WgTileCopy {
+    int row, chunk, dst;
+    __device__ __forceinline__ WgTileCopy(int t, int p) {
+        constexpr int CPR = D / 8;
+        const int q = t + THREADS * p;
+        if constexpr (SW) {
+            static_assert(THREADS % CPR == 0, "a thread's chunk is the same in every copy");
+            row = q / CPR;
+            chunk = q % CPR;
+            dst = tile_chunk_offset<R, true>(row, chunk);
+        } else {
+            row = core_copy_row<D, THREADS>(t, p);
+            chunk = core_copy_chunk<D>(t);
+            dst = 16 * q;
+        }
+    }
+};
+
 // Copies this thread's share of the Q tile ([BM rows] of the block's tokens × group heads, rows
 // past `rows` zero-filled) into q_s, as thread t of THREADS copying threads.
-template <int D, int THREADS>
+template <int D, int THREADS, bool SW = false>
 __device__ __forceinline__ void load_q_tile(unsigned char* q_s, const bf16* __restrict__ qkv,
                                             int qkv_width, int first, int rows, int group,
                                             int kvh, int t) {
     constexpr int Q_COPIES = WG_BM * D / 8 / THREADS;
-    const int chunk = core_copy_chunk<D>(t);
 #pragma unroll
     for (int p = 0; p < Q_COPIES; p++) {
-        const int r = core_copy_row<D, THREADS>(t, p);
-        const bool valid = r < rows;
-        const bf16* src = valid ? qkv + (size_t)(first + r / group) * qkv_width +
-                                      (size_t)(kvh * group + r % group) * D + chunk * 8
+        const WgTileCopy<D, THREADS, WG_BM, SW> c(t, p);
+        const bool valid = c.row < rows;
+        const bf16* src = valid ? qkv + (size_t)(first + c.row / group) * qkv_width +
+                                      (size_t)(kvh * group + c.row % group) * D + c.chunk * 8
                                 : qkv;
-        cp_async16(reinterpret_cast<bf16*>(q_s + 16 * (t + THREADS * p)), src, valid);
+        cp_async16(reinterpret_cast<bf16*>(q_s + c.dst), src, valid);
     }
 }
 
 // Issues this thread's copies of the K and V tiles of keys [kb, kb + BN) into k_dst (V one tile
 // after it), as thread t of THREADS copying threads; rows past kv_end are zero-filled (0 · NaN
 // would poison P·V).
-template <int D, int THREADS, int BN>
+template <int D, int THREADS, int BN, bool SW = false>
 __device__ __forceinline__ void load_kv_tile_pair(unsigned char* k_dst,
                                                   const bf16* __restrict__ k_cache,
                                                   const bf16* __restrict__ v_cache,
@@ -200,30 +246,35 @@ __device__ __forceinline__ void load_kv_tile_pair(unsigned char* k_dst,
     constexpr int TILE_BYTES = BN * D * 2;
     constexpr int KV_COPIES = BN * D / 8 / THREADS;
     static_assert(KV_COPIES * THREADS * 8 == BN * D, "K/V copy geometry");
-    const int chunk = core_copy_chunk<D>(t);
 #pragma unroll
     for (int p = 0; p < KV_COPIES; p++) {
-        const int j = kb + core_copy_row<D, THREADS>(t, p);
+        const WgTileCopy<D, THREADS, BN, SW> c(t, p);
+        const int j = kb + c.row;
         const bool valid = j < kv_end;
         const size_t off =
-            valid ? (size_t)paged_slot(table, j, block_size) * slot_stride + head_off + chunk * 8
+            valid ? (size_t)paged_slot(table, j, block_size) * slot_stride + head_off + c.chunk * 8
                   : 0;
-        const int dst = 16 * (t + THREADS * p);
-        cp_async16(reinterpret_cast<bf16*>(k_dst + dst), k_cache + off, valid);
-        cp_async16(reinterpret_cast<bf16*>(k_dst + TILE_BYTES + dst), v_cache + off, valid);
+        cp_async16(reinterpret_cast<bf16*>(k_dst + c.dst), k_cache + off, valid);
+        cp_async16(reinterpret_cast<bf16*>(k_dst + TILE_BYTES + c.dst), v_cache + off, valid);
     }
 }
 
-// S[64 x BN] = Q · Kᵀ for this warpgroup's 64 rows (Q at q_addr, K at k_addr: core-matrix
-// layout, K-major; BN 64 or 128 keys), issued, not waited for.
-template <int D, int BN>
+// S[64 x BN] = Q · Kᵀ for this warpgroup's 64 rows (Q at q_addr, its rows of a WG_BM-row tile;
+// K at k_addr: K-major, unswizzled core matrices or SW's swizzle; BN 64 or 128 keys), issued,
+// not waited for.
+template <int D, int BN, bool SW = false>
 __device__ __forceinline__ void wgmma_scores(float (&s)[BN / 8][4], unsigned q_addr,
                                              unsigned k_addr) {
     static_assert(BN == 64 || BN == 128, "S is m64n64 or m64n128");
+    static_assert(!SW || D == 128, "the swizzled layout is two 64-wide halves of d");
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
-        const unsigned long long qd = wgmma_desc(q_addr + 256 * ks, WG_QK_LBO, WG_QK_SBO);
-        const unsigned long long kd = wgmma_desc(k_addr + 256 * ks, WG_QK_LBO, WG_QK_SBO);
+        const unsigned long long qd =
+            SW ? wgmma_desc<true>(q_addr + (ks / 4) * WG_BM * 128 + (ks % 4) * 32, 16, WG_SW_SBO)
+               : wgmma_desc(q_addr + 256 * ks, WG_QK_LBO, WG_QK_SBO);
+        const unsigned long long kd =
+            SW ? wgmma_desc<true>(k_addr + (ks / 4) * BN * 128 + (ks % 4) * 32, 16, WG_SW_SBO)
+               : wgmma_desc(k_addr + 256 * ks, WG_QK_LBO, WG_QK_SBO);
         if constexpr (BN == 64) {
             if (ks == 0) wgmma_m64n64k16_ss<false>(s, qd, kd);
             else wgmma_m64n64k16_ss<true>(s, qd, kd);
@@ -248,14 +299,18 @@ __device__ __forceinline__ void pack_p(unsigned (&a)[BN / 16][4], const float (&
 }
 
 // O[64 x D] += P · V for this warpgroup (V at v_addr, MN-major), issued, not waited for.
-template <int D, int BN>
+template <int D, int BN, bool SW = false>
 __device__ __forceinline__ void wgmma_pv(float (&o)[16][4], const unsigned (&a)[BN / 16][4],
                                          unsigned v_addr) {
     constexpr int ROW_GROUP_BYTES = D / 8 * 128;
+    constexpr unsigned SW_LBO = WG_SW_V_SWAP ? WG_SW_SBO : BN * 128;
+    constexpr unsigned SW_SBO = WG_SW_V_SWAP ? BN * 128 : WG_SW_SBO;
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++)
-        wgmma_m64n128k16_rs(o, a[kk],
-                            wgmma_desc(v_addr + 2 * ROW_GROUP_BYTES * kk, WG_V_LBO, WG_V_SBO));
+        wgmma_m64n128k16_rs(
+            o, a[kk],
+            SW ? wgmma_desc<true>(v_addr + 2048 * kk, SW_LBO, SW_SBO)
+               : wgmma_desc(v_addr + 2 * ROW_GROUP_BYTES * kk, WG_V_LBO, WG_V_SBO));
 }
 
 template <int D, int STAGES>
@@ -397,6 +452,11 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, WG_MIN_BLOCKS) prefill_
 // FlashAttention-3's inter-warpgroup "ping-pong"), so one's exponentials run under the other's
 // products; 0: each issues as soon as its operands are ready.
 #define WS_PINGPONG 1
+// 1: the 128-byte swizzled layout (coalesced copies, conflict-free wgmma reads; see
+// tile_chunk_offset), its tiles 1024-byte aligned inside the host's WS_ALIGN_PAD spare bytes;
+// 0: the unswizzled core matrices of the kernel above.
+#define WS_SWIZZLE 0
+#define WS_ALIGN_PAD 1024     // host: PREFILL_WGMMA_WS_ALIGN_PAD
 
 static_assert(WS_CONSUMERS == WG_THREADS && WS_THREADS == WS_CONSUMERS + WS_PRODUCERS,
               "warp-specialised geometry");
@@ -404,6 +464,7 @@ static_assert(WS_CONSUMERS == WG_THREADS && WS_THREADS == WS_CONSUMERS + WS_PROD
 // tile may be partial (masked), never shared with the next split.
 static_assert(WS_BN % WG_BN == 0, "whole host tiles per kernel tile");
 static_assert(WS_STAGES * 2 * WS_BN * 128 * 2 <= WS_RING_BYTES, "the ring fits what the host gives");
+static_assert(WS_ALIGN_PAD >= 1024 - 128, "room to align the tiles to 1024 bytes");
 // The producer, refilling tile it's stage, waits for the consumers to release tile it - STAGES,
 // which they do after waiting for tile it - STAGES + 1; it has published up to it - 1 - WS_LAG.
 static_assert(WS_ARRIVE_ASYNC || (WS_LAG >= 1 && WS_LAG <= WS_STAGES - 2),
@@ -489,11 +550,11 @@ __device__ void prefill_wgmma_ws_impl(
     static_assert(DT == 16, "O is m64n128");
 
     // Q [BM rows], then stage s of the ring: K at 2s tiles, V at 2s + 1 (host:
-    // prefill_wgmma_ws_shared_bytes).
+    // prefill_wgmma_ws_shared_bytes), from the first 1024-byte boundary (the swizzle's atoms).
     extern __shared__ __align__(128) unsigned char smem_raw[];
     __shared__ __align__(8) unsigned long long full_bar[STAGES], empty_bar[STAGES];
-    unsigned char* q_s = smem_raw;
-    unsigned char* ring = smem_raw + WG_BM * D * 2;
+    unsigned char* q_s = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    unsigned char* ring = q_s + WG_BM * D * 2;
     const unsigned q_addr = smem_u32(q_s), ring_addr = smem_u32(ring);
     const unsigned full_addr = smem_u32(full_bar), empty_addr = smem_u32(empty_bar);
 
@@ -525,7 +586,7 @@ __device__ void prefill_wgmma_ws_impl(
         for (int it = 0; it < n_tiles; it++) {
             const int st = it % STAGES;
             if (it >= STAGES) mbar_wait(empty_addr + 8 * st, ((it / STAGES) - 1) & 1);
-            load_kv_tile_pair<D, WS_PRODUCERS, BN>(ring + 2 * st * TILE_BYTES, k_cache, v_cache,
+            load_kv_tile_pair<D, WS_PRODUCERS, BN, WS_SWIZZLE>(ring + 2 * st * TILE_BYTES, k_cache, v_cache,
                                                    tile.table, block_size, slot_stride, head_off,
                                                    kv_start + it * BN, tile.kv_end, t);
             if (WS_ARRIVE_ASYNC) {
@@ -547,7 +608,7 @@ __device__ void prefill_wgmma_ws_impl(
     // Consumers.
     setmaxnreg_inc<WS_CONSUMER_REGS>();
     const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2, qc = lane & 3;
-    load_q_tile<D, WS_CONSUMERS>(q_s, qkv, qkv_width, tile.first, tile.rows, group, kvh, tid);
+    load_q_tile<D, WS_CONSUMERS, WS_SWIZZLE>(q_s, qkv, qkv_width, tile.first, tile.rows, group, kvh, tid);
     cp_async_commit();
     cp_async_wait<0>();
     fence_proxy_async_shared();
@@ -558,7 +619,8 @@ __device__ void prefill_wgmma_ws_impl(
     for (int dt = 0; dt < DT; dt++) o[0][dt][0] = o[0][dt][1] = o[0][dt][2] = o[0][dt][3] = 0.f;
     float m[1][2] = {{NEG_INF, NEG_INF}}, l[1][2] = {{0.f, 0.f}}, corr[1][2];
     const float scale_log2 = scale * LOG2E;
-    const unsigned q_wg_addr = q_addr + wg * 8 * ROW_GROUP_BYTES;
+    // This warpgroup's 64 rows: 8 row groups of core matrices in, or 64 rows of 128 bytes.
+    const unsigned q_wg_addr = q_addr + wg * (WS_SWIZZLE ? 64 * 128 : 8 * ROW_GROUP_BYTES);
     auto k_addr = [&](int it) { return ring_addr + 2 * (it % STAGES) * TILE_BYTES; };
 
     if (n_tiles > 0) {
@@ -571,7 +633,7 @@ __device__ void prefill_wgmma_ws_impl(
         if (WS_ARRIVE_ASYNC) fence_proxy_async_shared();
         ws_turn_wait(wg);
         wgmma_fence();
-        wgmma_scores<D, BN>(s[0], opaque(q_wg_addr), k_addr(0));
+        wgmma_scores<D, BN, WS_SWIZZLE>(s[0], opaque(q_wg_addr), k_addr(0));
         wgmma_commit();
         ws_turn_pass(wg, false);
         wgmma_wait<0>();
@@ -583,9 +645,9 @@ __device__ void prefill_wgmma_ws_impl(
             if (WS_ARRIVE_ASYNC) fence_proxy_async_shared();
             ws_turn_wait(wg);
             wgmma_fence();
-            wgmma_scores<D, BN>(s[0], opaque(q_wg_addr), k_addr(it));  // tile it's S ...
+            wgmma_scores<D, BN, WS_SWIZZLE>(s[0], opaque(q_wg_addr), k_addr(it));  // tile it's S ...
             wgmma_commit();
-            wgmma_pv<D, BN>(o[0], a, k_addr(it - 1) + TILE_BYTES);  // ... and tile it - 1's P·V
+            wgmma_pv<D, BN, WS_SWIZZLE>(o[0], a, k_addr(it - 1) + TILE_BYTES);  // ... and tile it - 1's P·V
             wgmma_commit();
             ws_turn_pass(wg, false);
             wgmma_wait<1>();  // S has landed; P·V runs on under the exponentials
@@ -600,7 +662,7 @@ __device__ void prefill_wgmma_ws_impl(
         }
         ws_turn_wait(wg);
         wgmma_fence();
-        wgmma_pv<D, BN>(o[0], a, k_addr(n_tiles - 1) + TILE_BYTES);
+        wgmma_pv<D, BN, WS_SWIZZLE>(o[0], a, k_addr(n_tiles - 1) + TILE_BYTES);
         wgmma_commit();
         ws_turn_pass(wg, true);
         wgmma_wait<0>();

@@ -95,10 +95,17 @@ pub(crate) const PREFILL_WGMMA_WS_THREADS: u32 = 384;
 /// can try other ones without a rebuild.
 pub(crate) const PREFILL_WGMMA_WS_RING_BYTES: usize = 192 * 1024;
 
-/// Dynamic shared memory of one warp-specialised Hopper prefill block: the Q tile and its ring
-/// (one block per SM; with the kernel's static barriers, within the 227 KiB a block may have).
+/// Spare bytes in front of its tiles (`WS_ALIGN_PAD`): the kernel starts them at the first
+/// 1024-byte boundary, which its 128-byte swizzled layout needs.
+pub(crate) const PREFILL_WGMMA_WS_ALIGN_PAD: usize = 1024;
+
+/// Dynamic shared memory of one warp-specialised Hopper prefill block: the Q tile, its ring and
+/// the alignment pad (one block per SM; with the kernel's static barriers, within the 227 KiB a
+/// block may have).
 pub(crate) const fn prefill_wgmma_ws_shared_bytes() -> usize {
-    PREFILL_TILE_ROWS * PREFILL_WGMMA_HEAD_DIM * 2 + PREFILL_WGMMA_WS_RING_BYTES
+    PREFILL_TILE_ROWS * PREFILL_WGMMA_HEAD_DIM * 2
+        + PREFILL_WGMMA_WS_RING_BYTES
+        + PREFILL_WGMMA_WS_ALIGN_PAD
 }
 
 /// The bf16 (K, V) tile pair an fp8 kernel converts each staged tile into (none for bf16).
