@@ -313,14 +313,23 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[16][4], const unsigned (&a)[
                : wgmma_desc(v_addr + 2 * ROW_GROUP_BYTES * kk, WG_V_LBO, WG_V_SBO));
 }
 
+// The launch arguments both kernels of this file take (prefill_attention.cu's), as parameters
+// of the kernels (R empty) and of their implementations (R __restrict__), and as the arguments
+// passed from one to the other.
+#define WG_PREFILL_PARAMS(R)                                                                     \
+    bf16 *R out, float *R part_acc, float *R part_ml, const bf16 *R qkv, int qkv_width,          \
+        const bf16 *R k_cache, const bf16 *R v_cache, const unsigned *R tiles,                  \
+        const unsigned *R tok_seq, const unsigned *R tok_visible, const unsigned *R block_tables, \
+        int max_blocks, int block_size, int num_kv_heads, int group, float scale, int window,   \
+        int splits, int split_len
+#define WG_PREFILL_ARGS                                                                        \
+    out, part_acc, part_ml, qkv, qkv_width, k_cache, v_cache, tiles, tok_seq, tok_visible,     \
+        block_tables, max_blocks, block_size, num_kv_heads, group, scale, window, splits,       \
+        split_len
+
 template <int D, int STAGES>
 __device__ void prefill_wgmma_impl(
-    bf16* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
-    const bf16* __restrict__ qkv, int qkv_width, const bf16* __restrict__ k_cache,
-    const bf16* __restrict__ v_cache, const unsigned* __restrict__ tiles,
-    const unsigned* __restrict__ tok_seq, const unsigned* __restrict__ tok_visible,
-    const unsigned* __restrict__ block_tables, int max_blocks, int block_size, int num_kv_heads,
-    int group, float scale, int window, int splits, int split_len) {
+    WG_PREFILL_PARAMS(__restrict__)) {
     constexpr int NT = WG_BN / 8;               // 8-key column tiles of S
     constexpr int DT = D / 8;                   // 8-wide column tiles of O
     constexpr int TILE_BYTES = WG_BN * D * 2;   // one K or V tile
@@ -408,15 +417,9 @@ __device__ void prefill_wgmma_impl(
 }
 
 extern "C" __global__ void __launch_bounds__(WG_THREADS, WG_MIN_BLOCKS) prefill_wgmma_d128_bf16(
-    bf16* out, float* part_acc, float* part_ml, const bf16* qkv, int qkv_width,
-    const bf16* k_cache, const bf16* v_cache, const unsigned* tiles, const unsigned* tok_seq,
-    const unsigned* tok_visible, const unsigned* block_tables, int max_blocks, int block_size,
-    int num_kv_heads, int group, float scale, int window, int splits, int split_len) {
+    WG_PREFILL_PARAMS()) {
     pdl_entry();
-    prefill_wgmma_impl<128, WG_STAGES>(out, part_acc, part_ml, qkv, qkv_width, k_cache, v_cache,
-                                       tiles, tok_seq, tok_visible, block_tables, max_blocks,
-                                       block_size, num_kv_heads, group, scale, window, splits,
-                                       split_len);
+    prefill_wgmma_impl<128, WG_STAGES>(WG_PREFILL_ARGS);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -537,12 +540,7 @@ __device__ __forceinline__ void ws_softmax(float (&s)[1][NT][4], float (&m)[1][2
 
 template <int D, int BN, int STAGES>
 __device__ void prefill_wgmma_ws_impl(
-    bf16* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
-    const bf16* __restrict__ qkv, int qkv_width, const bf16* __restrict__ k_cache,
-    const bf16* __restrict__ v_cache, const unsigned* __restrict__ tiles,
-    const unsigned* __restrict__ tok_seq, const unsigned* __restrict__ tok_visible,
-    const unsigned* __restrict__ block_tables, int max_blocks, int block_size, int num_kv_heads,
-    int group, float scale, int window, int splits, int split_len) {
+    WG_PREFILL_PARAMS(__restrict__)) {
     constexpr int NT = BN / 8;
     constexpr int DT = D / 8;
     constexpr int TILE_BYTES = BN * D * 2;
@@ -675,13 +673,7 @@ __device__ void prefill_wgmma_ws_impl(
 }
 
 extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) prefill_wgmma_ws_d128_bf16(
-    bf16* out, float* part_acc, float* part_ml, const bf16* qkv, int qkv_width,
-    const bf16* k_cache, const bf16* v_cache, const unsigned* tiles, const unsigned* tok_seq,
-    const unsigned* tok_visible, const unsigned* block_tables, int max_blocks, int block_size,
-    int num_kv_heads, int group, float scale, int window, int splits, int split_len) {
+    WG_PREFILL_PARAMS()) {
     pdl_entry();
-    prefill_wgmma_ws_impl<128, WS_BN, WS_STAGES>(out, part_acc, part_ml, qkv, qkv_width, k_cache,
-                                          v_cache, tiles, tok_seq, tok_visible, block_tables,
-                                          max_blocks, block_size, num_kv_heads, group, scale,
-                                          window, splits, split_len);
+    prefill_wgmma_ws_impl<128, WS_BN, WS_STAGES>(WG_PREFILL_ARGS);
 }
