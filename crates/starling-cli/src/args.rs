@@ -137,7 +137,8 @@ pub struct EngineArgs {
     #[arg(long, value_parser = parse_kv_cache_dtype)]
     pub kv_cache_dtype: Option<starling_evict::KvCacheDtype>,
     /// When a waiting request may start: `optimistic` (as vLLM: when its first chunk fits;
-    /// growth collisions preempt the newest) or `reserve-peak` (only while the projected peak
+    /// growth collisions preempt the newest; a compressing request once preempted waits until
+    /// its projected peak fits) or `reserve-peak` (every request only while the projected peak
     /// of every running request and its own fit — fewer preemptions, above all with eviction).
     #[arg(long, value_enum, default_value_t = AdmissionArg::Optimistic)]
     pub admission_policy: AdmissionArg,

@@ -309,6 +309,29 @@ fn reserve_peak_admission_stops_compressed_requests_preempting_each_other() {
 }
 
 #[test]
+fn a_preempted_compressed_request_waits_for_room_instead_of_thrashing() {
+    // Two compressed prompts that do not fit together at their peak (session 30's H100 campaign
+    // scaled down: 0.75 GiB of KV held 28k tokens, two 24k KeyDiff@0.5 prompts, 8k-token
+    // chunks). Under vLLM's optimistic rule the second is admitted while the first decodes,
+    // grows into it at its last chunk and is preempted; readmitted as soon as its first chunk
+    // fitted, it collided at the same point again and again (7 preemptions here, 10 on the
+    // GPU). Readmitted only once its projected peak fits, it is preempted once.
+    let compressed = || with_compression(config(CompressionMethod::KeyDiff, 0.5, 8));
+    let requests = (0..2)
+        .map(|i| (prompt(20 + i, 220), compressed()))
+        .collect::<Vec<_>>();
+    let mut e = engine(64, 80, 252, Default::default());
+    let outs = run(&mut e, requests, 32);
+    let preemptions = e.stats().num_preemptions;
+    assert!(preemptions > 0, "the workload must collide");
+    assert!(
+        preemptions <= 1,
+        "{preemptions} preemptions: the newest request was preempted again after readmission"
+    );
+    assert!(outs.iter().all(|o| tokens(o).len() == 32));
+}
+
+#[test]
 fn teacher_forcing_emits_the_forced_tokens_with_their_distributions() {
     let mut e = engine(200, 32, 256, Default::default());
     let free_run = run(

@@ -189,6 +189,7 @@ impl Scheduler {
                 num_tokens: num_prompt_tokens,
                 num_computed_tokens: 0,
                 footprint,
+                times_preempted: 0,
             },
         );
         self.waiting.push_back(seq_id);

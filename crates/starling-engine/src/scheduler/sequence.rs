@@ -26,6 +26,9 @@ pub struct SeqProgress {
     /// The most the sequence is projected to hold (admission under
     /// [`super::AdmissionPolicy::ReservePeak`]).
     pub footprint: Footprint,
+    /// How many times it was preempted (recomputed from scratch). A compressing sequence
+    /// preempted once is readmitted only by its projected peak (see [`super::AdmissionPolicy`]).
+    pub times_preempted: u32,
 }
 
 impl SeqProgress {

@@ -251,6 +251,7 @@ impl Scheduler {
         if let Some(seq) = self.seqs.get_mut(&victim) {
             seq.status = SeqStatus::Waiting;
             seq.num_computed_tokens = 0;
+            seq.times_preempted = seq.times_preempted.saturating_add(1);
         }
         if let Some(pos) = draft.scheduled.iter().position(|s| s.seq_id == victim) {
             let undone = draft.scheduled.remove(pos);
