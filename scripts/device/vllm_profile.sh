@@ -18,9 +18,8 @@
 #   command: bash scripts/device/vllm_profile.sh
 # Knobs: KV_MEM (0.75GiB), IN (4096), OUTLEN (128), CONC (16), PROMPTS (64), SKIP_ITERS (50),
 # PROFILE_ITERS (300), STARLING_MODES ("graphs profiled": the binary's defaults; a suffix sets
-# choices for an A/B in the same call: "-wgmma" the Hopper prefill kernel
-# (STARLING_PREFILL_KERNEL=wgmma), "-ws" its warp-specialised variant (wgmma-ws), "-mma" the
-# mma.sync one, "-bias" the linear layers' bias in
+# choices for an A/B in the same call: "-wgmma" (or "-ws") the Hopper prefill kernel
+# (STARLING_PREFILL_KERNEL=wgmma, the default on Hopper), "-mma" the mma.sync one, "-bias" the linear layers' bias in
 # the cuBLASLt GEMM's epilogue (STARLING_GEMM_BIAS_EPILOGUE=1), "-sepbias" in a launch of its own,
 # e.g. "graphs graphs-wgmma-bias profiled-wgmma-bias"), SKIP_VLLM (1: Starling's modes only, no
 # vLLM staged; the synthetic model is still made). Results in $OUT: vllm_profile.md (both tables and the unprofiled figures) and
@@ -99,8 +98,7 @@ for mode in ${STARLING_MODES:-graphs profiled}; do
   extra=()
   choices=()
   case $mode in profiled*) extra=(--kernel-profile) ;; esac
-  case $mode in *-wgmma*) choices+=(STARLING_PREFILL_KERNEL=wgmma) ;; esac
-  case $mode in *-ws*) choices+=(STARLING_PREFILL_KERNEL=wgmma-ws) ;; esac
+  case $mode in *-wgmma* | *-ws*) choices+=(STARLING_PREFILL_KERNEL=wgmma) ;; esac
   case $mode in *-mma*) choices+=(STARLING_PREFILL_KERNEL=mma) ;; esac
   case $mode in *-bias*) choices+=(STARLING_GEMM_BIAS_EPILOGUE=1) ;; esac
   case $mode in *-sepbias*) choices+=(STARLING_GEMM_BIAS_EPILOGUE=0) ;; esac

@@ -4,46 +4,26 @@
 // layout: the host runs this kernel in its place where the device is compute capability 9.0
 // (kernels.rs loads the module for sm_90a only there).
 //
-// The products run on warpgroup MMA (wgmma.mma_async) instead of mma.sync: two warpgroups (8
-// warps) per block of BM = 128 rows, 64 rows each. S = Q·Kᵀ (m64n64k16 × 8 k-steps) reads both
-// operands from shared memory through descriptors, so neither Q nor K passes through registers
-// (no ldmatrix); O += P·V (m64n128k16 × 4) takes P from the registers the softmax leaves it in
-// (the accumulator layout of S is mma.sync's C fragment, so P packs into the A fragment exactly
-// as in the mma.sync kernel) and V from shared memory. Scores and outputs stay in f32 registers
-// (32 + 64 a thread), the online softmax, causal and window masks, tile key ranges and output
-// write are prefill_common.cuh's, shared with the mma.sync kernel.
+// FlashAttention-3's schedule without TMA, warp-specialised: two consumer warpgroups (warps 0-7)
+// of 64 query rows each (BM = 128 a block) run the products on warpgroup MMA (wgmma.mma_async),
+// and a producer warpgroup (warps 8-11) only copies K/V tiles through the block table into a
+// ring of stages handed over through mbarriers (see the kernel below). S = Q·Kᵀ (m64n64k16 or
+// m64n128k16 × 8 k-steps) reads both operands from shared memory through descriptors, so
+// neither Q nor K passes through registers (no ldmatrix); O += P·V (m64n128k16) takes P from the
+// registers the softmax leaves it in (the accumulator layout of S is mma.sync's C fragment, so P
+// packs into the A fragment exactly as in the mma.sync kernel) and V from shared memory. Scores
+// and outputs stay in f32 registers; the online softmax, causal and window masks, tile key
+// ranges and output write are prefill_common.cuh's, shared with the mma.sync kernel.
 //
-// Shared layout: wgmma reads 8×8 "core matrices" of 16-byte rows, each 128 contiguous bytes.
-// Without swizzling (descriptor layout type 0), 16-byte chunk c of row r of a [rows][D] tile is
-// stored at ((r / 8) · (D / 8) + c) · 128 + (r % 8) · 16 bytes. Q and K are then K-major operands
-// (the reduction dim d is contiguous in a core matrix row): the leading byte offset (next 8 of
-// d) is 128, the stride byte offset (next 8 rows) D / 8 · 128 = 2048; k-step ks starts 256 · ks
-// bytes in. V is the B operand of P·V with its reduction dim (keys) across core-matrix rows:
-// MN-major, stride byte offset (next 8 of d) 128, leading byte offset (next 8 keys) 2048, and
-// k-step kk (16 keys) starts 4096 · kk bytes in. Copy q of a tile (16 bytes, q = 0, 1, ...) goes
-// to byte 16 · q when its row is 8 · (q / (8 · D / 8)) + q % 8 and its chunk (q / 8) % (D / 8):
-// consecutive threads fill consecutive bytes (no bank conflicts on the cp.async writes).
-//
-// K/V tiles of BN = 64 keys come through the block table with 16-byte cp.async copies into a
-// ring of STAGES (K, V) pairs; cp.async writes through the generic proxy and wgmma reads through
-// the async proxy, so each thread fences (fence.proxy.async) its landed copies before the
-// barrier that publishes the stage.
+// Shared memory holds every tile in the 128-byte swizzled layout (see tile_chunk_offset): 8
+// consecutive threads copy one row's 128 contiguous bytes (coalesced), and wgmma reads it
+// without bank conflicts. Nsight Compute on the H100 (session 29 → 30, MHA 4k): the unswizzled
+// core-matrix layout this replaced moved 49% excess global sectors and 64% excess shared
+// wavefronts; the swizzled kernel is 1.17-1.19x faster.
 
 #define WG_BM 128        // query rows per block (host: PREFILL_TILE_ROWS)
-#define WG_BN 64         // keys per K/V tile (host: PREFILL_TILE_KEYS)
-#define WG_WARPS 8       // two warpgroups
-#define WG_THREADS 256   // host: PREFILL_WGMMA_THREADS
-#define WG_MIN_BLOCKS 2  // resident blocks per SM the register allocation must allow
-#define WG_STAGES 2      // (K, V) tile pairs in the ring: 96 KiB with Q, two blocks per SM
-
-static_assert(WG_BM == WG_WARPS * 16 && WG_THREADS == WG_WARPS * 32, "tile geometry");
-
-// Descriptor byte offsets of the layout below at D = 128: 16-byte chunks of 8 rows form a 128-byte
-// core matrix; 8 rows of all 16 chunks are 2048 bytes.
-#define WG_QK_LBO 128   // Q and K (K-major): the next 8 elements of d
-#define WG_QK_SBO 2048  // ... the next 8 rows
-#define WG_V_LBO 2048   // V (MN-major): the next 8 keys
-#define WG_V_SBO 128    // ... the next 8 elements of d
+#define WG_BN 64         // keys per host tile (host: PREFILL_TILE_KEYS): splits are multiples
+#define WG_THREADS 256   // the two consumer warpgroups (host: PREFILL_WGMMA_THREADS)
 
 // Accumulator operands of the products: r[N][4] (N = 8 for 64 columns, 16 for 128) with
 // constraint C ("+f" read and written, "=f" written only), and their register lists in the
@@ -146,85 +126,58 @@ __device__ __forceinline__ unsigned opaque(unsigned x) {
     return x;
 }
 
-// A shared-memory matrix descriptor: start address, leading and stride byte offsets (each in
-// 16-byte units), base offset 0 (swizzled tiles start 1024-byte aligned) and the layout type in
-// bits 62-63: 0 no swizzle, 1 the 128-byte swizzle (SW = true).
-template <bool SW = false>
+// A shared-memory matrix descriptor of the 128-byte swizzled layout: start address, leading and
+// stride byte offsets (each in 16-byte units), base offset 0 (the tiles start 1024-byte aligned)
+// and layout type 1 (the 128-byte swizzle) in bits 62-63.
 __device__ __forceinline__ unsigned long long wgmma_desc(unsigned addr, unsigned lbo,
                                                          unsigned sbo) {
     return (unsigned long long)((addr & 0x3ffff) >> 4) |
            ((unsigned long long)(lbo >> 4) << 16) | ((unsigned long long)(sbo >> 4) << 32) |
-           ((unsigned long long)(SW ? 1 : 0) << 62);
+           (1ull << 62);
 }
 
-// The 128-byte swizzled layout (SW = true; the warp-specialised kernel's WS_SWIZZLE), which
-// wgmma reads without bank conflicts and which 8 consecutive threads fill from 128 contiguous
-// bytes of one row: a [R rows][128] bf16 tile is two column halves of 64 elements (d 0-63, then
-// 64-127, the second R · 128 bytes in), each R rows of 128 bytes, and 16-byte chunk c (0-7) of
-// row r sits at r · 128 + (c ^ r % 8) · 16 in its half (the hardware's Swizzle<3,4,3> on
-// 1024-byte-aligned atoms of 8 rows). K-major operands (Q, K): stride byte offset 1024 (the next
-// 8 rows), leading offset unused; k-step ks starts (ks / 4) · R · 128 + (ks % 4) · 32 bytes in.
-// V, the MN-major operand of P·V (rows are keys, d contiguous): leading byte offset R · 128 (the
-// next 64 of d), stride byte offset 1024 (the next 8 keys); k-step kk starts 2048 · kk in.
+// The 128-byte swizzled layout: a [R rows][128] bf16 tile is two column halves of 64 elements
+// (d 0-63, then 64-127, the second R · 128 bytes in), each R rows of 128 bytes, and 16-byte chunk
+// c (0-7) of row r sits at r · 128 + (c ^ r % 8) · 16 in its half (the hardware's Swizzle<3,4,3>
+// on 1024-byte-aligned atoms of 8 rows). K-major operands (Q, K): stride byte offset 1024 (the
+// next 8 rows), leading offset unused; k-step ks starts (ks / 4) · R · 128 + (ks % 4) · 32 bytes
+// in. V, the MN-major operand of P·V (rows are keys, d contiguous): leading byte offset R · 128
+// (the next 64 of d), stride byte offset 1024 (the next 8 keys); k-step kk starts 2048 · kk in.
+// (Swapping V's two offsets fails the parity test: session 30.)
 #define WG_SW_SBO 1024
-#define WG_SW_V_SWAP 0  // 1 swaps V's leading and stride offsets (a variant, should parity fail)
 
-// Byte offset of 16-byte chunk c16 (0-15) of row r in an R-row tile, as the layout SW lays it.
-template <int R, bool SW>
+// Byte offset of 16-byte chunk c16 (0-15) of row r in an R-row tile.
+template <int R>
 __device__ __forceinline__ int tile_chunk_offset(int r, int c16) {
-    if constexpr (SW)
-        return (c16 >> 3) * R * 128 + r * 128 + (((c16 & 7) ^ (r & 7)) << 4);
-    else
-        return ((r >> 3) * 16 + c16) * 128 + (r & 7) * 16;
-}
-
-// Row and chunk of copy p of a tile by thread t of THREADS copying threads (see the layout above);
-// the copy goes to byte 16 · (t + THREADS · p) of the tile.
-template <int D, int THREADS>
-__device__ __forceinline__ int core_copy_row(int t, int p) {
-    constexpr int CPR = D / 8;
-    static_assert(THREADS % (8 * CPR) == 0, "a thread's chunk is the same in every copy");
-    const int q = t + THREADS * p;
-    return (q / (8 * CPR)) * 8 + (q & 7);
-}
-template <int D>
-__device__ __forceinline__ int core_copy_chunk(int t) {
-    return (t >> 3) % (D / 8);
+    return (c16 >> 3) * R * 128 + r * 128 + (((c16 & 7) ^ (r & 7)) << 4);
 }
 
 // Row, chunk and destination byte of copy p by thread t of THREADS copying threads of an R-row
-// tile: unswizzled, consecutive threads take consecutive rows of one chunk (consecutive
-// destination bytes); swizzled, consecutive threads take consecutive chunks of one row (128
-// contiguous source bytes for 8 threads, one 128-byte destination row).
-template <int D, int THREADS, int R, bool SW>
+// tile: consecutive threads take consecutive chunks of one row (128 contiguous source bytes for
+// 8 threads, one 128-byte destination row).
+template <int D, int THREADS, int R>
 struct WgTileCopy {
     int row, chunk, dst;
     __device__ __forceinline__ WgTileCopy(int t, int p) {
         constexpr int CPR = D / 8;
+        static_assert(THREADS % CPR == 0, "a thread's chunk is the same in every copy");
         const int q = t + THREADS * p;
-        if constexpr (SW) {
-            static_assert(THREADS % CPR == 0, "a thread's chunk is the same in every copy");
-            row = q / CPR;
-            chunk = q % CPR;
-            dst = tile_chunk_offset<R, true>(row, chunk);
-        } else {
-            row = core_copy_row<D, THREADS>(t, p);
-            chunk = core_copy_chunk<D>(t);
-            dst = 16 * q;
-        }
+        row = q / CPR;
+        chunk = q % CPR;
+        dst = tile_chunk_offset<R>(row, chunk);
     }
 };
 
 // Copies this thread's share of the Q tile ([BM rows] of the block's tokens × group heads, rows
 // past `rows` zero-filled) into q_s, as thread t of THREADS copying threads.
-template <int D, int THREADS, bool SW = false>
+template <int D, int THREADS>
 __device__ __forceinline__ void load_q_tile(unsigned char* q_s, const bf16* __restrict__ qkv,
                                             int qkv_width, int first, int rows, int group,
                                             int kvh, int t) {
     constexpr int Q_COPIES = WG_BM * D / 8 / THREADS;
 #pragma unroll
     for (int p = 0; p < Q_COPIES; p++) {
-        const WgTileCopy<D, THREADS, WG_BM, SW> c(t, p);
+        const WgTileCopy<D, THREADS, WG_BM> c(t, p);
         const bool valid = c.row < rows;
         const bf16* src = valid ? qkv + (size_t)(first + c.row / group) * qkv_width +
                                       (size_t)(kvh * group + c.row % group) * D + c.chunk * 8
@@ -236,7 +189,7 @@ __device__ __forceinline__ void load_q_tile(unsigned char* q_s, const bf16* __re
 // Issues this thread's copies of the K and V tiles of keys [kb, kb + BN) into k_dst (V one tile
 // after it), as thread t of THREADS copying threads; rows past kv_end are zero-filled (0 · NaN
 // would poison P·V).
-template <int D, int THREADS, int BN, bool SW = false>
+template <int D, int THREADS, int BN>
 __device__ __forceinline__ void load_kv_tile_pair(unsigned char* k_dst,
                                                   const bf16* __restrict__ k_cache,
                                                   const bf16* __restrict__ v_cache,
@@ -248,7 +201,7 @@ __device__ __forceinline__ void load_kv_tile_pair(unsigned char* k_dst,
     static_assert(KV_COPIES * THREADS * 8 == BN * D, "K/V copy geometry");
 #pragma unroll
     for (int p = 0; p < KV_COPIES; p++) {
-        const WgTileCopy<D, THREADS, BN, SW> c(t, p);
+        const WgTileCopy<D, THREADS, BN> c(t, p);
         const int j = kb + c.row;
         const bool valid = j < kv_end;
         const size_t off =
@@ -260,21 +213,18 @@ __device__ __forceinline__ void load_kv_tile_pair(unsigned char* k_dst,
 }
 
 // S[64 x BN] = Q · Kᵀ for this warpgroup's 64 rows (Q at q_addr, its rows of a WG_BM-row tile;
-// K at k_addr: K-major, unswizzled core matrices or SW's swizzle; BN 64 or 128 keys), issued,
-// not waited for.
-template <int D, int BN, bool SW = false>
+// K at k_addr, BN 64 or 128 keys), issued, not waited for.
+template <int D, int BN>
 __device__ __forceinline__ void wgmma_scores(float (&s)[BN / 8][4], unsigned q_addr,
                                              unsigned k_addr) {
     static_assert(BN == 64 || BN == 128, "S is m64n64 or m64n128");
-    static_assert(!SW || D == 128, "the swizzled layout is two 64-wide halves of d");
+    static_assert(D == 128, "the swizzled layout is two 64-wide halves of d");
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
         const unsigned long long qd =
-            SW ? wgmma_desc<true>(q_addr + (ks / 4) * WG_BM * 128 + (ks % 4) * 32, 16, WG_SW_SBO)
-               : wgmma_desc(q_addr + 256 * ks, WG_QK_LBO, WG_QK_SBO);
+            wgmma_desc(q_addr + (ks / 4) * WG_BM * 128 + (ks % 4) * 32, 16, WG_SW_SBO);
         const unsigned long long kd =
-            SW ? wgmma_desc<true>(k_addr + (ks / 4) * BN * 128 + (ks % 4) * 32, 16, WG_SW_SBO)
-               : wgmma_desc(k_addr + 256 * ks, WG_QK_LBO, WG_QK_SBO);
+            wgmma_desc(k_addr + (ks / 4) * BN * 128 + (ks % 4) * 32, 16, WG_SW_SBO);
         if constexpr (BN == 64) {
             if (ks == 0) wgmma_m64n64k16_ss<false>(s, qd, kd);
             else wgmma_m64n64k16_ss<true>(s, qd, kd);
@@ -299,23 +249,17 @@ __device__ __forceinline__ void pack_p(unsigned (&a)[BN / 16][4], const float (&
 }
 
 // O[64 x D] += P · V for this warpgroup (V at v_addr, MN-major), issued, not waited for.
-template <int D, int BN, bool SW = false>
+template <int D, int BN>
 __device__ __forceinline__ void wgmma_pv(float (&o)[16][4], const unsigned (&a)[BN / 16][4],
                                          unsigned v_addr) {
-    constexpr int ROW_GROUP_BYTES = D / 8 * 128;
-    constexpr unsigned SW_LBO = WG_SW_V_SWAP ? WG_SW_SBO : BN * 128;
-    constexpr unsigned SW_SBO = WG_SW_V_SWAP ? BN * 128 : WG_SW_SBO;
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++)
-        wgmma_m64n128k16_rs(
-            o, a[kk],
-            SW ? wgmma_desc<true>(v_addr + 2048 * kk, SW_LBO, SW_SBO)
-               : wgmma_desc(v_addr + 2 * ROW_GROUP_BYTES * kk, WG_V_LBO, WG_V_SBO));
+        wgmma_m64n128k16_rs(o, a[kk], wgmma_desc(v_addr + 2048 * kk, BN * 128, WG_SW_SBO));
 }
 
-// The launch arguments both kernels of this file take (prefill_attention.cu's), as parameters
-// of the kernels (R empty) and of their implementations (R __restrict__), and as the arguments
-// passed from one to the other.
+// The launch arguments the kernel takes (prefill_attention.cu's), as parameters of the kernel
+// (R empty) and of its implementation (R __restrict__), and as the arguments passed from one to
+// the other.
 #define WG_PREFILL_PARAMS(R)                                                                     \
     bf16 *R out, float *R part_acc, float *R part_ml, const bf16 *R qkv, int qkv_width,          \
         const bf16 *R k_cache, const bf16 *R v_cache, const unsigned *R tiles,                  \
@@ -327,106 +271,9 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[16][4], const unsigned (&a)[
         block_tables, max_blocks, block_size, num_kv_heads, group, scale, window, splits,       \
         split_len
 
-template <int D, int STAGES>
-__device__ void prefill_wgmma_impl(
-    WG_PREFILL_PARAMS(__restrict__)) {
-    constexpr int NT = WG_BN / 8;               // 8-key column tiles of S
-    constexpr int DT = D / 8;                   // 8-wide column tiles of O
-    constexpr int TILE_BYTES = WG_BN * D * 2;   // one K or V tile
-    constexpr int ROW_GROUP_BYTES = D / 8 * 128;  // 8 rows of core matrices
-    static_assert(NT == 8 && DT == 16, "the wgmma shapes are m64n64 (S) and m64n128 (O)");
-    static_assert(STAGES >= 2, "the ring needs a stage in flight");
-
-    // Q [BM rows], then stage s of the ring: K at 2s tiles, V at 2s + 1 (host:
-    // prefill_wgmma_shared_bytes).
-    extern __shared__ __align__(128) unsigned char smem_raw[];
-    unsigned char* q_s = smem_raw;
-    unsigned char* ring = smem_raw + WG_BM * D * 2;
-    const unsigned q_addr = smem_u32(q_s), ring_addr = smem_u32(ring);
-
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
-    const int kvh = blockIdx.y, split = blockIdx.z;
-    const int num_q_heads = num_kv_heads * group;
-    const int qc = lane & 3;
-    const PrefillTile<1> tile = prefill_tile<WG_THREADS, WG_WARPS, 1, WG_BN>(
-        tiles, tok_seq, tok_visible, block_tables, max_blocks, group, window, split, split_len);
-    const int first = tile.first, rows = tile.rows, kv_start = tile.kv_start, kv_end = tile.kv_end;
-
-    const size_t slot_stride = (size_t)num_kv_heads * D, head_off = (size_t)kvh * D;
-    auto load_kv_tiles = [&](int s, int kb) {
-        load_kv_tile_pair<D, WG_THREADS, WG_BN>(ring + 2 * s * TILE_BYTES, k_cache, v_cache, tile.table,
-                                         block_size, slot_stride, head_off, kb, kv_end, tid);
-    };
-    load_q_tile<D, WG_THREADS>(q_s, qkv, qkv_width, first, rows, group, kvh, tid);
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-        if (s < tile.n_tiles) load_kv_tiles(s, kv_start + s * WG_BN);
-        cp_async_commit();
-    }
-
-    float o[1][DT][4];
-#pragma unroll
-    for (int dt = 0; dt < DT; dt++) o[0][dt][0] = o[0][dt][1] = o[0][dt][2] = o[0][dt][3] = 0.f;
-    float m[1][2] = {{NEG_INF, NEG_INF}}, l[1][2] = {{0.f, 0.f}};
-    const float scale_log2 = scale * LOG2E;
-    // This warpgroup's 64 Q rows start 8 row groups in per warpgroup.
-    const unsigned q_wg_addr = q_addr + wg * 8 * ROW_GROUP_BYTES;
-
-    for (int it = 0; it < tile.n_tiles; it++) {
-        cp_async_wait<STAGES - 2>();  // tile `it` (and Q) has landed (this thread's copies)
-        fence_proxy_async_shared();   // ... and is visible to wgmma's reads
-        __syncthreads();  // ... everyone's; and both warpgroups are done with tile it - 1's stage
-        {
-            const int next = it + STAGES - 1;
-            if (next < tile.n_tiles) load_kv_tiles(next % STAGES, kv_start + next * WG_BN);
-            cp_async_commit();
-        }
-        const unsigned q_tile_addr = opaque(q_wg_addr);
-        const unsigned k_addr = ring_addr + 2 * (it % STAGES) * TILE_BYTES;
-        const unsigned v_addr = k_addr + TILE_BYTES;
-        const int kb = kv_start + it * WG_BN;
-
-        float s[1][NT][4];
-        wgmma_fence();
-        wgmma_scores<D, WG_BN>(s[0], q_tile_addr, k_addr);
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_fence_operands(s[0]);
-
-        if (kb >= tile.warp_full_start && kb + WG_BN <= tile.warp_full_end)
-            online_softmax_tile<false, 1, NT, DT>(s, o, m, l, tile.row_visible, kv_end,
-                                                  window, kb, qc, scale_log2);
-        else
-            online_softmax_tile<true, 1, NT, DT>(s, o, m, l, tile.row_visible, kv_end,
-                                                  window, kb, qc, scale_log2);
-
-        unsigned a[WG_BN / 16][4];
-        pack_p<WG_BN>(a, s[0]);
-        wgmma_fence();
-        wgmma_pv<D, WG_BN>(o[0], a, v_addr);
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_fence_operands(o[0]);
-        // The next iteration's barrier orders these reads before the stage is refilled.
-    }
-    // No copy may land in shared memory after the block exits.
-    cp_async_wait<0>();
-
-    prefill_write_rows<1, DT>(o, m, l, first, rows, group, kvh, num_q_heads, splits, split, out,
-                              part_acc, part_ml);
-}
-
-extern "C" __global__ void __launch_bounds__(WG_THREADS, WG_MIN_BLOCKS) prefill_wgmma_d128_bf16(
-    WG_PREFILL_PARAMS()) {
-    pdl_entry();
-    prefill_wgmma_impl<128, WG_STAGES>(WG_PREFILL_ARGS);
-}
-
 // ---------------------------------------------------------------------------------------------
-// The warp-specialised variant (FlashAttention-3's schedule, without its inter-warpgroup
-// ping-pong): the same two consumer warpgroups of 64 rows (warps 0-7, so rows, fragments and the
-// output write are the kernel's above), and a third, producer warpgroup (warps 8-11) that only
-// copies K/V tiles into a deeper ring. Stages are handed over through mbarriers instead of
+// The kernel: two consumer warpgroups of 64 rows (warps 0-7) and a third, producer warpgroup
+// (warps 8-11) that only copies K/V tiles into the ring. Stages are handed over through mbarriers instead of
 // block-wide barriers, so the two consumers run free of each other and of the copies: each
 // issues the next tile's S = Q·Kᵀ and the previous tile's O += P·V back to back, and computes
 // the next P's exponentials while the P·V runs (one S and one P in registers: 32 + 16 beside
@@ -438,27 +285,23 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, WG_MIN_BLOCKS) prefill_
 // `full`, fences the stage into the async proxy (fence.proxy.async: cp.async writes through
 // the generic proxy, wgmma reads through the async one) and issues its wgmma, and arrives on the
 // stage's `empty` barrier (all 256 consumer threads) once its last wgmma reading it has
-// completed; the producer waits on `empty` before refilling the stage. (WS_ARRIVE_ASYNC 0: the
-// producer waits for its copies WS_LAG tiles behind the newest, fences them itself and arrives.)
+// completed; the producer waits on `empty` before refilling the stage. (Measured on the H100,
+// session 29: this hand-over is 3-6% faster than the producer waiting for its own copies a few
+// tiles behind and arriving itself.)
 
 #define WS_PRODUCERS 128      // the producer warpgroup's threads
-#define WS_CONSUMERS 256      // the consumer warpgroups' threads (WG_THREADS of the kernel above)
+#define WS_CONSUMERS 256      // the consumer warpgroups' threads (WG_THREADS)
 #define WS_THREADS 384        // host: PREFILL_WGMMA_WS_THREADS
 #define WS_BN 64              // keys per K/V tile: 64 or 128 (S is m64n64 or m64n128)
 #define WS_STAGES 6           // (K, V) tile pairs in the ring
 #define WS_RING_BYTES 196608  // host: PREFILL_WGMMA_WS_RING_BYTES (with Q: 224 KiB, one block)
-#define WS_ARRIVE_ASYNC 1     // 1: copies arrive on `full` as they land; 0: the producer waits
-#define WS_LAG 3              // (WS_ARRIVE_ASYNC 0) tiles copied past the one published
 #define WS_PRODUCER_REGS 40   // setmaxnreg: 128 × 40 + 256 × 232 ≤ 64K registers of an SM
 #define WS_CONSUMER_REGS 232
 // 1: the two consumers take turns issuing their products (named barriers 2 and 3, as
 // FlashAttention-3's inter-warpgroup "ping-pong"), so one's exponentials run under the other's
 // products; 0: each issues as soon as its operands are ready.
 #define WS_PINGPONG 1
-// 1: the 128-byte swizzled layout (coalesced copies, conflict-free wgmma reads; see
-// tile_chunk_offset), its tiles 1024-byte aligned inside the host's WS_ALIGN_PAD spare bytes;
-// 0: the unswizzled core matrices of the kernel above.
-#define WS_SWIZZLE 0
+// The tiles start at the first 1024-byte boundary (the swizzle's atoms) inside these spare bytes.
 #define WS_ALIGN_PAD 1024     // host: PREFILL_WGMMA_WS_ALIGN_PAD
 
 static_assert(WS_CONSUMERS == WG_THREADS && WS_THREADS == WS_CONSUMERS + WS_PRODUCERS,
@@ -468,10 +311,6 @@ static_assert(WS_CONSUMERS == WG_THREADS && WS_THREADS == WS_CONSUMERS + WS_PROD
 static_assert(WS_BN % WG_BN == 0, "whole host tiles per kernel tile");
 static_assert(WS_STAGES * 2 * WS_BN * 128 * 2 <= WS_RING_BYTES, "the ring fits what the host gives");
 static_assert(WS_ALIGN_PAD >= 1024 - 128, "room to align the tiles to 1024 bytes");
-// The producer, refilling tile it's stage, waits for the consumers to release tile it - STAGES,
-// which they do after waiting for tile it - STAGES + 1; it has published up to it - 1 - WS_LAG.
-static_assert(WS_ARRIVE_ASYNC || (WS_LAG >= 1 && WS_LAG <= WS_STAGES - 2),
-              "the producer publishes before it blocks");
 
 __device__ __forceinline__ void mbar_init(unsigned addr, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
@@ -544,7 +383,6 @@ __device__ void prefill_wgmma_ws_impl(
     constexpr int NT = BN / 8;
     constexpr int DT = D / 8;
     constexpr int TILE_BYTES = BN * D * 2;
-    constexpr int ROW_GROUP_BYTES = D / 8 * 128;
     static_assert(DT == 16, "O is m64n128");
 
     // Q [BM rows], then stage s of the ring: K at 2s tiles, V at 2s + 1 (host:
@@ -572,41 +410,26 @@ __device__ void prefill_wgmma_ws_impl(
 
     if (tid >= WS_CONSUMERS) {
         // Producer: copy tile it into stage it % STAGES once the consumers have released the
-        // tile that stage held; its copies arrive on the stage's `full` barrier as they land
-        // (WS_ARRIVE_ASYNC 0: publish tile it - WS_LAG once this thread's copies of it landed).
+        // tile that stage held; its copies arrive on the stage's `full` barrier as they land.
         setmaxnreg_dec<WS_PRODUCER_REGS>();
         const int t = tid - WS_CONSUMERS;
         const size_t slot_stride = (size_t)num_kv_heads * D, head_off = (size_t)kvh * D;
-        auto publish = [&](int it) {
-            fence_proxy_async_shared();
-            mbar_arrive(full_addr + 8 * (it % STAGES));
-        };
         for (int it = 0; it < n_tiles; it++) {
             const int st = it % STAGES;
             if (it >= STAGES) mbar_wait(empty_addr + 8 * st, ((it / STAGES) - 1) & 1);
-            load_kv_tile_pair<D, WS_PRODUCERS, BN, WS_SWIZZLE>(ring + 2 * st * TILE_BYTES, k_cache, v_cache,
+            load_kv_tile_pair<D, WS_PRODUCERS, BN>(ring + 2 * st * TILE_BYTES, k_cache, v_cache,
                                                    tile.table, block_size, slot_stride, head_off,
                                                    kv_start + it * BN, tile.kv_end, t);
-            if (WS_ARRIVE_ASYNC) {
-                mbar_arrive_on_copies(full_addr + 8 * st);
-            } else {
-                cp_async_commit();
-                if (it >= WS_LAG) {
-                    cp_async_wait<WS_LAG>();
-                    publish(it - WS_LAG);
-                }
-            }
+            mbar_arrive_on_copies(full_addr + 8 * st);
         }
         cp_async_wait<0>();  // (no copy may land after the block exits)
-        if (!WS_ARRIVE_ASYNC)
-            for (int it = max(0, n_tiles - WS_LAG); it < n_tiles; it++) publish(it);
         return;
     }
 
     // Consumers.
     setmaxnreg_inc<WS_CONSUMER_REGS>();
     const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2, qc = lane & 3;
-    load_q_tile<D, WS_CONSUMERS, WS_SWIZZLE>(q_s, qkv, qkv_width, tile.first, tile.rows, group, kvh, tid);
+    load_q_tile<D, WS_CONSUMERS>(q_s, qkv, qkv_width, tile.first, tile.rows, group, kvh, tid);
     cp_async_commit();
     cp_async_wait<0>();
     fence_proxy_async_shared();
@@ -617,8 +440,8 @@ __device__ void prefill_wgmma_ws_impl(
     for (int dt = 0; dt < DT; dt++) o[0][dt][0] = o[0][dt][1] = o[0][dt][2] = o[0][dt][3] = 0.f;
     float m[1][2] = {{NEG_INF, NEG_INF}}, l[1][2] = {{0.f, 0.f}}, corr[1][2];
     const float scale_log2 = scale * LOG2E;
-    // This warpgroup's 64 rows: 8 row groups of core matrices in, or 64 rows of 128 bytes.
-    const unsigned q_wg_addr = q_addr + wg * (WS_SWIZZLE ? 64 * 128 : 8 * ROW_GROUP_BYTES);
+    // This warpgroup's 64 rows: 64 rows of 128 bytes in (in each half of d).
+    const unsigned q_wg_addr = q_addr + wg * 64 * 128;
     auto k_addr = [&](int it) { return ring_addr + 2 * (it % STAGES) * TILE_BYTES; };
 
     if (n_tiles > 0) {
@@ -628,10 +451,10 @@ __device__ void prefill_wgmma_ws_impl(
             asm volatile("bar.arrive 2, %0;\n" ::"n"(WS_CONSUMERS) : "memory");
         // Tile 0's scores and P (O is still zero: nothing to rescale).
         mbar_wait(full_addr, 0);
-        if (WS_ARRIVE_ASYNC) fence_proxy_async_shared();
+        fence_proxy_async_shared();  // the landed copies, into the async proxy
         ws_turn_wait(wg);
         wgmma_fence();
-        wgmma_scores<D, BN, WS_SWIZZLE>(s[0], opaque(q_wg_addr), k_addr(0));
+        wgmma_scores<D, BN>(s[0], opaque(q_wg_addr), k_addr(0));
         wgmma_commit();
         ws_turn_pass(wg, false);
         wgmma_wait<0>();
@@ -640,12 +463,12 @@ __device__ void prefill_wgmma_ws_impl(
         pack_p<BN>(a, s[0]);
         for (int it = 1; it < n_tiles; it++) {
             mbar_wait(full_addr + 8 * (it % STAGES), (it / STAGES) & 1);
-            if (WS_ARRIVE_ASYNC) fence_proxy_async_shared();
+            fence_proxy_async_shared();  // the landed copies, into the async proxy
             ws_turn_wait(wg);
             wgmma_fence();
-            wgmma_scores<D, BN, WS_SWIZZLE>(s[0], opaque(q_wg_addr), k_addr(it));  // tile it's S ...
+            wgmma_scores<D, BN>(s[0], opaque(q_wg_addr), k_addr(it));  // tile it's S ...
             wgmma_commit();
-            wgmma_pv<D, BN, WS_SWIZZLE>(o[0], a, k_addr(it - 1) + TILE_BYTES);  // ... and tile it - 1's P·V
+            wgmma_pv<D, BN>(o[0], a, k_addr(it - 1) + TILE_BYTES);  // ... and tile it - 1's P·V
             wgmma_commit();
             ws_turn_pass(wg, false);
             wgmma_wait<1>();  // S has landed; P·V runs on under the exponentials
@@ -660,7 +483,7 @@ __device__ void prefill_wgmma_ws_impl(
         }
         ws_turn_wait(wg);
         wgmma_fence();
-        wgmma_pv<D, BN, WS_SWIZZLE>(o[0], a, k_addr(n_tiles - 1) + TILE_BYTES);
+        wgmma_pv<D, BN>(o[0], a, k_addr(n_tiles - 1) + TILE_BYTES);
         wgmma_commit();
         ws_turn_pass(wg, true);
         wgmma_wait<0>();

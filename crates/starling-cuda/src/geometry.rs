@@ -74,22 +74,15 @@ pub(crate) const fn prefill_shared_bytes(head_dim: usize, elem: CacheElem) -> us
         + converted_pair_bytes(PREFILL_TILE_KEYS, head_dim, elem)
 }
 
-/// Threads per block of the Hopper tiled prefill kernel (`WG_THREADS` in `prefill_wgmma.cu`: two
-/// warpgroups of 64 rows; same tile rows and keys as the mma.sync kernel).
+/// Consumer threads per block of the Hopper tiled prefill kernel (`WG_THREADS` in
+/// `prefill_wgmma.cu`: two warpgroups of 64 rows; same tile rows and keys as the mma.sync kernel).
 pub(crate) const PREFILL_WGMMA_THREADS: u32 = 256;
-/// (K, V) tile pairs in the Hopper prefill kernel's ring (`WG_STAGES`).
-pub(crate) const PREFILL_WGMMA_STAGES: usize = 2;
 /// Head width of the Hopper prefill kernel (its wgmma shapes are m64n64 for S, m64n128 for O).
 pub(crate) const PREFILL_WGMMA_HEAD_DIM: usize = 128;
 
-/// Dynamic shared memory of one Hopper prefill block (bf16 cache): the Q tile and the ring.
-pub(crate) const fn prefill_wgmma_shared_bytes() -> usize {
-    (PREFILL_TILE_ROWS + PREFILL_WGMMA_STAGES * 2 * PREFILL_TILE_KEYS) * PREFILL_WGMMA_HEAD_DIM * 2
-}
-
 /// Threads per block of the warp-specialised Hopper prefill kernel (`WS_THREADS`: two consumer
 /// warpgroups of 64 rows and a producer warpgroup).
-pub(crate) const PREFILL_WGMMA_WS_THREADS: u32 = 384;
+pub(crate) const PREFILL_WGMMA_WS_THREADS: u32 = PREFILL_WGMMA_THREADS + 128;
 /// Shared memory its K/V ring may fill (`WS_RING_BYTES`): the kernel chooses its tile keys and
 /// stages within it (`WS_BN` × `WS_STAGES`), so that a kernel directory (`STARLING_KERNEL_DIR`)
 /// can try other ones without a rebuild.

@@ -211,9 +211,8 @@ mod names {
         format!("prefill_attention_d{d}_{}", elem.suffix())
     }
 
-    /// The Hopper (wgmma) tiled prefill kernel: head width 128, bf16 cache.
-    pub(super) const PREFILL_WGMMA: &str = "prefill_wgmma_d128_bf16";
-    /// Its warp-specialised variant (producer warpgroup, mbarrier hand-over).
+    /// The Hopper (wgmma) tiled prefill kernel, warp-specialised (producer warpgroup, mbarrier
+    /// hand-over): head width 128, bf16 cache.
     pub(super) const PREFILL_WGMMA_WS: &str = "prefill_wgmma_ws_d128_bf16";
 
     /// The matrix-vector instantiation for `n` input rows, one output kind and `ksplit` warps per
@@ -314,7 +313,7 @@ pub fn kernel_modules() -> Vec<KernelModule> {
             target: ModuleTarget::Hopper,
             name: "prefill_wgmma",
             source: PREFILL_WGMMA_SRC,
-            functions: owned(&[names::PREFILL_WGMMA, names::PREFILL_WGMMA_WS]),
+            functions: owned(&[names::PREFILL_WGMMA_WS]),
         },
         KernelModule {
             target: ModuleTarget::Device,
@@ -505,13 +504,9 @@ impl Kernels {
         // Only where its module loaded (a Hopper GPU, not switched off).
         let prefill_wgmma = match hopper_prefill {
             HopperPrefill::Mma => None,
-            HopperPrefill::Wgmma => loaded.remove(names::PREFILL_WGMMA),
             HopperPrefill::WgmmaWarpSpecialised => loaded.remove(names::PREFILL_WGMMA_WS),
         }
         .and_then(|f| PrefillKernel::prepare_wgmma(f, hopper_prefill));
-        // The module's other kernel is not used.
-        loaded.remove(names::PREFILL_WGMMA);
-        loaded.remove(names::PREFILL_WGMMA_WS);
         let mut take = |name: &str| {
             loaded
                 .remove(name)

@@ -6,9 +6,8 @@ use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::CudaFunction;
 
 use crate::geometry::{
-    decode_mma_shared_bytes, prefill_shared_bytes, prefill_wgmma_shared_bytes,
-    prefill_wgmma_ws_shared_bytes, CacheElem, DECODE_MMA_THREADS, PREFILL_THREADS,
-    PREFILL_WGMMA_THREADS, PREFILL_WGMMA_WS_THREADS,
+    decode_mma_shared_bytes, prefill_shared_bytes, prefill_wgmma_ws_shared_bytes, CacheElem,
+    DECODE_MMA_THREADS, PREFILL_THREADS, PREFILL_WGMMA_WS_THREADS,
 };
 use crate::kernel_source::HopperPrefill;
 
@@ -84,7 +83,7 @@ pub(crate) fn opt_in_shared_memory(
 pub(crate) struct PrefillKernel {
     pub(crate) function: CudaFunction,
     /// Dynamic shared memory per block ([`prefill_shared_bytes`],
-    /// [`prefill_wgmma_shared_bytes`]).
+    /// [`prefill_wgmma_ws_shared_bytes`]).
     pub(crate) shared_bytes: u32,
     /// Threads per block.
     pub(crate) threads: u32,
@@ -126,11 +125,6 @@ impl PrefillKernel {
     pub(crate) fn prepare_wgmma(function: CudaFunction, kind: HopperPrefill) -> Option<Self> {
         let (bytes, threads, label) = match kind {
             HopperPrefill::Mma => return None,
-            HopperPrefill::Wgmma => (
-                prefill_wgmma_shared_bytes(),
-                PREFILL_WGMMA_THREADS,
-                "prefill attention wgmma d128 bf16",
-            ),
             HopperPrefill::WgmmaWarpSpecialised => (
                 prefill_wgmma_ws_shared_bytes(),
                 PREFILL_WGMMA_WS_THREADS,

@@ -1212,7 +1212,6 @@ fn prefill_runs_the_kernel_the_device_calls_for() {
     let gpu = gpu();
     let hopper = gpu.name().contains("sm_90");
     let want = match starling_cuda::HopperPrefill::requested() {
-        starling_cuda::HopperPrefill::Wgmma if hopper => "prefill_wgmma_d128_bf16",
         starling_cuda::HopperPrefill::WgmmaWarpSpecialised if hopper => {
             "prefill_wgmma_ws_d128_bf16"
         }

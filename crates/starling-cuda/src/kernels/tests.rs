@@ -42,37 +42,17 @@ fn decode_kernel_geometry_matches_the_host() {
 }
 
 #[test]
-fn wgmma_prefill_kernel_geometry_matches_the_host() {
-    use crate::geometry::{
-        prefill_wgmma_shared_bytes, PREFILL_RESIDENT_PER_SM, PREFILL_WGMMA_HEAD_DIM,
-        PREFILL_WGMMA_STAGES, PREFILL_WGMMA_THREADS,
-    };
-    let src = PREFILL_WGMMA_SRC.text;
-    // Same tiles as the mma.sync kernel: the host's tile lists and split plan serve both.
-    assert_eq!(define(src, "WG_BM"), PREFILL_TILE_ROWS);
-    assert_eq!(define(src, "WG_BN"), PREFILL_TILE_KEYS);
-    assert_eq!(define(src, "WG_THREADS"), PREFILL_WGMMA_THREADS as usize);
-    assert_eq!(define(src, "WG_WARPS") * 32, PREFILL_WGMMA_THREADS as usize);
-    assert_eq!(define(src, "WG_STAGES"), PREFILL_WGMMA_STAGES);
-    assert_eq!(define(src, "WG_MIN_BLOCKS"), PREFILL_RESIDENT_PER_SM);
-    assert!(src.contains(&format!("{}(", names::PREFILL_WGMMA)));
-    // The one instantiation is the head width the host hands the kernel out for.
-    assert!(src.contains(&format!(
-        "prefill_wgmma_impl<{PREFILL_WGMMA_HEAD_DIM}, WG_STAGES>("
-    )));
-    assert!(names::PREFILL_WGMMA.contains(&format!("_d{PREFILL_WGMMA_HEAD_DIM}_")));
-    // Q (32 KiB) and two stages of K and V (64 KiB): two blocks per SM, as the mma.sync kernel.
-    assert_eq!(prefill_wgmma_shared_bytes(), 96 * 1024);
-}
-
-#[test]
 fn warp_specialised_prefill_kernel_geometry_matches_the_host() {
     use crate::geometry::{
         prefill_wgmma_ws_shared_bytes, PREFILL_WGMMA_HEAD_DIM, PREFILL_WGMMA_THREADS,
         PREFILL_WGMMA_WS_ALIGN_PAD, PREFILL_WGMMA_WS_RING_BYTES, PREFILL_WGMMA_WS_THREADS,
     };
     let src = PREFILL_WGMMA_SRC.text;
-    // Its consumers are the other kernel's two warpgroups; a producer warpgroup beside them.
+    // Same tiles as the mma.sync kernel: the host's tile lists and split plan serve both.
+    assert_eq!(define(src, "WG_BM"), PREFILL_TILE_ROWS);
+    assert_eq!(define(src, "WG_BN"), PREFILL_TILE_KEYS);
+    assert!(names::PREFILL_WGMMA_WS.contains(&format!("_d{PREFILL_WGMMA_HEAD_DIM}_")));
+    // Two consumer warpgroups; a producer warpgroup beside them.
     assert_eq!(define(src, "WS_CONSUMERS"), PREFILL_WGMMA_THREADS as usize);
     assert_eq!(define(src, "WS_THREADS"), PREFILL_WGMMA_WS_THREADS as usize);
     assert_eq!(
@@ -104,7 +84,10 @@ fn warp_specialised_prefill_kernel_geometry_matches_the_host() {
 fn hopper_prefill_choices_parse() {
     use crate::kernel_source::HopperPrefill;
     assert_eq!(HopperPrefill::parse("mma"), Some(HopperPrefill::Mma));
-    assert_eq!(HopperPrefill::parse(" wgmma\n"), Some(HopperPrefill::Wgmma));
+    assert_eq!(
+        HopperPrefill::parse(" wgmma\n"),
+        Some(HopperPrefill::WgmmaWarpSpecialised)
+    );
     assert_eq!(
         HopperPrefill::parse("wgmma-ws"),
         Some(HopperPrefill::WgmmaWarpSpecialised)
