@@ -74,7 +74,7 @@ impl ModuleTarget {
 pub const PREFILL_KERNEL_ENV: &str = "STARLING_PREFILL_KERNEL";
 
 /// Whether a Hopper GPU runs the wgmma prefill kernel when [`PREFILL_KERNEL_ENV`] is unset. On
-/// since session 30: the parity suite passed with it, and it ran 1.00-1.19x the mma.sync kernel
+/// since session 30: the parity suite passed with it, and it ran 0.99-1.18x the mma.sync kernel
 /// on the H100's prompt-prefill grid (Qwen 4k batch 1: 1.69x, one block per SM splitting
 /// differently) and +1.8% served output tokens/s at memory-bound 4k.
 pub const WGMMA_PREFILL_BY_DEFAULT: bool = true;
