@@ -46,7 +46,13 @@ fn columns(kind: CampaignKind) -> &'static [&'static str] {
             "preemptions",
             "mean decode batch",
         ],
-        CampaignKind::Context => &["total tok/s", "TTFT p50 / p99 ms", "E2EL p50 ms", "peak KV"],
+        CampaignKind::Context => &[
+            "total tok/s",
+            "TTFT p50 / p99 ms",
+            "E2EL p50 ms",
+            "peak KV",
+            "preemptions",
+        ],
         CampaignKind::LongGeneration => &[
             "output tok/s",
             "TPOT p50 / p99 ms",
@@ -85,6 +91,7 @@ fn cells(kind: CampaignKind, row: &PointRow) -> Vec<String> {
             ms_pair(m.ttft.median_ms, m.ttft.p99_ms),
             format!("{:.1}", m.e2el.median_ms),
             peak_kv(row),
+            format!("{}", s.preemptions),
         ],
         CampaignKind::LongGeneration => vec![
             format!("{:.1}", m.output_throughput),

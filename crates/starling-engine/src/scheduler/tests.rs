@@ -75,9 +75,19 @@ impl Sim {
     }
 
     fn add(&mut self, seq: u64, num_prompt_tokens: usize, max_new_tokens: usize) {
-        let id = SeqId(seq);
         // The footprint the engine would project: prompt plus every output token.
         let footprint = Footprint::uncompressed(num_prompt_tokens + max_new_tokens);
+        self.add_with_footprint(seq, num_prompt_tokens, max_new_tokens, footprint);
+    }
+
+    fn add_with_footprint(
+        &mut self,
+        seq: u64,
+        num_prompt_tokens: usize,
+        max_new_tokens: usize,
+        footprint: Footprint,
+    ) {
+        let id = SeqId(seq);
         self.sched
             .add_request_with_footprint(id, num_prompt_tokens, footprint)
             .unwrap();
@@ -604,6 +614,35 @@ fn reserve_peak_admission_avoids_growth_preemptions() {
     assert!(optimistic_preemptions > 0, "the workload must collide");
     assert_eq!(optimistic_peak, 4);
     assert_eq!(run(AdmissionPolicy::ReservePeak), (0, 2));
+}
+
+/// Optimistic admission keeps vLLM's rule for uncompressed requests: two 20-token prompts that
+/// each grow to 40 in a 48-slot cache collide again and again (the newest is preempted, readmitted
+/// as soon as its first chunk fits, and preempted at the same point: 7 times here). A compressing
+/// request that was preempted is readmitted only once its projected peak fits: once. (The fake
+/// engine does not compact, so both runs hold the same tokens; only admission differs.)
+#[test]
+fn a_preempted_compressing_request_is_readmitted_by_its_peak() {
+    let run = |compresses: bool| {
+        let mut sim = Sim::new(config(4, 8, 4), 12);
+        for seq in 1..=2 {
+            let footprint = if compresses {
+                Footprint::compressed(40, 40, 4)
+            } else {
+                Footprint::uncompressed(40)
+            };
+            sim.add_with_footprint(seq, 20, 20, footprint);
+        }
+        sim.run_to_completion(2000);
+        sim.assert_all_correct();
+        let mut per_seq: HashMap<SeqId, usize> = HashMap::new();
+        for id in sim.plans.iter().flat_map(|p| &p.preempted) {
+            *per_seq.entry(*id).or_default() += 1;
+        }
+        per_seq.values().copied().max().unwrap_or(0)
+    };
+    assert!(run(false) > 2, "vLLM's rule must thrash on this workload");
+    assert_eq!(run(true), 1, "preempted once, then readmitted by its peak");
 }
 
 /// A request whose projected peak exceeds the whole cache still runs when it is alone (it ends
