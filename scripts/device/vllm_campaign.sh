@@ -80,7 +80,11 @@ if [ "$DRY_RUN" != 1 ]; then
 missing=()
 [ -x "$S" ] || missing+=("$S (cargo build --release -p starling-cli; strip into .device/)")
 [ -s "$TOK/tokenizer.json" ] || missing+=("$TOK/tokenizer.json (scripts/device/make_tokenizer_qwen.sh)")
-[ -s "$SHAREGPT" ] || missing+=("$SHAREGPT (scripts/device/stage_vllm.sh)")
+# ShareGPT feeds the scheduler campaign only: a context-only call need not carry it (3.3 MB of
+# the 64 MiB a call may carry).
+case ",$CAMPAIGNS," in
+  *,all,* | *,scheduler,*) [ -s "$SHAREGPT" ] || missing+=("$SHAREGPT (scripts/device/stage_vllm.sh)") ;;
+esac
 [ -s "$SUMS" ] || missing+=("$SUMS (scripts/device/stage_vllm.sh)")
 if [ "${SKIP_VLLM:-0}" != 1 ]; then
 if [ ! -s "$VW/$WHEEL" ]; then
