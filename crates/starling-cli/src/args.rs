@@ -138,7 +138,7 @@ pub struct EngineArgs {
     pub kv_cache_dtype: Option<starling_evict::KvCacheDtype>,
     /// When a waiting request may start: `optimistic` (as vLLM: when its first chunk fits;
     /// growth collisions preempt the newest; a compressing request once preempted waits until
-    /// its projected peak fits) or `reserve-peak` (every request only while the projected peak
+    /// the free blocks cover its own peak) or `reserve-peak` (every request only while the projected peak
     /// of every running request and its own fit — fewer preemptions, above all with eviction).
     #[arg(long, value_enum, default_value_t = AdmissionArg::Optimistic)]
     pub admission_policy: AdmissionArg,

@@ -315,7 +315,7 @@ fn a_preempted_compressed_request_waits_for_room_instead_of_thrashing() {
     // chunks). Under vLLM's optimistic rule the second is admitted while the first decodes,
     // grows into it at its last chunk and is preempted; readmitted as soon as its first chunk
     // fitted, it collided at the same point again and again (7 preemptions here, 10 on the
-    // GPU). Readmitted only once its projected peak fits, it is preempted once.
+    // GPU). Readmitted only when the free blocks cover its own peak, it is preempted once.
     let compressed = || with_compression(config(CompressionMethod::KeyDiff, 0.5, 8));
     let requests = (0..2)
         .map(|i| (prompt(20 + i, 220), compressed()))

@@ -27,7 +27,7 @@ pub struct SeqProgress {
     /// [`super::AdmissionPolicy::ReservePeak`]).
     pub footprint: Footprint,
     /// How many times it was preempted (recomputed from scratch). A compressing sequence
-    /// preempted once is readmitted only by its projected peak (see [`super::AdmissionPolicy`]).
+    /// preempted once is readmitted only when its own peak fits (see [`super::AdmissionPolicy`]).
     pub times_preempted: u32,
 }
 

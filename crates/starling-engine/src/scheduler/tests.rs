@@ -619,7 +619,7 @@ fn reserve_peak_admission_avoids_growth_preemptions() {
 /// Optimistic admission keeps vLLM's rule for uncompressed requests: two 20-token prompts that
 /// each grow to 40 in a 48-slot cache collide again and again (the newest is preempted, readmitted
 /// as soon as its first chunk fits, and preempted at the same point: 7 times here). A compressing
-/// request that was preempted is readmitted only once its projected peak fits: once. (The fake
+/// request that was preempted is readmitted only when the free blocks cover its own peak: once. (The fake
 /// engine does not compact, so both runs hold the same tokens; only admission differs.)
 #[test]
 fn a_preempted_compressing_request_is_readmitted_by_its_peak() {
@@ -642,7 +642,11 @@ fn a_preempted_compressing_request_is_readmitted_by_its_peak() {
         per_seq.values().copied().max().unwrap_or(0)
     };
     assert!(run(false) > 2, "vLLM's rule must thrash on this workload");
-    assert_eq!(run(true), 1, "preempted once, then readmitted by its peak");
+    assert_eq!(
+        run(true),
+        1,
+        "preempted once, then readmitted when its peak fits"
+    );
 }
 
 /// A request whose projected peak exceeds the whole cache still runs when it is alone (it ends
