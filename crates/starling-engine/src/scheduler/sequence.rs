@@ -24,7 +24,7 @@ pub struct SeqProgress {
     /// Tokens whose KV is in the cache (or scheduled into it by the last plan).
     pub num_computed_tokens: usize,
     /// The most the sequence is projected to hold (admission under
-    /// [`super::AdmissionPolicy::ReservePeak`]).
+    /// [`super::AdmissionPolicy::ReservePeak`], and readmission after a preemption).
     pub footprint: Footprint,
     /// How many times it was preempted (recomputed from scratch). A compressing sequence
     /// preempted once is readmitted only when its own peak fits (see [`super::AdmissionPolicy`]).
