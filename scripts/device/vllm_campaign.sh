@@ -32,7 +32,8 @@
 # $OUT/campaign.md. Knobs: KV_MEM (0.75GiB), LIMIT (seconds for this call, 570), CAMPAIGNS (all,
 # or e.g. concurrency), FP8=1 (adds starling-fp8, starling-fp8-keydiff and vllm-fp8: both
 # engines' `--kv-cache-dtype fp8`; NO_KEYDIFF=1 drops starling-keydiff), ENGINES (a comma list
-# naming which of those engines run, in that order; default: what FP8/NO_KEYDIFF give),
+# naming which of those engines run, in that order; default: what FP8/NO_KEYDIFF give;
+# starling-readmit: plain Starling with `--admission-policy optimistic-readmit`, an A/B engine),
 # KEYDIFF_RATIO (0.5), BATCHED_TOKENS (8192, every engine's tokens per step), VLLM_MAX_LEN
 # (24576: vLLM's one boot must fit KV_MEM, so a small budget needs a small value),
 # REQ_PER_CONC (1) and MAX_REQ (128) (requests per concurrency point: more averages out a
@@ -147,7 +148,8 @@ KEYDIFF="--kv-compression '{\"method\":\"keydiff\",\"ratio\":$KEYDIFF_RATIO}'"
 declare -A command=(
   [starling]="$SERVE" [vllm]="$VLLM" [starling-keydiff]="$SERVE $KEYDIFF"
   [starling-fp8-keydiff]="$SERVE --kv-cache-dtype fp8 $KEYDIFF"
-  [starling-fp8]="$SERVE --kv-cache-dtype fp8" [vllm-fp8]="$VLLM --kv-cache-dtype fp8")
+  [starling-fp8]="$SERVE --kv-cache-dtype fp8" [vllm-fp8]="$VLLM --kv-cache-dtype fp8"
+  [starling-readmit]="$SERVE --admission-policy optimistic-readmit")
 if [ -z "$ENGINES" ]; then
   ENGINES=starling,vllm
   [ "$NO_KEYDIFF" = 1 ] || ENGINES+=,starling-keydiff

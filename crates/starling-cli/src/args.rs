@@ -138,7 +138,8 @@ pub struct EngineArgs {
     pub kv_cache_dtype: Option<starling_evict::KvCacheDtype>,
     /// When a waiting request may start: `optimistic` (as vLLM: when its first chunk fits;
     /// growth collisions preempt the newest; a compressing request once preempted waits until
-    /// the free blocks cover its own peak) or `reserve-peak` (every request only while the projected peak
+    /// the free blocks cover its own peak), `optimistic-readmit` (the same for every preempted
+    /// request, compressed or not) or `reserve-peak` (every request only while the projected peak
     /// of every running request and its own fit — fewer preemptions, above all with eviction).
     #[arg(long, value_enum, default_value_t = AdmissionArg::Optimistic)]
     pub admission_policy: AdmissionArg,
@@ -209,6 +210,8 @@ pub enum AdmissionArg {
     Optimistic,
     /// Admit while the projected peaks fit.
     ReservePeak,
+    /// As optimistic, and every preempted request waits until its own peak fits.
+    OptimisticReadmit,
 }
 
 impl From<AdmissionArg> for starling_engine::scheduler::AdmissionPolicy {
@@ -216,6 +219,7 @@ impl From<AdmissionArg> for starling_engine::scheduler::AdmissionPolicy {
         match arg {
             AdmissionArg::Optimistic => Self::Optimistic,
             AdmissionArg::ReservePeak => Self::ReservePeak,
+            AdmissionArg::OptimisticReadmit => Self::OptimisticReadmit,
         }
     }
 }

@@ -623,8 +623,12 @@ fn reserve_peak_admission_avoids_growth_preemptions() {
 /// engine does not compact, so both runs hold the same tokens; only admission differs.)
 #[test]
 fn a_preempted_compressing_request_is_readmitted_by_its_peak() {
-    let run = |compresses: bool| {
-        let mut sim = Sim::new(config(4, 8, 4), 12);
+    let run = |compresses: bool, admission: AdmissionPolicy| {
+        let cfg = SchedulerConfig {
+            admission,
+            ..config(4, 8, 4)
+        };
+        let mut sim = Sim::new(cfg, 12);
         for seq in 1..=2 {
             let footprint = if compresses {
                 Footprint::compressed(40, 40, 4)
@@ -641,12 +645,17 @@ fn a_preempted_compressing_request_is_readmitted_by_its_peak() {
         }
         per_seq.values().copied().max().unwrap_or(0)
     };
-    assert!(run(false) > 2, "vLLM's rule must thrash on this workload");
+    assert!(
+        run(false, AdmissionPolicy::Optimistic) > 2,
+        "vLLM's rule must thrash on this workload"
+    );
     assert_eq!(
-        run(true),
+        run(true, AdmissionPolicy::Optimistic),
         1,
         "preempted once, then readmitted when its peak fits"
     );
+    // `OptimisticReadmit` does the same for uncompressed requests.
+    assert_eq!(run(false, AdmissionPolicy::OptimisticReadmit), 1);
 }
 
 /// A request whose projected peak exceeds the whole cache still runs when it is alone (it ends
