@@ -16,7 +16,8 @@
 # dependency halves), then one call:
 #   carry [".device/starling", ".device/qwen_tokenizer", ".device/sharegpt.json", ".device/vparts/SHA256SUMS"]
 #   command: bash scripts/device/vllm_profile.sh
-# Knobs: KV_MEM (0.75GiB), IN (4096), OUTLEN (128), CONC (16), PROMPTS (64), SKIP_ITERS (50),
+# Knobs: KV_MEM (0.75GiB), IN (4096), OUTLEN (128), MAX_LEN (8192: both servers' context window;
+# raise it with IN, e.g. IN=24512 OUTLEN=64 MAX_LEN=24576 for the context campaign's 24k point), CONC (16), PROMPTS (64), SKIP_ITERS (50),
 # PROFILE_ITERS (300), STARLING_MODES ("graphs profiled": the binary's defaults; a suffix sets
 # choices for an A/B in the same call: "-wgmma" (or "-ws") the Hopper prefill kernel
 # (STARLING_PREFILL_KERNEL=wgmma, the default on Hopper), "-mma" the mma.sync one, "-bias" the linear layers' bias in
@@ -33,6 +34,7 @@ SITE=$(sed -n 's/^SITE=//p' scripts/device/vllm_campaign.sh)
 KV_MEM=${KV_MEM:-0.75GiB}
 IN=${IN:-4096}
 OUTLEN=${OUTLEN:-128}
+MAX_LEN=${MAX_LEN:-8192}
 CONC=${CONC:-16}
 PROMPTS=${PROMPTS:-64}
 SKIP_ITERS=${SKIP_ITERS:-50}
@@ -75,7 +77,7 @@ if [ "${SKIP_VLLM:-0}" != 1 ]; then
 profiler_config="{\"profiler\":\"torch\",\"torch_profiler_dir\":\"$PROF_DIR\",\"torch_profiler_with_stack\":false,\"torch_profiler_use_gzip\":false,\"ignore_frontend\":true,\"delay_iterations\":$SKIP_ITERS,\"max_iterations\":$PROFILE_ITERS}"
 env PYTHONPATH="$SITE" VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
   VLLM_NO_USAGE_STATS=1 python3 -m vllm.entrypoints.openai.api_server --model "$HOME/qwen_syn" \
-  --served-model-name qwen --port $port --max-model-len 8192 --kv-cache-memory-bytes "$kv_bytes" \
+  --served-model-name qwen --port $port --max-model-len "$MAX_LEN" --kv-cache-memory-bytes "$kv_bytes" \
   --max-num-seqs 256 --max-num-batched-tokens 8192 --seed 0 --profiler-config "$profiler_config" \
   > "$RUN/vllm_server.log" 2>&1 &
 vpid=$!
@@ -103,7 +105,7 @@ for mode in ${STARLING_MODES:-graphs profiled}; do
   case $mode in *-bias*) choices+=(STARLING_GEMM_BIAS_EPILOGUE=1) ;; esac
   case $mode in *-sepbias*) choices+=(STARLING_GEMM_BIAS_EPILOGUE=0) ;; esac
   env "${choices[@]}" "$S" serve --device cuda --model "$HOME/qwen_syn" --served-model-name qwen --port $port \
-    --max-model-len 8192 --kv-cache-memory "$KV_MEM" --max-num-seqs 256 --max-num-batched-tokens 8192 \
+    --max-model-len "$MAX_LEN" --kv-cache-memory "$KV_MEM" --max-num-seqs 256 --max-num-batched-tokens 8192 \
     "${extra[@]}" > "$RUN/starling_server_$mode.log" 2>&1 &
   spid=$!
   if wait_healthy $port $spid 120; then

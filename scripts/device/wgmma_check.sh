@@ -41,7 +41,7 @@ fi
 for k in $(echo "${BENCH:-$K mma}" | tr ' ' '\n' | awk '!seen[$0]++'); do
   STARLING_PREFILL_KERNEL=$k timeout 120 "$S" bench kernels --prompt-prefill \
     --output "$OUT/prompt_prefill_$k.json" > "$OUT/prompt_prefill_$k.md" 2>&1 || status=1
-  grep -E "kernel|Qwen|GQA" "$OUT/prompt_prefill_$k.md" | head -10
+  grep -E "kernel|Qwen|GQA" "$OUT/prompt_prefill_$k.md" | head -14
 done
 i=0
 IFS=$'\n'
@@ -55,6 +55,6 @@ for v in $(echo "${VARIANTS:-}" | sed 's/;;/\n/g'); do
   STARLING_KERNEL_DIR=$d timeout 120 "$S" bench kernels --prompt-prefill \
     --output "$OUT/prompt_prefill_variant_$i.json" > "$OUT/prompt_prefill_variant_$i.md" 2>&1 ||
     status=1
-  grep -E "kernel|Qwen|GQA" "$OUT/prompt_prefill_variant_$i.md" | head -10
+  grep -E "kernel|Qwen|GQA" "$OUT/prompt_prefill_variant_$i.md" | head -14
 done
 exit $status

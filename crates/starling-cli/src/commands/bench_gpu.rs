@@ -32,16 +32,25 @@ pub struct KernelsArgs {
     /// Only the STAR-KV latent rows (each still beside its dense row): for profiling them.
     #[arg(long)]
     latent_only: bool,
-    /// Only whole-prompt causal prefill (query = context, 4k–24k tokens) with TFLOP/s, the
-    /// shape of a serving step's prefill: compare with `scripts/bench/prefill_baseline.py`
+    /// Only causal prefill with TFLOP/s: whole prompts (query = context, 4k–24k tokens) and
+    /// the last 8k chunk of 16k and 24k prompts, the shapes of a serving step's prefill: compare with `scripts/bench/prefill_baseline.py`
     /// (FA2, and vLLM's FA3 where vLLM is installed).
     #[arg(long, conflicts_with = "latent_only")]
     prompt_prefill: bool,
 }
 
-/// (batch, prompt tokens) of `bench kernels --prompt-prefill`: one and two 4k prompts (the
-/// 8,192-token steps of the serving campaigns), and long prompts.
-const PROMPT_PREFILL_POINTS: [(usize, usize); 4] = [(1, 4096), (2, 4096), (1, 16384), (1, 24576)];
+/// (batch, context tokens, query tokens) of `bench kernels --prompt-prefill`: one and two 4k
+/// prompts (the 8,192-token steps of the serving campaigns), long prompts whole, and the last
+/// 8,192-token chunk of a 16k and a 24k prompt (what a serving step with chunked prefill
+/// attends: queries over the earlier chunks' cached keys as well as their own).
+const PROMPT_PREFILL_POINTS: [(usize, usize, usize); 6] = [
+    (1, 4096, 4096),
+    (2, 4096, 4096),
+    (1, 16384, 16384),
+    (1, 24576, 24576),
+    (1, 16384, 8192),
+    (1, 24576, 8192),
+];
 
 /// `starling bench decode` flags.
 #[derive(Args, Debug)]
@@ -238,14 +247,14 @@ fn prompt_prefill(
         "Tiled prefill kernel: {}",
         kernel.as_deref().unwrap_or("none (decode kernels)")
     );
-    println!("| shape | batch | prompt tokens | ms | TFLOP/s |");
-    println!("|---|---:|---:|---:|---:|");
+    println!("| shape | batch | context tokens | query tokens | ms | TFLOP/s |");
+    println!("|---|---:|---:|---:|---:|---:|");
     let mut rows = Vec::new();
     for (label, dims) in all {
-        for (batch, tokens) in PROMPT_PREFILL_POINTS {
-            let r = bench_attention(gpu, dims, batch, tokens, tokens)?;
+        for (batch, tokens, query) in PROMPT_PREFILL_POINTS {
+            let r = bench_attention(gpu, dims, batch, tokens, query)?;
             println!(
-                "| {label} | {batch} | {tokens} | {:.4} | {:.0} |",
+                "| {label} | {batch} | {tokens} | {query} | {:.4} | {:.0} |",
                 r.median_ms, r.achieved_tflops
             );
             rows.push(serde_json::json!({ "shape": label, "row": r }));
