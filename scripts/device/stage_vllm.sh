@@ -29,7 +29,7 @@ piece=$((LIMIT_BYTES - tree_bytes - 10000000))
 [ "$piece" -gt 20000000 ] || { echo "the tree ($tree_bytes bytes) leaves no room for wheel pieces"; exit 1; }
 rm -rf .device/vparts .device/vdeps
 mkdir -p .device/vparts .device/vdeps
-split -b "$piece" -d -a 1 ".device/vllm/$WHEEL" .device/vparts/vllm.part
+split -b "$piece" -d -a 2 ".device/vllm/$WHEEL" .device/vparts/vllm.part
 echo "$WHEEL_SHA  $WHEEL" > .device/vparts/SHA256SUMS
 (cd .device/vparts && sha256sum vllm.part*) >> .device/vparts/SHA256SUMS
 # The other wheels in two folders of about equal size (together they are over a call's room

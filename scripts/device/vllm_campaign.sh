@@ -22,7 +22,7 @@
 # Prepared HERE first (all under .device/, git-ignored): `bash scripts/device/stage_vllm.sh`,
 # which downloads and splits the wheels, makes the tokenizer and the ShareGPT subset, and
 # prints these calls. Then, back to back (the machine is given back after 30 s idle):
-#   calls 1..N  carry [".device/vparts/vllm.partK"]   (one piece each, K = 0..N-1)
+#   calls 1..N  carry [".device/vparts/vllm.partK"]   (one piece each, K = 00..N-1, two digits)
 #               command: mkdir -p $HOME/vw && cp .device/vparts/vllm.partK $HOME/vw/ && ls -l $HOME/vw
 #   calls N+1, N+2  carry [".device/vdeps/a"], then [".device/vdeps/b"] (the 79 other wheels)
 #               command: mkdir -p $HOME/vw && cp .device/vdeps/a/*.whl $HOME/vw/ && ls $HOME/vw | wc -l  (b alike)
