@@ -69,7 +69,10 @@ pub use graphs::{CudaDecodeGraphs, GraphCensus};
 pub use kv_cache::CudaKvCache;
 pub use latent_scores::{LatentScoreKernel, LATENT_SCORES_ENV};
 use linear::GEMV_PREFETCH_BYTES;
-pub use linear::{GEMM_BIAS_ENV, GEMV_KSPLIT_ENV, GEMV_PREFETCH_ENV};
+pub use linear::{
+    GEMM_BIAS_ENV, GEMM_BIAS_EPILOGUE_MAX_ROWS, GEMM_BIAS_EPILOGUE_MAX_ROWS_ENV, GEMV_KSPLIT_ENV,
+    GEMV_PREFETCH_ENV,
+};
 
 /// Where attention reads full keys and values: a cache through the batch's block tables, or a
 /// latent layer's reconstructed context through its scratch tables.
@@ -103,6 +106,9 @@ pub struct CudaBackend {
     /// `None` where its handle could not be made or the variable turns it off (a separate bias
     /// launch then follows the cuBLAS GEMM).
     blas_lt: Option<cudarc::cublaslt::CudaBlasLT>,
+    /// The most rows a GEMM takes its bias in the cuBLASLt epilogue for
+    /// ([`linear::GEMM_BIAS_EPILOGUE_MAX_ROWS`]).
+    bias_epilogue_max_rows: usize,
     /// Set while a decode step is being recorded into a CUDA graph: a host upload then would be
     /// recorded with a pointer to host memory that is gone by the replay, so uploads fail instead.
     recording: AtomicBool,
@@ -227,6 +233,7 @@ impl CudaBackend {
             blas,
             _blas_workspace: blas_workspace,
             blas_lt,
+            bias_epilogue_max_rows: linear::bias_epilogue_max_rows(),
             recording: AtomicBool::new(false),
             kernels,
             pdl: crate::launch::pdl_enabled(major),

@@ -23,7 +23,8 @@ mod tiled_kernels;
 
 pub use backend::{
     CudaBackend, CudaBatch, CudaDecodeGraphs, CudaKvCache, GraphCensus, LatentScoreKernel,
-    GEMM_BIAS_ENV, GEMV_KSPLIT_ENV, GEMV_PREFETCH_ENV, LATENT_SCORES_ENV,
+    GEMM_BIAS_ENV, GEMM_BIAS_EPILOGUE_MAX_ROWS, GEMM_BIAS_EPILOGUE_MAX_ROWS_ENV, GEMV_KSPLIT_ENV,
+    GEMV_PREFETCH_ENV, LATENT_SCORES_ENV,
 };
 pub use compile::KernelCache;
 pub use device_buf::DeviceBuf;

@@ -33,6 +33,35 @@ pub const GEMM_BIAS_ENV: &str = "STARLING_GEMM_BIAS_EPILOGUE";
 /// launch), TPOT median −1.7%; parity and the decode-graph tests pass with it.
 const GEMM_BIAS_EPILOGUE_BY_DEFAULT: bool = true;
 
+/// Set to a row count to move the bias-epilogue GEMM's row limit
+/// ([`GEMM_BIAS_EPILOGUE_MAX_ROWS`]) for A/B runs.
+pub const GEMM_BIAS_EPILOGUE_MAX_ROWS_ENV: &str = "STARLING_GEMM_BIAS_EPILOGUE_MAX_ROWS";
+
+/// The most input rows (tokens) a linear layer's GEMM takes its bias in the cuBLASLt epilogue
+/// for; larger batches (prefill chunks) run the cuBLAS GEMM and the bias launch. The epilogue
+/// won where it was measured, on decode batches (see [`GEMM_BIAS_EPILOGUE_BY_DEFAULT`]), but on
+/// prefill chunks cuBLASLt's heuristic picks a slow kernel for it: Qwen2.5-Coder-1.5B's QKV
+/// (2048 × 1536) at 8192 rows took 331 µs a launch (H100, 2026-12-07, `serve --kernel-profile`
+/// of a 24.5k prompt) against 73 µs for the cuBLAS GEMM + 17 µs for the bias launch (H200,
+/// session 15) and 75 µs for vLLM's bias GEMM on the same H100 — 21 ms of a 24.5k prompt's
+/// 276 ms TTFT. 256 rows covers every decode batch at the default `--max-num-seqs`.
+pub const GEMM_BIAS_EPILOGUE_MAX_ROWS: usize = 256;
+
+/// [`GEMM_BIAS_EPILOGUE_MAX_ROWS`], or the override in [`GEMM_BIAS_EPILOGUE_MAX_ROWS_ENV`]
+/// (an unreadable value is logged and ignored).
+pub(super) fn bias_epilogue_max_rows() -> usize {
+    match std::env::var(GEMM_BIAS_EPILOGUE_MAX_ROWS_ENV) {
+        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+            tracing::warn!(
+                "{GEMM_BIAS_EPILOGUE_MAX_ROWS_ENV}={v:?} is not a row count: using \
+                 {GEMM_BIAS_EPILOGUE_MAX_ROWS}"
+            );
+            GEMM_BIAS_EPILOGUE_MAX_ROWS
+        }),
+        Err(_) => GEMM_BIAS_EPILOGUE_MAX_ROWS,
+    }
+}
+
 /// The cuBLASLt handle for GEMMs with a bias epilogue when asked for ([`GEMM_BIAS_ENV`]); `None`
 /// where not, or (logged) where the handle or its workspace cannot be made: the bias launch then.
 pub(super) fn make_blas_lt(stream: &std::sync::Arc<CudaStream>) -> Option<CudaBlasLT> {
@@ -357,7 +386,8 @@ impl CudaBackend {
     }
 
     /// [`ModelOps::linear`]: GEMV for small batches (bias fused), else a cuBLASLt GEMM with the
-    /// bias in its epilogue, or cuBLAS and a bias launch.
+    /// bias in its epilogue (up to [`GEMM_BIAS_EPILOGUE_MAX_ROWS`] rows), or cuBLAS and a bias
+    /// launch.
     pub(super) fn linear_impl(
         &self,
         x: &CudaTensor,
@@ -368,7 +398,12 @@ impl CudaBackend {
         if let Some(y) = self.try_gemv(x, w, bias, false).map_err(err)? {
             return Ok(y);
         }
-        if let (Some(b), Some(lt)) = (bias, &self.blas_lt) {
+        let rows = x.matrix_dims().map_err(err)?.0;
+        let epilogue = self
+            .blas_lt
+            .as_ref()
+            .filter(|_| rows <= self.bias_epilogue_max_rows);
+        if let (Some(b), Some(lt)) = (bias, epilogue) {
             match self.gemm_bias_bf16(lt, x, w, b) {
                 Ok(y) => return Ok(y),
                 // A shape cuBLASLt has no algorithm for (its heuristic is asked per call) takes
