@@ -77,7 +77,7 @@ fn get(address: &str, path: &str) -> String {
 }
 
 #[test]
-fn serve_starts_on_synthetic_latents_and_reports_them() {
+fn serve_warms_up_on_synthetic_latents_and_reports_them() {
     let child = Command::new(env!("CARGO_BIN_EXE_starling"))
         .args([
             "serve",
@@ -93,6 +93,8 @@ fn serve_starts_on_synthetic_latents_and_reports_them() {
             "1MiB",
             "--port",
             "0",
+            "--warm-up-tokens",
+            "40",
         ])
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
@@ -116,6 +118,7 @@ fn serve_starts_on_synthetic_latents_and_reports_them() {
             address = rest.split_whitespace().next().map(str::to_owned);
         }
     }
+    assert!(seen.contains("warm-up: 40 prompt tokens"), "{seen}");
     // Tiny preset: 2 layers × 2 KV heads × 16; half of that is rank 8 per head and 16.
     let cache_line = cache_line.unwrap_or_default();
     assert!(
@@ -134,6 +137,17 @@ fn serve_starts_on_synthetic_latents_and_reports_them() {
         metrics.contains("starling:kv_cache_latent_layers 2\n"),
         "{metrics}"
     );
+    // The warm-up's request left no count behind.
+    for counter in [
+        "vllm:generation_tokens_total",
+        "vllm:prefix_cache_queries_total",
+    ] {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("{counter}{{")))
+            .unwrap_or_else(|| panic!("no {counter} in {metrics}"));
+        assert!(line.ends_with(" 0"), "{line}");
+    }
     // (8 + 8 + 16) × 4 + 4 = 132 bytes a layer.
     assert!(
         metrics.contains("starling:kv_cache_bytes_per_token 264\n"),

@@ -8,6 +8,7 @@ pub mod scheduler;
 pub mod testing;
 
 pub use engine::{
-    CacheReport, Engine, EngineConfig, EngineError, EngineStats, FailureKind, PrefixCacheCounters,
-    RequestFailure, RequestOptions, RequestOutput, DEFAULT_COMPACTION_STEP_BUDGET_TOKENS,
+    CacheReport, Engine, EngineConfig, EngineCounters, EngineError, EngineStats, FailureKind,
+    PrefixCacheCounters, RequestFailure, RequestOptions, RequestOutput, WarmUp,
+    DEFAULT_COMPACTION_STEP_BUDGET_TOKENS,
 };

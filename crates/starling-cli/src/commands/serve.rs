@@ -71,6 +71,11 @@ pub struct ServeArgs {
     /// Largest request body (then 413), e.g. 2MiB.
     #[arg(long, value_parser = parse_bytes, default_value = "2MiB")]
     max_request_body: u64,
+    /// Prompt tokens of the synthetic request run before the first client's (a full step and a
+    /// decode step, then forgotten), so no client pays the device's first-use costs; 0 skips it.
+    /// Default: one step's budget (--max-num-batched-tokens) on a GPU, 0 on the CPU.
+    #[arg(long)]
+    warm_up_tokens: Option<usize>,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -163,7 +168,25 @@ fn serve<B: Backend + 'static>(backend: B, mut args: ServeArgs) -> Result<()> {
             .map_or(0, |d| d.as_secs()),
     };
     let tokenizer = session.tokenizer;
-    let engine = session.engine;
+    let mut engine = session.engine;
+    let warm_up_tokens = args
+        .warm_up_tokens
+        .unwrap_or(if engine.backend_name() == "cpu" {
+            0
+        } else {
+            args.engine.max_num_batched_tokens
+        });
+    if warm_up_tokens > 0 {
+        let w = engine
+            .warm_up(warm_up_tokens)
+            .context("warming up the engine (--warm-up-tokens 0 skips it)")?;
+        eprintln!(
+            "warm-up: {} prompt tokens in {} steps, {:.0} ms",
+            w.prompt_tokens,
+            w.steps,
+            w.elapsed.as_secs_f64() * 1e3
+        );
+    }
     eprintln!(
         "prefix caching: {}",
         if engine.prefix_caching_enabled() {

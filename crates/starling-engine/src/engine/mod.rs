@@ -22,6 +22,7 @@ mod sizing;
 mod star_kv;
 mod stats;
 mod text;
+mod warm_up;
 mod window;
 
 use std::collections::{HashMap, VecDeque};
@@ -47,6 +48,7 @@ pub use stats::{EngineCounters, EngineStats};
 
 pub use compression::{eviction_peak_tokens, longest_evicting_context};
 pub use text::{TextDecoder, TextStream, TokenizerText};
+pub use warm_up::WarmUp;
 pub use window::{protect_window, window_peak_tokens};
 
 use compaction::Compaction;

@@ -510,6 +510,13 @@ impl Scheduler {
         self.num_preemptions
     }
 
+    /// Zeroes the counters a run moved (preemptions, prefix-cache queries and hits): the
+    /// engine's warm-up leaves them as a fresh scheduler's.
+    pub fn reset_counters(&mut self) {
+        self.num_preemptions = 0;
+        self.kv.reset_prefix_cache_stats();
+    }
+
     /// Read-only KV-cache manager: block tables and slot mappings for the runner.
     pub fn kv(&self) -> &KvCacheManager {
         &self.kv

@@ -109,6 +109,11 @@ impl KvCacheManager {
         }
     }
 
+    /// Zeroes the query and hit counters (an engine's boot-time warm-up is nobody's query).
+    pub fn reset_prefix_cache_stats(&mut self) {
+        self.stats = PrefixCacheStats::default();
+    }
+
     /// Registered blocks, free or used.
     pub fn num_cached_blocks(&self) -> usize {
         self.pool.num_cached_blocks()
