@@ -194,6 +194,10 @@ impl CudaBackend {
             )));
         }
         let ctx = CudaContext::new(ordinal)?;
+        if let Some(bytes) = crate::mem_pool::requested_release_threshold()? {
+            crate::mem_pool::set_release_threshold(ordinal, bytes)?;
+            tracing::info!("memory pool release threshold: {bytes} bytes");
+        }
         // One stream of our own: stream capture (CUDA graphs) is impossible on the legacy default
         // stream. Everything runs on it, so cudarc's cross-stream event tracking is only cost
         // (and waits on events recorded before a capture would break it): off, before any

@@ -17,6 +17,7 @@ mod kernel_profile;
 mod kernel_source;
 mod kernels;
 mod launch;
+mod mem_pool;
 mod recording_pool;
 mod tensor;
 mod tiled_kernels;
@@ -34,6 +35,7 @@ pub use kernels::{
     PREFILL_KERNEL_ENV, WGMMA_PREFILL_BY_DEFAULT,
 };
 pub use launch::PDL_ENV;
+pub use mem_pool::MEMPOOL_RELEASE_THRESHOLD_ENV;
 pub use tensor::CudaTensor;
 
 /// Whether the CUDA driver library can be loaded on this machine (it says nothing about GPUs).
