@@ -99,6 +99,14 @@ fn the_warm_up_composes_with_engine_wide_eviction() {
 }
 
 #[test]
+fn a_host_backend_warms_up_nothing_by_default() {
+    assert_eq!(
+        engine(CompressionConfig::default()).default_warm_up_tokens(),
+        0
+    );
+}
+
+#[test]
 fn the_warm_up_refuses_a_busy_engine_and_leaves_its_request_alone() {
     let mut engine = engine(CompressionConfig::default());
     let id = engine.add_request(prompt(3, 30), greedy(4)).unwrap();

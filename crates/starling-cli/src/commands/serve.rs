@@ -171,11 +171,7 @@ fn serve<B: Backend + 'static>(backend: B, mut args: ServeArgs) -> Result<()> {
     let mut engine = session.engine;
     let warm_up_tokens = args
         .warm_up_tokens
-        .unwrap_or(if engine.backend_name() == "cpu" {
-            0
-        } else {
-            args.engine.max_num_batched_tokens
-        });
+        .unwrap_or_else(|| engine.default_warm_up_tokens());
     if warm_up_tokens > 0 {
         let w = engine
             .warm_up(warm_up_tokens)

@@ -29,6 +29,17 @@ pub struct WarmUp {
 }
 
 impl<B: Backend> Engine<B> {
+    /// The warm-up a server runs unless told otherwise: one step's token budget where the
+    /// backend has device memory of its own (a GPU, with first-use costs to pay), none on the
+    /// host.
+    pub fn default_warm_up_tokens(&self) -> usize {
+        if self.backend.memory_info().is_some() {
+            self.scheduler.config().max_num_batched_tokens
+        } else {
+            0
+        }
+    }
+
     /// Runs one synthetic greedy request of `prompt_tokens` prompt tokens (at most one step's
     /// budget and `max_model_len - 2`) and two generated tokens, then forgets it: counters
     /// zeroed, nothing left in the prefix cache, every block free again. For an idle engine
