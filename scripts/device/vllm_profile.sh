@@ -24,7 +24,8 @@
 # the cuBLASLt GEMM's epilogue (STARLING_GEMM_BIAS_EPILOGUE=1), "-sepbias" in a launch of its own,
 # "-epiall" the epilogue at every row count (prefill chunks too, as before session 32), "-nowarm"
 # no boot-time warm-up (--warm-up-tokens 0), "-keeppool" the memory pool keeps freed memory
-# (STARLING_MEMPOOL_RELEASE_THRESHOLD=max),
+# (STARLING_MEMPOOL_RELEASE_THRESHOLD=max), "-kdir" kernels compiled from the directory $KDIR
+# (STARLING_KERNEL_DIR: e.g. an older attention.cu beside the current headers),
 # e.g. "graphs graphs-wgmma-bias profiled-wgmma-bias"), SKIP_VLLM (1: Starling's modes only, no
 # vLLM staged; the synthetic model is still made). Results in $OUT: vllm_profile.md (both tables and the unprofiled figures) and
 # vllm_profile.tgz (every run's JSON / markdown and the server logs).
@@ -110,6 +111,7 @@ for mode in ${STARLING_MODES:-graphs profiled}; do
   case $mode in *-epiall*) choices+=(STARLING_GEMM_BIAS_EPILOGUE_MAX_ROWS=1000000) ;; esac
   case $mode in *-nowarm*) extra+=(--warm-up-tokens 0) ;; esac
   case $mode in *-keeppool*) choices+=(STARLING_MEMPOOL_RELEASE_THRESHOLD=max) ;; esac
+  case $mode in *-kdir*) choices+=(STARLING_KERNEL_DIR="$(cd "${KDIR:?-kdir needs KDIR}" && pwd)") ;; esac
   env "${choices[@]}" "$S" serve --device cuda --model "$HOME/qwen_syn" --served-model-name qwen --port $port \
     --max-model-len "$MAX_LEN" --kv-cache-memory "$KV_MEM" --max-num-seqs 256 --max-num-batched-tokens 8192 \
     "${extra[@]}" > "$RUN/starling_server_$mode.log" 2>&1 &

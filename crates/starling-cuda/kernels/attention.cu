@@ -201,8 +201,9 @@ INSTANTIATE_GROUPS(64)
 INSTANTIATE_GROUPS(128)
 INSTANTIATE_GROUPS(256)
 
-// Merges the splits of one (token, head): grid (T, Hq), block = D threads. `plan` as above: a
-// replayed step whose plan has one split wrote `out` directly, so there is nothing to merge.
+// Merges the splits of one (token, head): grid (T, Hq), block = COMBINE_THREADS
+// (split_combine.cuh). `plan` as above: a replayed step whose plan has one split wrote `out`
+// directly, so there is nothing to merge.
 extern "C" __global__ void attention_combine_bf16(bf16* __restrict__ out,
                                                   const float* __restrict__ part_acc,
                                                   const float* __restrict__ part_ml, int num_q_heads,
@@ -215,17 +216,7 @@ extern "C" __global__ void attention_combine_bf16(bf16* __restrict__ out,
     }
     const int t = blockIdx.x, h = blockIdx.y;
     const size_t base = ((size_t)t * num_q_heads + h) * splits;
-    float m_max = NEG_INF;
-    for (int s = 0; s < splits; s++) m_max = fmaxf(m_max, part_ml[(base + s) * 2]);
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float num = 0.f, den = 0.f;
-        for (int s = 0; s < splits; s++) {
-            const float ms = part_ml[(base + s) * 2];
-            if (ms == NEG_INF) continue;
-            const float w = __expf(ms - m_max);
-            num += part_acc[(base + s) * head_dim + d] * w;
-            den += part_ml[(base + s) * 2 + 1] * w;
-        }
-        out[((size_t)t * num_q_heads + h) * head_dim + d] = __float2bfloat16(den > 0.f ? num / den : 0.f);
-    }
+    combine_splits<false>(out + ((size_t)t * num_q_heads + h) * head_dim,
+                          part_acc + base * head_dim, part_ml + base * 2, part_ml + base * 2 + 1,
+                          2, splits, head_dim);
 }

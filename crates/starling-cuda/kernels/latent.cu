@@ -594,21 +594,9 @@ extern "C" __global__ void latent_combine_bf16(bf16* __restrict__ w, const float
     refine_split(plan, sub, splits, split_len);
     const int i_row = blockIdx.x, h = blockIdx.y;
     const size_t base = ((size_t)i_row * num_q_heads + h) * splits;
-    float m = NEG_INF;
-    for (int s = 0; s < splits; s++) m = fmaxf(m, part_m[base + s]);
-    float den = 0.f;
-    for (int s = 0; s < splits; s++)
-        if (part_m[base + s] != NEG_INF) den += exp2f(part_m[base + s] - m) * part_l[base + s];
-    bf16* out = w + ((size_t)h * num_rows + i_row) * value_width;
-    for (int c = threadIdx.x; c < value_width; c += blockDim.x) {
-        float acc = 0.f;
-        for (int s = 0; s < splits; s++) {
-            const float ms = part_m[base + s];
-            if (ms == NEG_INF) continue;
-            acc += exp2f(ms - m) * part_acc[(base + s) * value_width + c];
-        }
-        out[c] = __float2bfloat16(den > 0.f ? acc / den : 0.f);
-    }
+    combine_splits<true>(w + ((size_t)h * num_rows + i_row) * value_width,
+                         part_acc + base * value_width, part_m + base, part_l + base, 1, splits,
+                         value_width);
 }
 
 // out[rows[i]][h·D + d] = o[h][i][d] + b_v[(h / group)·D + d]: the up-projected values of the

@@ -40,6 +40,11 @@ impl CacheElem {
     }
 }
 
+/// Threads a block of the split-merging kernels (`attention_combine_bf16`,
+/// `latent_combine_bf16`; `COMBINE_THREADS` in `kernels/split_combine.cuh`, whose shared arrays
+/// are sized by it).
+pub(crate) const COMBINE_THREADS: u32 = 256;
+
 // Tiled prefill attention (`prefill_attention.cu`).
 
 /// Query rows per block of the tiled kernel (`BM` in `prefill_attention.cu`): a tile holds

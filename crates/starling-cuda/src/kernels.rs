@@ -29,7 +29,8 @@ pub(crate) use crate::tiled_kernels::{DecodeMmaKernel, PrefillKernel};
 /// the row, matrix-vector, attention and key-score kernels), `fp8` (the e4m3 conversions of the
 /// fp8 cache, which `mma_common`'s fp8 tile copies use), `kv_elem` (cache element loads of both
 /// dtypes), `mma_common` (the tensor-core helpers of the tiled attention kernels),
-/// `prefill_common` (the two tiled prefill kernels' key ranges, softmax and output write).
+/// `prefill_common` (the two tiled prefill kernels' key ranges, softmax and output write),
+/// `split_combine` (the merge of flash-decoding splits, [`COMBINE_THREADS`] threads a block).
 macro_rules! kernel_source {
     ($file:literal $(, $header:ident)*) => {
         KernelSource {
@@ -45,8 +46,14 @@ macro_rules! kernel_source {
 
 const OPS_SRC: KernelSource = kernel_source!("ops.cu", bf16_vec, fp8);
 const HEAD_NORM_SRC: KernelSource = kernel_source!("head_norm.cu", bf16_vec);
-const ATTENTION_SRC: KernelSource =
-    kernel_source!("attention.cu", bf16_vec, fp8, kv_elem, decode_common);
+const ATTENTION_SRC: KernelSource = kernel_source!(
+    "attention.cu",
+    bf16_vec,
+    fp8,
+    kv_elem,
+    decode_common,
+    split_combine
+);
 const KV_CACHE_SRC: KernelSource = kernel_source!("kv_cache.cu");
 const KEY_SCORES_SRC: KernelSource = kernel_source!("key_scores.cu", bf16_vec, fp8, kv_elem);
 const PREFILL_ATTENTION_SRC: KernelSource =
@@ -57,7 +64,8 @@ const DECODE_ATTENTION_SRC: KernelSource =
     kernel_source!("decode_attention.cu", fp8, mma_common, decode_common);
 const SAMPLING_SRC: KernelSource = kernel_source!("sampling.cu");
 const GEMV_SRC: KernelSource = kernel_source!("gemv.cu", bf16_vec);
-const LATENT_SRC: KernelSource = kernel_source!("latent.cu", fp8, mma_common, latent_common);
+const LATENT_SRC: KernelSource =
+    kernel_source!("latent.cu", fp8, mma_common, latent_common, split_combine);
 const LATENT_ROT_SRC: KernelSource =
     kernel_source!("latent_rot.cu", fp8, mma_common, latent_common);
 

@@ -7,7 +7,7 @@ use starling_backend::{AttentionDims, BackendError};
 
 use super::attention_plan::{plan_splits, DecodeKernel, GridBlocks, SplitPlan, MAX_GROUP};
 use super::{err, CudaBackend, CudaBatch, CudaKvCache, KvSource};
-use crate::geometry::DECODE_MMA_THREADS;
+use crate::geometry::{COMBINE_THREADS, DECODE_MMA_THREADS};
 use crate::kernels::CacheElem;
 use crate::{CudaError, CudaTensor, DeviceBuf};
 
@@ -260,7 +260,7 @@ impl CudaBackend {
         if splits > 1 {
             let cfg = LaunchConfig {
                 grid_dim: (n as u32, dims.num_heads as u32, 1),
-                block_dim: (dims.head_dim as u32, 1, 1),
+                block_dim: (COMBINE_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
             let (heads, hd) = (dims.num_heads as i32, dims.head_dim as i32);

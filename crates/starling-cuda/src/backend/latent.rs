@@ -29,6 +29,7 @@ use super::kv_ops::int_arg;
 use super::latent_scores::ScoreArgs;
 use super::rope::rope_grid;
 use super::{grid_for, CudaBackend, CudaBatch, CudaKvCache, KvSource};
+use crate::geometry::COMBINE_THREADS;
 use crate::kernels::{CacheElem, LATENT_THREADS};
 use crate::{CudaError, CudaTensor, DeviceBuf};
 
@@ -392,7 +393,7 @@ impl CudaBackend {
             &self.kernels.latent_combine,
             LaunchConfig {
                 grid_dim: (count as u32, heads as u32, 1),
-                block_dim: (LATENT_THREADS, 1, 1),
+                block_dim: (COMBINE_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             },
             w.bf16_mut()?,

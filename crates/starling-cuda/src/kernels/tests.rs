@@ -22,6 +22,16 @@ fn define(source: &str, name: &str) -> usize {
 }
 
 #[test]
+fn split_combine_geometry_matches_the_host() {
+    use crate::geometry::COMBINE_THREADS;
+    for src in [ATTENTION_SRC.text, LATENT_SRC.text] {
+        assert_eq!(define(src, "COMBINE_THREADS"), COMBINE_THREADS as usize);
+    }
+    // Whole warps, and a power of two: the lanes × groups split of a block relies on it.
+    assert!(COMBINE_THREADS.is_power_of_two() && COMBINE_THREADS >= 32);
+}
+
+#[test]
 fn decode_kernel_geometry_matches_the_host() {
     let src = DECODE_ATTENTION_SRC.text;
     assert_eq!(define(src, "DM_THREADS"), DECODE_MMA_THREADS as usize);
