@@ -33,7 +33,10 @@
 # or e.g. concurrency), FP8=1 (adds starling-fp8, starling-fp8-keydiff and vllm-fp8: both
 # engines' `--kv-cache-dtype fp8`; NO_KEYDIFF=1 drops starling-keydiff), ENGINES (a comma list
 # naming which of those engines run, in that order; default: what FP8/NO_KEYDIFF give;
-# starling-readmit: plain Starling with `--admission-policy optimistic-readmit`, an A/B engine),
+# starling-readmit: plain Starling with `--admission-policy optimistic-readmit`, an A/B engine;
+# starling-latent, starling-latent-fp8, starling-latent-fp8-keydiff: STAR-KV latents at
+# LATENT_SHARE (0.5) of the K/V elements with random factors, `--load-format synthetic` of the
+# same shapes, alone, with an fp8 cache, and with KeyDiff on top),
 # KEYDIFF_RATIO (0.5), BATCHED_TOKENS (8192, every engine's tokens per step), VLLM_MAX_LEN
 # (24576: vLLM's one boot must fit KV_MEM, so a small budget needs a small value),
 # REQ_PER_CONC (1) and MAX_REQ (128) (requests per concurrency point: more averages out a
@@ -136,6 +139,13 @@ mkdir -p "$RUN"
 SERVE="$S serve --device $DEVICE --model $MODEL --served-model-name qwen --port {port} \
 --max-model-len {max_model_len} --kv-cache-memory {kv_cache_memory_bytes} --max-num-seqs 256 \
 --max-num-batched-tokens $BATCHED_TOKENS"
+# STAR-KV latents without a checkpoint: the same shapes built on the device with random weights
+# and random latent factors keeping LATENT_SHARE of every layer's K/V elements (capacity and
+# speed only; quality is issue 16's, on the real model).
+SYN_SERVE="$S serve --device $DEVICE --load-format synthetic --model qwen2.5-coder-1.5b --tokenizer $TOK \
+--synthetic-latent-share ${LATENT_SHARE:-0.5} --served-model-name qwen --port {port} \
+--max-model-len {max_model_len} --kv-cache-memory {kv_cache_memory_bytes} --max-num-seqs 256 \
+--max-num-batched-tokens $BATCHED_TOKENS"
 # $VSITE kept literal (the servers' shell expands it), so recorded commands name no machine path.
 export VSITE=$SITE
 VLLM="env PYTHONPATH=\$VSITE VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
@@ -149,7 +159,9 @@ declare -A command=(
   [starling]="$SERVE" [vllm]="$VLLM" [starling-keydiff]="$SERVE $KEYDIFF"
   [starling-fp8-keydiff]="$SERVE --kv-cache-dtype fp8 $KEYDIFF"
   [starling-fp8]="$SERVE --kv-cache-dtype fp8" [vllm-fp8]="$VLLM --kv-cache-dtype fp8"
-  [starling-readmit]="$SERVE --admission-policy optimistic-readmit")
+  [starling-readmit]="$SERVE --admission-policy optimistic-readmit"
+  [starling-latent]="$SYN_SERVE" [starling-latent-fp8]="$SYN_SERVE --kv-cache-dtype fp8"
+  [starling-latent-fp8-keydiff]="$SYN_SERVE --kv-cache-dtype fp8 $KEYDIFF")
 if [ -z "$ENGINES" ]; then
   ENGINES=starling,vllm
   [ "$NO_KEYDIFF" = 1 ] || ENGINES+=,starling-keydiff
