@@ -37,6 +37,15 @@ pub struct KernelsArgs {
     /// (FA2, and vLLM's FA3 where vLLM is installed).
     #[arg(long, conflicts_with = "latent_only")]
     prompt_prefill: bool,
+    /// Only the projection GEMMs of `--gemm-model` at 1 to 8192 rows, as serving runs them
+    /// (bias included): one call from an idle stream and calls issued back to back.
+    /// `STARLING_GEMM_BIAS_EPILOGUE_MAX_ROWS` says up to which row count the bias goes in the
+    /// cuBLASLt epilogue.
+    #[arg(long, conflicts_with_all = ["latent_only", "prompt_prefill"])]
+    gemm: bool,
+    /// The synthetic preset whose projections `--gemm` times.
+    #[arg(long, default_value = "qwen2.5-coder-1.5b")]
+    gemm_model: String,
 }
 
 /// (batch, context tokens, query tokens) of `bench kernels --prompt-prefill`: one and two 4k
@@ -138,7 +147,8 @@ fn gpu() -> Result<CudaBackend> {
     CudaBackend::new(0).context("the GPU benchmarks need a CUDA device")
 }
 
-fn write_json(path: &Option<PathBuf>, doc: serde_json::Value) -> Result<()> {
+/// Writes `doc` to `path` when one is given.
+pub(crate) fn write_json(path: &Option<PathBuf>, doc: serde_json::Value) -> Result<()> {
     if let Some(path) = path {
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -149,6 +159,9 @@ fn write_json(path: &Option<PathBuf>, doc: serde_json::Value) -> Result<()> {
 /// Runs `starling bench kernels`.
 pub fn kernels(args: KernelsArgs) -> Result<()> {
     let gpu = gpu()?;
+    if args.gemm {
+        return crate::commands::bench_gemm::projections(&gpu, &args.gemm_model, &args.output);
+    }
     let copy_tb_s = copy_bandwidth_tb_s(&gpu, 4 << 30)?;
     println!(
         "device {}; copy bandwidth {copy_tb_s:.2} TB/s (read + write)",

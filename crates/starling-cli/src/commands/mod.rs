@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bench_campaign;
 pub mod bench_eval;
+pub mod bench_gemm;
 pub mod bench_gpu;
 pub mod bench_niah;
 pub mod bench_quality;

@@ -10,8 +10,10 @@ use starling_kv::CacheDtype;
 use crate::{CudaBackend, CudaError, CudaKvCache};
 
 pub mod compaction;
+pub mod gemm;
 pub mod latent;
 pub use compaction::{bench_compaction, CompactionRow};
+pub use gemm::{bench_projection, GemmRow, Projection, PIPELINED_CALLS};
 pub use latent::{
     bench_latent_attention, bench_latent_attention_in, bench_latent_write, bench_latent_write_in,
     LatentAttentionRow, LatentRanks, LatentWriteRow,
