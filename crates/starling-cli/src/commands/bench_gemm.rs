@@ -49,8 +49,7 @@ fn layer_projections(c: &ModelConfig) -> [Projection<'static>; 4] {
 /// Times every projection of the preset `model` at [`GEMM_ROWS`] and prints a table.
 pub fn projections(gpu: &CudaBackend, model: &str, output: &Option<PathBuf>) -> Result<()> {
     let projections = layer_projections(&preset(model)?);
-    let epilogue = std::env::var(starling_cuda::GEMM_BIAS_EPILOGUE_MAX_ROWS_ENV)
-        .unwrap_or_else(|_| starling_cuda::GEMM_BIAS_EPILOGUE_MAX_ROWS.to_string());
+    let epilogue = gpu.bias_epilogue_max_rows();
     println!(
         "{model}'s projections on {}; bias in the cuBLASLt epilogue up to {epilogue} rows",
         gpu.name()

@@ -385,6 +385,12 @@ impl CudaBackend {
         Ok(self.tensor(DeviceBuf::Bf16(out), vec![n, m]))
     }
 
+    /// The most rows whose bias this backend adds in the cuBLASLt GEMM's epilogue
+    /// ([`GEMM_BIAS_EPILOGUE_MAX_ROWS`] or its environment override), for reports.
+    pub fn bias_epilogue_max_rows(&self) -> usize {
+        self.bias_epilogue_max_rows
+    }
+
     /// [`ModelOps::linear`]: GEMV for small batches (bias fused), else a cuBLASLt GEMM with the
     /// bias in its epilogue (up to [`GEMM_BIAS_EPILOGUE_MAX_ROWS`] rows), or cuBLAS and a bias
     /// launch.
