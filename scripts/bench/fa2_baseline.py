@@ -66,7 +66,7 @@ def main():
     batches = [1, 64] if quick else [1, 16, 64]
     rows = []
     for label, hq, hkv, d in shapes:
-        points = [(b, s, 1) for s in seqs for b in batches] + [(20, 32768, 1)]
+        points = [(b, s, 1) for s in seqs for b in batches] + [(1, 32768, 1), (20, 32768, 1)]
         points += [(b, s, c) for s in (8192, 32768) for b in (1, 4) for c in (128, 512)]
         for b, s, c in points:
             rows.append(run(label, hq, hkv, d, b, s, c))

@@ -1,5 +1,6 @@
 //! Compiles every kernel module through the backend's own NVRTC path (`KernelCache::ptx`, disk
 //! cache off) for sm_90 (the Hopper-only modules for sm_90a, as the backend does) and checks that each function the backend loads is an entry of the PTX.
+//! Compiles from `STARLING_KERNEL_DIR` when it is set (a variant of the kernel files).
 //! Needs NVRTC and the CUDA headers but no GPU: `scripts/nvrtc_check.sh` fetches both from PyPI
 //! and runs this test, so kernels can be compile-checked on a CPU-only machine.
 
@@ -22,8 +23,13 @@ fn every_loaded_kernel_compiles_for_sm90() {
             .target
             .arch(ARCH)
             .unwrap_or_else(|| panic!("{}: not loaded on an {ARCH} device", module.name));
+        // Built in, or from STARLING_KERNEL_DIR's files: variants can be checked here too.
+        let source = module
+            .source
+            .load(module.name)
+            .unwrap_or_else(|e| panic!("{e}"));
         let ptx = cache
-            .ptx(module.name, module.source.text, arch)
+            .ptx(module.name, &source, arch)
             .unwrap_or_else(|e| panic!("{e}"))
             .to_src();
         let entries: Vec<&str> = ptx

@@ -206,7 +206,8 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
             decode_points.push((b, s));
         }
     }
-    decode_points.push((20, 32768));
+    // A lone long request (where the split plan's bound binds) and a memory-bound batch.
+    decode_points.extend([(1, 32768), (20, 32768)]);
     let mut rows = Vec::new();
     let mut writes = Vec::new();
     let mut fp8 = Fp8Rows::default();

@@ -32,8 +32,34 @@ pub(crate) const PER_TOKEN_MIN_SPLIT_TOKENS: usize = 64;
 /// Shortest split once prefill tiles take part: each split of a tile writes a partial of every
 /// row (128 rows × (head_dim + 2) f32), so splits must be long enough to amortise it.
 const PREFILL_MIN_SPLIT_TOKENS: usize = 512;
-/// Most splits of one (row, KV head).
+/// Most splits of one (row, KV head), unless [`MAX_SPLITS_ENV`] says otherwise.
 const MAX_SPLITS: usize = 64;
+/// Set to a split count (1..=[`MAX_SPLITS_CEILING`]) to move [`MAX_SPLITS`] for A/B runs: at
+/// batch-1 decode over a long context the tensor-core decode kernel's wave plan wants more
+/// splits than 64 (two KV heads × 64 splits are 128 blocks, one per SM of an H100).
+pub(crate) const MAX_SPLITS_ENV: &str = "STARLING_ATTENTION_MAX_SPLITS";
+/// Highest value [`MAX_SPLITS_ENV`] takes (the split combine walks any count; partials and
+/// graph buckets are sized from the plan).
+const MAX_SPLITS_CEILING: usize = 256;
+
+/// [`MAX_SPLITS`], or the override in [`MAX_SPLITS_ENV`] (read once; an unreadable or
+/// out-of-range value is logged and ignored).
+fn max_splits() -> usize {
+    static VALUE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *VALUE.get_or_init(|| match std::env::var(MAX_SPLITS_ENV) {
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if (1..=MAX_SPLITS_CEILING).contains(&n) => n,
+            _ => {
+                tracing::warn!(
+                    "{MAX_SPLITS_ENV}={v:?} is not a split count in 1..={MAX_SPLITS_CEILING}: \
+                     using {MAX_SPLITS}"
+                );
+                MAX_SPLITS
+            }
+        },
+        Err(_) => MAX_SPLITS,
+    })
+}
 /// Least fill of the waves (numerator, denominator) a wave plan ([`plan_wave_splits`]) accepts
 /// before it tries more splits.
 const WAVE_FILL: (usize, usize) = (9, 10);
@@ -227,7 +253,7 @@ pub(crate) fn plan_splits(
         capacity
             .div_ceil(load)
             .min(max_visible_tokens.div_ceil(min_split))
-            .clamp(1, MAX_SPLITS)
+            .clamp(1, max_splits())
     } else {
         1
     };
@@ -258,7 +284,7 @@ fn plan_wave_splits(
     min_split: usize,
     key_multiple: usize,
 ) -> SplitPlan {
-    let most = (max_visible_tokens / min_split).clamp(1, MAX_SPLITS);
+    let most = (max_visible_tokens / min_split).clamp(1, max_splits());
     // Fill of the waves as a fraction (used / offered slots), compared without division.
     let fill = |splits: usize| {
         let used = blocks * splits;
@@ -448,7 +474,7 @@ mod tests {
             (0, 3, 1000),
         ] {
             let p = plan(decode, prefill, visible, 132);
-            assert!(p.splits >= 1 && p.splits <= MAX_SPLITS, "{p:?}");
+            assert!(p.splits >= 1 && p.splits <= max_splits(), "{p:?}");
             if p.splits > 1 {
                 assert_eq!(p.split_len % PREFILL_TILE_KEYS, 0, "{p:?}");
                 assert!((p.splits - 1) * p.split_len < visible, "empty split: {p:?}");
@@ -545,7 +571,7 @@ mod tests {
             for resident in [1, 2, 3, 4] {
                 for visible in [1, 17, 255, 256, 257, 300, 4096, 5000, 32_768, 100_000] {
                     let p = plan_mma(blocks, 0, resident, visible);
-                    assert!(p.splits >= 1 && p.splits <= MAX_SPLITS, "{p:?}");
+                    assert!(p.splits >= 1 && p.splits <= max_splits(), "{p:?}");
                     assert!(p.splits * p.split_len >= visible, "uncovered: {p:?}");
                     assert!((p.splits - 1) * p.split_len < visible, "empty split: {p:?}");
                     if p.splits > 1 {

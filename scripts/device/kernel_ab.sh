@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Kernel A/Bs in one device call, with one binary and no rebuild:
+#   1. the projections' GEMMs (`bench kernels --gemm`) with the bias-epilogue row limit at its
+#      default, at every row count (1000000) and at none (0): STARLING_GEMM_BIAS_EPILOGUE_MAX_ROWS;
+#   2. the Hopper prefill kernel's compile-time knobs: each variant is a copy of the kernel
+#      sources with `#define`s rewritten, compiled at run time (STARLING_KERNEL_DIR) and timed on
+#      the prompt-prefill rows (`bench kernels --prompt-prefill`) beside the built-in sources;
+#   3. the attention plan's split bound (STARLING_ATTENTION_MAX_SPLITS) on the quick kernel grid,
+#      whose 1 × 32k decode row is where it binds, with the FA2 baseline once.
+# carry [".device/starling"]; command: bash scripts/device/kernel_ab.sh [gemm|prefill|splits]...
+# (all three when none is named). Results in $OUT: one JSON + markdown per run, summary.md.
+set -euo pipefail
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PYTHONUNBUFFERED=1
+S=${S:-.device/starling}
+parts=${*:-gemm prefill splits}
+# Prefill variants: name and the defines each rewrites (prefill_wgmma.cu), space-separated.
+PREFILL_VARIANTS=${PREFILL_VARIANTS:-"nopingpong:WS_PINGPONG=0 regs24:WS_PRODUCER_REGS=24,WS_CONSUMER_REGS=240 stages4:WS_STAGES=4 bn128:WS_BN=128,WS_STAGES=3"}
+SPLIT_BOUNDS=${SPLIT_BOUNDS:-"128"}
+date -u +%FT%TZ | tee "$OUT/date.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+summary=$OUT/summary.md
+echo "# kernel_ab.sh: $parts ($(cat "$OUT/gpu.txt"))" > "$summary"
+
+run() { # name, env assignments..., -- , bench args...
+  local name=$1; shift
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  echo "## $name ${envs[*]}" | tee -a "$summary"
+  env "${envs[@]}" "$S" bench kernels "$@" --output "$OUT/$name.json" > "$OUT/$name.md" 2>&1 \
+    || { echo "failed: $(tail -3 "$OUT/$name.md")" | tee -a "$summary"; return 0; }
+  grep '^|' "$OUT/$name.md" >> "$summary" || true
+}
+
+for part in $parts; do
+  case $part in
+    gemm)
+      run gemm_default -- --gemm
+      run gemm_epilogue_all STARLING_GEMM_BIAS_EPILOGUE_MAX_ROWS=1000000 -- --gemm
+      run gemm_epilogue_none STARLING_GEMM_BIAS_EPILOGUE_MAX_ROWS=0 -- --gemm
+      ;;
+    prefill)
+      run prefill_builtin -- --prompt-prefill
+      for v in $PREFILL_VARIANTS; do
+        name=${v%%:*}
+        dir=$(mktemp -d)/kernels
+        cp -r crates/starling-cuda/kernels "$dir"
+        IFS=, read -ra defs <<< "${v#*:}"
+        for d in "${defs[@]}"; do
+          key=${d%%=*}
+          grep -q "^#define $key " "$dir/prefill_wgmma.cu" || { echo "no #define $key" >&2; exit 1; }
+          sed -i "s|^#define $key .*|#define $key ${d#*=}|" "$dir/prefill_wgmma.cu"
+        done
+        run "prefill_$name" STARLING_KERNEL_DIR="$dir" -- --prompt-prefill
+      done
+      # The built-in sources again: the spread between the two is the noise floor.
+      run prefill_builtin_again -- --prompt-prefill
+      ;;
+    splits)
+      run splits_default -- --quick
+      for n in $SPLIT_BOUNDS; do
+        run "splits_$n" STARLING_ATTENTION_MAX_SPLITS="$n" -- --quick
+      done
+      python3 scripts/bench/fa2_baseline.py "$OUT/fa2.json" --quick > "$OUT/fa2.log" 2>&1 \
+        && python3 scripts/bench/merge_kernels.py "$OUT/splits_default.json" "$OUT/fa2.json" \
+          "$OUT/splits_default_vs_fa2.md" || echo "FA2 baseline failed: $(tail -2 "$OUT/fa2.log")"
+      ;;
+    *) echo "unknown part: $part (gemm, prefill, splits)" >&2; exit 2 ;;
+  esac
+done
