@@ -14,8 +14,12 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH
 export PYTHONUNBUFFERED=1
 S=${S:-.device/starling}
 parts=${*:-gemm prefill splits}
-# Prefill variants: name and the defines each rewrites (prefill_wgmma.cu), space-separated.
-PREFILL_VARIANTS=${PREFILL_VARIANTS:-"nopingpong:WS_PINGPONG=0 regs24:WS_PRODUCER_REGS=24,WS_CONSUMER_REGS=240 stages4:WS_STAGES=4 bn128:WS_BN=128,WS_STAGES=3"}
+# Prefill variants: name:DEFINE=value,... (prefill_wgmma.cu), space-separated. Check a variant
+# compiles here first: STARLING_KERNEL_DIR=<copy> PTXAS=<ptxas> bash scripts/nvrtc_check.sh
+# (registers and spills). Not worth a device run (ptxas, 2026-12-07): more consumer registers
+# (producer 24 or 32 → consumer 240: the producer spills 40 / 24 bytes while the consumers at
+# 232 spill nothing) and BN 128 × 3 stages (132 bytes spilled; 2–8% slower in session 30).
+PREFILL_VARIANTS=${PREFILL_VARIANTS:-"nopingpong:WS_PINGPONG=0 stages4:WS_STAGES=4"}
 SPLIT_BOUNDS=${SPLIT_BOUNDS:-"128"}
 date -u +%FT%TZ | tee "$OUT/date.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
