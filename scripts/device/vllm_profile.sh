@@ -22,7 +22,7 @@
 # choices for an A/B in the same call: "-wgmma" (or "-ws") the Hopper prefill kernel
 # (STARLING_PREFILL_KERNEL=wgmma, the default on Hopper), "-mma" the mma.sync one, "-bias" the linear layers' bias in
 # the cuBLASLt GEMM's epilogue (STARLING_GEMM_BIAS_EPILOGUE=1), "-sepbias" in a launch of its own,
-# "-epiall" the epilogue at every row count (prefill chunks too, as before session 32), "-nowarm"
+# "-epiall" the epilogue at every row count (the default again since session 34), "-nowarm"
 # no boot-time warm-up (--warm-up-tokens 0), "-keeppool" the memory pool keeps freed memory
 # (STARLING_MEMPOOL_RELEASE_THRESHOLD=max), "-kdir" kernels compiled from the directory $KDIR
 # (STARLING_KERNEL_DIR: e.g. an older attention.cu beside the current headers), "-splits128"

@@ -49,9 +49,14 @@ fn layer_projections(c: &ModelConfig) -> [Projection<'static>; 4] {
 /// Times every projection of the preset `model` at [`GEMM_ROWS`] and prints a table.
 pub fn projections(gpu: &CudaBackend, model: &str, output: &Option<PathBuf>) -> Result<()> {
     let projections = layer_projections(&preset(model)?);
-    let epilogue = gpu.bias_epilogue_max_rows();
+    // `None`: no row limit (usize::MAX, the default).
+    let epilogue = Some(gpu.bias_epilogue_max_rows()).filter(|&n| n != usize::MAX);
+    let epilogue_rows = match epilogue {
+        None => "at every row count".to_string(),
+        Some(n) => format!("up to {n} rows"),
+    };
     println!(
-        "{model}'s projections on {}; bias in the cuBLASLt epilogue up to {epilogue} rows",
+        "{model}'s projections on {}; bias in the cuBLASLt epilogue {epilogue_rows}",
         gpu.name()
     );
     println!(

@@ -38,14 +38,15 @@ const GEMM_BIAS_EPILOGUE_BY_DEFAULT: bool = true;
 pub const GEMM_BIAS_EPILOGUE_MAX_ROWS_ENV: &str = "STARLING_GEMM_BIAS_EPILOGUE_MAX_ROWS";
 
 /// The most input rows (tokens) a linear layer's GEMM takes its bias in the cuBLASLt epilogue
-/// for; larger batches (prefill chunks) run the cuBLAS GEMM and the bias launch. The epilogue
-/// won where it was measured, on decode batches (see [`GEMM_BIAS_EPILOGUE_BY_DEFAULT`]), but on
-/// prefill chunks cuBLASLt's heuristic picks a slow kernel for it: Qwen2.5-Coder-1.5B's QKV
-/// (2048 × 1536) at 8192 rows took 331 µs a launch (H100, 2026-12-07, `serve --kernel-profile`
-/// of a 24.5k prompt) against 73 µs for the cuBLAS GEMM + 17 µs for the bias launch (H200,
-/// session 15) and 75 µs for vLLM's bias GEMM on the same H100 — 21 ms of a 24.5k prompt's
-/// 276 ms TTFT. 256 rows covers every decode batch at the default `--max-num-seqs`.
-pub const GEMM_BIAS_EPILOGUE_MAX_ROWS: usize = 256;
+/// for; larger batches run the cuBLAS GEMM and a bias launch. No limit: the epilogue is faster
+/// at every size measured. `bench kernels --gemm` (H100, 2026-12-07, session 34,
+/// `bench/results/gpu/issue21/2026-12-07_s34_h100_kernel_ab/`), Qwen2.5-Coder-1.5B's QKV
+/// (2048 × 1536, 10 calls back to back): 21.7 vs 25.9 µs at 2048 rows, 77.1 vs 94.5 µs at 8192
+/// (668 vs 545 TFLOP/s), even at 16–256 rows. Session 32 had capped it at 256 rows on a
+/// `serve --kernel-profile` reading of 331 µs a launch at 8192 rows; session 33 found that the
+/// profile's events span host time as well (TTFT did not move with the cap), and the GEMM timed
+/// alone settles it. Other biased shapes (larger Qwen models) are unmeasured.
+pub const GEMM_BIAS_EPILOGUE_MAX_ROWS: usize = usize::MAX;
 
 /// [`GEMM_BIAS_EPILOGUE_MAX_ROWS`], or the override in [`GEMM_BIAS_EPILOGUE_MAX_ROWS_ENV`]
 /// (an unreadable value is logged and ignored).
