@@ -27,6 +27,8 @@
 # (STARLING_MEMPOOL_RELEASE_THRESHOLD=max), "-kdir" kernels compiled from the directory $KDIR
 # (STARLING_KERNEL_DIR: e.g. an older attention.cu beside the current headers), "-splits128"
 # (any number) the attention plan's most splits a (row, KV head) (STARLING_ATTENTION_MAX_SPLITS),
+# "-nogate" (with profiled) sites timed without the host gate (STARLING_PROFILE_GATE=0: host
+# time inside a site counted whenever the stream drained, as before session 34),
 # e.g. "graphs graphs-wgmma-bias profiled-wgmma-bias"), SKIP_VLLM (1: Starling's modes only, no
 # vLLM staged; the synthetic model is still made). Results in $OUT: vllm_profile.md (both tables and the unprofiled figures) and
 # vllm_profile.tgz (every run's JSON / markdown and the server logs).
@@ -112,6 +114,7 @@ for mode in ${STARLING_MODES:-graphs profiled}; do
   case $mode in *-epiall*) choices+=(STARLING_GEMM_BIAS_EPILOGUE_MAX_ROWS=1000000) ;; esac
   case $mode in *-nowarm*) extra+=(--warm-up-tokens 0) ;; esac
   case $mode in *-keeppool*) choices+=(STARLING_MEMPOOL_RELEASE_THRESHOLD=max) ;; esac
+  case $mode in *-nogate*) choices+=(STARLING_PROFILE_GATE=0) ;; esac
   case $mode in *-splits[0-9]*)
     n=${mode##*-splits}; choices+=(STARLING_ATTENTION_MAX_SPLITS="${n%%-*}") ;; esac
   case $mode in *-kdir*) choices+=(STARLING_KERNEL_DIR="$(cd "${KDIR:?-kdir needs KDIR}" && pwd)") ;; esac

@@ -18,6 +18,7 @@ mod kernel_source;
 mod kernels;
 mod launch;
 mod mem_pool;
+mod profile_gate;
 mod recording_pool;
 mod tensor;
 mod tiled_kernels;

@@ -659,7 +659,8 @@ fn prefix_caching_on_the_gpu_matches_the_uncached_cpu_for_every_cache() {
 /// used has launches and device time (norms, the latent kernels, cuBLAS GEMMs of the prefill
 /// chunks), nothing is timed before it starts, decode
 /// graphs are dropped (their launches could not be timed), and the outputs are the unprofiled
-/// run's (timing changes no result).
+/// run's (timing changes no result). Each site waits at the profiler's host gate
+/// (`profile_gate.rs`, on by default): a gate left closed would hang this test.
 #[test]
 #[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
 fn a_kernel_profile_times_every_launch_site_of_a_run_and_changes_no_output() {
