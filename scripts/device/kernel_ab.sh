@@ -8,7 +8,8 @@
 #   3. the attention plan's split bound (STARLING_ATTENTION_MAX_SPLITS) on the quick kernel grid,
 #      whose 1 × 32k decode row is where it binds, with the FA2 baseline once.
 # carry [".device/starling"]; command: bash scripts/device/kernel_ab.sh [gemm|prefill|splits]...
-# (all three when none is named). Results in $OUT: one JSON + markdown per run, summary.md.
+# (all three when none is named). Results in $OUT: kernel_ab.tgz (one JSON + markdown per run)
+# and summary.md (the device tool brings back at most 8 files a call, so the runs travel tarred).
 set -euo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONUNBUFFERED=1
@@ -21,8 +22,11 @@ parts=${*:-gemm prefill splits}
 # 232 spill nothing) and BN 128 × 3 stages (132 bytes spilled; 2–8% slower in session 30).
 PREFILL_VARIANTS=${PREFILL_VARIANTS:-"nopingpong:WS_PINGPONG=0 stages4:WS_STAGES=4"}
 SPLIT_BOUNDS=${SPLIT_BOUNDS:-"128"}
+FINAL=$OUT
+OUT=$(mktemp -d)
+trap 'tar czf "$FINAL/kernel_ab.tgz" -C "$OUT" . && cp "$OUT/summary.md" "$FINAL/" 2>/dev/null' EXIT
 date -u +%FT%TZ | tee "$OUT/date.txt"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader || echo "no nvidia-smi"; } | tee "$OUT/gpu.txt"
 summary=$OUT/summary.md
 echo "# kernel_ab.sh: $parts ($(cat "$OUT/gpu.txt"))" > "$summary"
 
