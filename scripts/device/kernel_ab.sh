@@ -4,7 +4,8 @@
 #      default, at every row count (1000000) and at none (0): STARLING_GEMM_BIAS_EPILOGUE_MAX_ROWS;
 #   2. the Hopper prefill kernel's compile-time knobs: each variant is a copy of the kernel
 #      sources with `#define`s rewritten, compiled at run time (STARLING_KERNEL_DIR) and timed on
-#      the prompt-prefill rows (`bench kernels --prompt-prefill`) beside the built-in sources;
+#      the prompt-prefill rows (`bench kernels --prompt-prefill`) beside the built-in sources,
+#      the arms in turn PREFILL_REPEATS (3) times, summarised by scripts/bench/prefill_ab_summary.py;
 #   3. the attention plan's split bound (STARLING_ATTENTION_MAX_SPLITS) on the quick kernel grid,
 #      whose 1 × 32k decode row is where it binds, with the FA2 baseline once.
 # carry [".device/starling"]; command: bash scripts/device/kernel_ab.sh [gemm|prefill|splits]...
@@ -21,6 +22,7 @@ parts=${*:-gemm prefill splits}
 # (producer 24 or 32 → consumer 240: the producer spills 40 / 24 bytes while the consumers at
 # 232 spill nothing) and BN 128 × 3 stages (132 bytes spilled; 2–8% slower in session 30).
 PREFILL_VARIANTS=${PREFILL_VARIANTS:-"nopingpong:WS_PINGPONG=0 stages4:WS_STAGES=4"}
+PREFILL_REPEATS=${PREFILL_REPEATS:-3}
 SPLIT_BOUNDS=${SPLIT_BOUNDS:-"128"}
 FINAL=$OUT
 OUT=$(mktemp -d)
@@ -49,7 +51,8 @@ for part in $parts; do
       run gemm_epilogue_none STARLING_GEMM_BIAS_EPILOGUE_MAX_ROWS=0 -- --gemm
       ;;
     prefill)
-      run prefill_builtin -- --prompt-prefill
+      # Each variant's kernel files, made once.
+      declare -A variant_dir=()
       for v in $PREFILL_VARIANTS; do
         name=${v%%:*}
         dir=$(mktemp -d)/kernels
@@ -60,10 +63,17 @@ for part in $parts; do
           grep -q "^#define $key " "$dir/prefill_wgmma.cu" || { echo "no #define $key" >&2; exit 1; }
           sed -i "s|^#define $key .*|#define $key ${d#*=}|" "$dir/prefill_wgmma.cu"
         done
-        run "prefill_$name" STARLING_KERNEL_DIR="$dir" -- --prompt-prefill
+        variant_dir[$name]=$dir
       done
-      # The built-in sources again: the spread between the two is the noise floor.
-      run prefill_builtin_again -- --prompt-prefill
+      # Arms in turn, PREFILL_REPEATS times, so drift (clocks, heat) falls on every arm alike;
+      # the builtin arm's own spread is the noise floor.
+      for r in $(seq 1 "$PREFILL_REPEATS"); do
+        run "prefill_builtin_r$r" -- --prompt-prefill
+        for name in "${!variant_dir[@]}"; do
+          run "prefill_${name}_r$r" STARLING_KERNEL_DIR="${variant_dir[$name]}" -- --prompt-prefill
+        done
+      done
+      python3 scripts/bench/prefill_ab_summary.py "$OUT" | tee "$OUT/prefill_ab.md" >> "$summary"
       ;;
     splits)
       run splits_default -- --quick
