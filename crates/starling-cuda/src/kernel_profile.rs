@@ -5,9 +5,10 @@
 //! serialised by the events (programmatic dependent launch cannot overlap a kernel with the
 //! next), so the table measures each kernel alone; launches recorded into a CUDA graph are not
 //! timed (an event of a recording would be a graph node, not a measurement). Each site waits
-//! at a host gate ([`crate::profile_gate`]) until it is issued, so host work inside a site
-//! (cuBLAS's set-up) is not counted as device time; where the gate cannot be made, sites are
-//! timed without it (logged once).
+//! at a host gate ([`crate::profile_gate`]) until it is issued, so host work inside a site is not
+//! counted as device time; where the gate cannot be made, sites are timed without it (logged
+//! once). Library calls (cuBLAS, cuBLASLt) are never gated: their lazy kernel loads wait for the
+//! context, which a closed gate holds (`CudaBackend::profiled_library`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -126,11 +127,14 @@ impl KernelProfiler {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records the start event of a launch of `site` on `stream`; `None` when not profiling.
+    /// Records the start event of a launch of `site` on `stream`, held at the host gate if
+    /// `gated` (our own kernels; not library calls, see `CudaBackend::profiled_library`);
+    /// `None` when not profiling.
     pub(crate) fn begin(
         &self,
         stream: &CudaStream,
         site: impl FnOnce() -> Arc<str>,
+        gated: bool,
     ) -> Result<Option<LaunchTiming<'_>>, DriverError> {
         if !self.enabled() {
             return Ok(None);
@@ -138,7 +142,7 @@ impl KernelProfiler {
         let start = self.event(stream)?;
         let gate = GateRelease {
             profiler: self,
-            value: self.close_gate(stream),
+            value: if gated { self.close_gate(stream) } else { None },
         };
         start.record(stream)?;
         Ok(Some(LaunchTiming {

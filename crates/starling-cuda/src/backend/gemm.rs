@@ -66,7 +66,7 @@ impl CudaBackend {
             to_i(shape.batch)?,
         );
         // SAFETY: every problem's extent was checked against its buffer above.
-        self.profiled(
+        self.profiled_library(
             Self::blas_site("gemm_strided", shape.m, shape.k),
             || unsafe {
                 cudarc::cublas::result::gemm_strided_batched_ex(

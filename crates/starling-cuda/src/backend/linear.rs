@@ -296,7 +296,7 @@ impl CudaBackend {
                 ldc: m as i32,
             };
             let (wb, xb) = (w.bf16()?, x.bf16()?);
-            self.profiled(Self::blas_site("gemm", m, k), || {
+            self.profiled_library(Self::blas_site("gemm", m, k), || {
                 // SAFETY: shapes checked above; buffers hold m*k, n*k and n*m elements.
                 unsafe { self.blas.gemm(cfg, wb, xb, &mut out) }.map_err(CudaError::from)
             })?;
@@ -311,7 +311,7 @@ impl CudaBackend {
             let alpha = 1.0f32;
             let beta = 0.0f32;
             // SAFETY: pointers are live device buffers of the sizes checked above.
-            self.profiled(Self::blas_site("gemm_f32_out", m, k), || unsafe {
+            self.profiled_library(Self::blas_site("gemm_f32_out", m, k), || unsafe {
                 cudarc::cublas::result::gemm_ex(
                     *self.blas.handle(),
                     cublasOperation_t::CUBLAS_OP_T,
@@ -379,7 +379,7 @@ impl CudaBackend {
             batch_size: None,
         };
         let (wb, xb, bb) = (w.bf16()?, x.bf16()?, bias.bf16()?);
-        self.profiled(Self::blas_site("gemm_bias", m, k), || {
+        self.profiled_library(Self::blas_site("gemm_bias", m, k), || {
             // SAFETY: shapes checked above; buffers hold m*k, n*k, m and n*m elements.
             unsafe { lt.matmul(cfg, wb, xb, &mut out, Some(bb), None) }.map_err(CudaError::from)
         })?;
