@@ -142,7 +142,7 @@ pub(crate) const WINDOW_TILE_TOKENS: usize = 32;
 /// Widest head the kernels hold in registers and shared memory (`MAX_HEAD_DIM` in key_scores.cu).
 pub(crate) const KEY_SCORE_MAX_HEAD_DIM: usize = 256;
 
-// Latent score kernels (`latent.cu`, `latent_rot.cu`).
+// Latent score kernels (`latent.cu`, `latent_rot.cu`, `latent_rel.cu`).
 
 /// Keys per key-latent tile of the latent score kernel (`LS_BN`).
 pub(crate) const LATENT_SCORE_KEYS: usize = 64;
@@ -181,6 +181,34 @@ pub(crate) const fn latent_scores_shared_bytes(head_dim: usize, rs: usize, elem:
         + converted
         + head_dim * 4
         + 4 * 8 * 4) as u32
+}
+
+/// Keys per tile of the register-factor latent score kernel (`latent_rel.cu`: 32 per warp
+/// across the keys; head width 128 puts all four warps across the dims, 64 two).
+pub(crate) const fn latent_rel_tile_keys(head_dim: usize) -> usize {
+    32 * (4 / (head_dim / 32))
+}
+/// Key-latent tiles in its ring (`LQ_STAGES`).
+pub(crate) const LATENT_REL_STAGES: usize = 4;
+/// Table rows the register-factor kernel reads at offsets within a tile (cos/sin of 0..64
+/// positions), whatever the context length.
+pub(crate) const LATENT_REL_TABLE_ROWS: usize = 64;
+
+/// Dynamic shared memory of `latent_scores_rel_d{D}_k{KS}_bf16` for `group` query heads per KV
+/// head: `B_h`, the key-latent ring, two buffers of rotated queries (16 rows), the positions
+/// ring, two buffers of the warps' partial scores and the maxima.
+pub(crate) const fn latent_scores_rel_shared_bytes(
+    head_dim: usize,
+    k_steps: usize,
+    group: usize,
+) -> u32 {
+    let rs = 16 * k_steps + 8;
+    let keys = latent_rel_tile_keys(head_dim);
+    let dim_warps = head_dim / 32;
+    ((head_dim * rs + LATENT_REL_STAGES * keys * rs + 2 * 16 * (head_dim + 8)) * 2
+        + LATENT_REL_STAGES * keys * 4
+        + 2 * dim_warps * group * keys * 4
+        + 4 * (16 * keys / 128) * 4) as u32
 }
 
 // Latent value kernel (`latent_values_mt{MT}` in `latent.cu`).

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaFunction};
 
 use crate::geometry::{
-    latent_scores_rot_shared_bytes, latent_scores_shared_bytes, latent_values_static_bytes,
+    latent_scores_rel_shared_bytes, latent_scores_rot_shared_bytes, latent_scores_shared_bytes,
+    latent_values_static_bytes,
 };
 use crate::{CudaError, KernelCache};
 
@@ -68,6 +69,8 @@ const LATENT_SRC: KernelSource =
     kernel_source!("latent.cu", fp8, mma_common, latent_common, split_combine);
 const LATENT_ROT_SRC: KernelSource =
     kernel_source!("latent_rot.cu", fp8, mma_common, latent_common);
+const LATENT_REL_SRC: KernelSource =
+    kernel_source!("latent_rel.cu", fp8, mma_common, latent_common);
 
 /// Head widths the latent score kernel (`latent.cu`) is instantiated for.
 const LATENT_HEAD_DIMS: [usize; 2] = [64, 128];
@@ -77,6 +80,12 @@ const LATENT_HEAD_DIMS: [usize; 2] = [64, 128];
 /// slower on the H200.
 pub(crate) const LATENT_ROT_VARIANTS: [(usize, usize, usize); 4] =
     [(64, 2, 2), (64, 4, 2), (128, 4, 2), (128, 8, 2)];
+/// (head width, k-steps of 16 ranks) the register-factor latent score kernel
+/// (`latent_scores_rel`) is instantiated for: ranks up to half the head width or all of it.
+pub(crate) const LATENT_REL_VARIANTS: [(usize, usize); 4] = [(64, 2), (64, 4), (128, 4), (128, 8)];
+/// Most query heads per KV head the register-factor kernel serves (16 query rows; its shared
+/// memory is granted for this many).
+pub(crate) const LATENT_REL_MAX_GROUP: usize = 16;
 /// m-tiles of 16 query heads the latent value kernel is instantiated for (up to 64 heads).
 const LATENT_M_TILES: [usize; 3] = [1, 2, 4];
 // The latent value kernel's static shared memory fits the 48 KiB a block has without opting in,
@@ -201,6 +210,11 @@ mod names {
     /// m-tiles per warp.
     pub(super) fn latent_scores_rot(d: usize, ks: usize, mt: usize) -> String {
         format!("latent_scores_rot_d{d}_k{ks}_m{mt}_bf16")
+    }
+
+    /// The register-factor latent score instantiation for head width `d` and `ks` k-steps.
+    pub(super) fn latent_scores_rel(d: usize, ks: usize) -> String {
+        format!("latent_scores_rel_d{d}_k{ks}_bf16")
     }
 
     /// The latent value instantiation for `mt` m-tiles of 16 query heads and the latent cache's
@@ -411,6 +425,15 @@ pub fn kernel_modules() -> Vec<KernelModule> {
                 .map(|&(d, ks, mt)| names::latent_scores_rot(d, ks, mt))
                 .collect(),
         },
+        KernelModule {
+            target: ModuleTarget::Device,
+            name: "latent_rel",
+            source: LATENT_REL_SRC,
+            functions: LATENT_REL_VARIANTS
+                .iter()
+                .map(|&(d, ks)| names::latent_scores_rel(d, ks))
+                .collect(),
+        },
     ]
 }
 
@@ -473,6 +496,9 @@ pub(crate) struct Kernels {
     /// Rotary-absorbed latent scores by (head width, k-steps, m-tiles), where the device grants
     /// their shared memory.
     latent_scores_rot: Vec<((usize, usize, usize), CudaFunction)>,
+    /// Register-factor latent scores by (head width, k-steps), where the device grants their
+    /// shared memory.
+    latent_scores_rel: Vec<((usize, usize), CudaFunction)>,
     /// Latent values by m-tiles (both cache elements), [`LATENT_M_TILES`] order.
     latent_values: Vec<(usize, ByElem)>,
 }
@@ -592,6 +618,23 @@ impl Kernels {
                 latent_scores_rot.push((variant, function));
             }
         }
+        let mut latent_scores_rel = Vec::new();
+        for variant in LATENT_REL_VARIANTS {
+            let (d, ks) = variant;
+            let function = take(&names::latent_scores_rel(d, ks))?;
+            let bytes = latent_scores_rel_shared_bytes(d, ks, LATENT_REL_MAX_GROUP) as usize;
+            if opt_in_shared_memory(
+                &function,
+                bytes,
+                LATENT_THREADS,
+                &format!("latent scores (register factors) d{d} k{ks}"),
+                "latent layers use the reconstruction kernel",
+            )
+            .is_some()
+            {
+                latent_scores_rel.push((variant, function));
+            }
+        }
         let mut latent_values = Vec::new();
         for mt in LATENT_M_TILES {
             let [bf16, fp8] = CacheElem::ALL.map(|e| take(&names::latent_values(mt, e)));
@@ -608,6 +651,7 @@ impl Kernels {
             latent_finish_kv: take(names::LATENT_FINISH_KV)?,
             latent_scores,
             latent_scores_rot,
+            latent_scores_rel,
             latent_values,
             gather_rows: take(names::GATHER_ROWS)?,
             rms_norm: take(names::RMS_NORM)?,
@@ -713,6 +757,18 @@ impl Kernels {
         self.latent_scores_rot
             .iter()
             .find(|(v, _)| *v == (head_dim, k_steps, m_tiles))
+            .map(|(_, f)| f)
+    }
+
+    /// The register-factor latent score kernel for `(head_dim, k_steps)`, where runnable here.
+    pub(crate) fn latent_scores_rel(
+        &self,
+        head_dim: usize,
+        k_steps: usize,
+    ) -> Option<&CudaFunction> {
+        self.latent_scores_rel
+            .iter()
+            .find(|(v, _)| *v == (head_dim, k_steps))
             .map(|(_, f)| f)
     }
 

@@ -251,6 +251,17 @@ fn random_batch(
     for i in (1..free.len()).rev() {
         free.swap(i, rng.gen_range(0..=i));
     }
+    batch_from_free_blocks(free, seqs, bs)
+}
+
+/// [`random_batch`] with blocks handed out in order (0, 1, 2, …): where a slot's position is its
+/// index, every sequence's keys sit at consecutive positions across its blocks.
+fn in_order_batch(seqs: &[(usize, usize)], bs: usize, num_blocks: usize) -> BatchMeta {
+    batch_from_free_blocks((0..num_blocks as u32).rev().collect(), seqs, bs)
+}
+
+/// A batch of `seqs` (context, new tokens) whose blocks are popped from `free`.
+fn batch_from_free_blocks(mut free: Vec<u32>, seqs: &[(usize, usize)], bs: usize) -> BatchMeta {
     let mut meta = BatchMeta {
         block_size_tokens: bs,
         ..Default::default()

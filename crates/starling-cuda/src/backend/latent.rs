@@ -29,7 +29,7 @@ use super::kv_ops::int_arg;
 use super::latent_scores::ScoreArgs;
 use super::rope::rope_grid;
 use super::{grid_for, CudaBackend, CudaBatch, CudaKvCache, KvSource};
-use crate::geometry::COMBINE_THREADS;
+use crate::geometry::{COMBINE_THREADS, LATENT_REL_TABLE_ROWS};
 use crate::kernels::{CacheElem, LATENT_THREADS};
 use crate::{CudaError, CudaTensor, DeviceBuf};
 
@@ -292,10 +292,12 @@ impl CudaBackend {
         };
         // The rotary-absorbed kernel also reads rows at positions relative to a split's first
         // key (up to the longest context).
+        // The register-factor kernel reads rows at offsets within a tile (0..64).
         let needed = self
             .rope_positions_needed(batch)
             .max(cache.position_bound)
-            .max(batch.max_visible);
+            .max(batch.max_visible)
+            .max(LATENT_REL_TABLE_ROWS);
         let table = self.latent_rope_table(rope, d, needed)?;
         // Finer splits than the dense plan's (see refine_split in latent.cu): a function of the
         // shape only, so an eager step and its replay split alike.

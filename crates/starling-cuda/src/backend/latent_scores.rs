@@ -8,22 +8,29 @@
 //!   tensor cores, rotates it and dots it with the whole group (the reconstruction is shared by
 //!   the group, where absorbing would repeat it per query head).
 //!
+//! - Any group up to 16 query heads, bf16 cache (opt-in): `latent_scores_rel_*` reconstructs
+//!   keys transposed with `B_h` held in registers, and takes RoPE relative to each tile's first
+//!   position (the query rotated once per tile, each key by its offset from registers where the
+//!   tile's positions are consecutive) — no table read per key and no `B_h` reload per 16 keys.
+//!
 //! Reconstruction is the default: measured on the H200 (session 9) it ties with the absorbed
 //! kernel on the MHA 50% shape (0.64–0.70× vs 0.66–0.67× of the dense kernel at batch ≥ 16) and
 //! serves every shape. An fp8 latent cache always reconstructs (`latent_scores_d*_fp8`): the
-//! absorbed kernel has no fp8 instantiation, since it was not faster and would need its own
-//! byte-tile staging. [`LatentScoreKernel`] (`STARLING_LATENT_SCORES=reconstruct|rotary`, or
+//! absorbed and register-factor kernels have no fp8 instantiation. [`LatentScoreKernel`]
+//! (`STARLING_LATENT_SCORES=reconstruct|rotary|registers`, or
 //! [`CudaBackend::set_latent_score_kernel`]) picks one, for A/B runs and the parity tests.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig};
 use half::bf16;
 
 use super::kv_ops::int_arg;
 use super::{CudaBackend, CudaBatch, CudaKvCache};
-use crate::geometry::{latent_scores_rot_shared_bytes, latent_scores_shared_bytes};
-use crate::kernels::{CacheElem, LATENT_THREADS};
+use crate::geometry::{
+    latent_scores_rel_shared_bytes, latent_scores_rot_shared_bytes, latent_scores_shared_bytes,
+};
+use crate::kernels::{CacheElem, LATENT_REL_MAX_GROUP, LATENT_THREADS};
 use crate::launch::KernelArgs;
 use crate::{CudaError, CudaTensor};
 
@@ -35,9 +42,13 @@ pub enum LatentScoreKernel {
     /// RoPE absorbed into the query where a KV head has one query head (MHA); reconstruction
     /// for grouped heads.
     RotaryAbsorbed,
+    /// Keys reconstructed with `B_h` in registers and RoPE relative to each tile's first
+    /// position (bf16 caches, up to 16 query heads per KV head; else reconstruction).
+    RegisterFactors,
 }
 
-/// The environment variable that picks the latent score kernel (`reconstruct`, `rotary`).
+/// The environment variable that picks the latent score kernel (`reconstruct`, `rotary`,
+/// `registers`).
 pub const LATENT_SCORES_ENV: &str = "STARLING_LATENT_SCORES";
 
 impl LatentScoreKernel {
@@ -45,10 +56,12 @@ impl LatentScoreKernel {
     pub fn from_env() -> Self {
         match std::env::var(LATENT_SCORES_ENV).as_deref() {
             Ok("rotary") => Self::RotaryAbsorbed,
+            Ok("registers") => Self::RegisterFactors,
             Ok("reconstruct") | Err(_) => Self::Reconstruct,
             Ok(other) => {
                 tracing::warn!(
-                    "{LATENT_SCORES_ENV}={other} is not reconstruct or rotary: reconstruct"
+                    "{LATENT_SCORES_ENV}={other} is not reconstruct, rotary or registers: \
+                     reconstruct"
                 );
                 Self::Reconstruct
             }
@@ -56,20 +69,32 @@ impl LatentScoreKernel {
     }
 }
 
-/// The backend's choice, as a flag (`true`: rotary-absorbed where it applies).
-pub(super) struct ScoreKernelFlag(AtomicBool);
+/// The backend's choice, shared by the threads that launch (the variant's index).
+pub(super) struct ScoreKernelFlag(AtomicU8);
 
 impl ScoreKernelFlag {
+    const ALL: [LatentScoreKernel; 3] = [
+        LatentScoreKernel::Reconstruct,
+        LatentScoreKernel::RotaryAbsorbed,
+        LatentScoreKernel::RegisterFactors,
+    ];
+
     pub(super) fn new(kernel: LatentScoreKernel) -> Self {
-        Self(AtomicBool::new(kernel == LatentScoreKernel::RotaryAbsorbed))
+        let flag = Self(AtomicU8::new(0));
+        flag.set(kernel);
+        flag
+    }
+
+    fn set(&self, kernel: LatentScoreKernel) {
+        let index = Self::ALL.iter().position(|&k| k == kernel).unwrap_or(0);
+        self.0.store(index as u8, Ordering::Relaxed);
     }
 
     fn get(&self) -> LatentScoreKernel {
-        if self.0.load(Ordering::Relaxed) {
-            LatentScoreKernel::RotaryAbsorbed
-        } else {
-            LatentScoreKernel::Reconstruct
-        }
+        Self::ALL
+            .get(usize::from(self.0.load(Ordering::Relaxed)))
+            .copied()
+            .unwrap_or(LatentScoreKernel::Reconstruct)
     }
 }
 
@@ -77,8 +102,8 @@ impl ScoreKernelFlag {
 enum OwnParams {
     /// `latent_scores_rot_*`: the query heads (one per KV head).
     Rotary { heads: i32 },
-    /// `latent_scores_d*`: the shared-memory row stride of a latent tile, the KV heads and the
-    /// query heads per KV head.
+    /// `latent_scores_d*` and `latent_scores_rel_*`: the shared-memory row stride of a latent
+    /// tile, the KV heads and the query heads per KV head.
     Reconstruct {
         row_stride: i32,
         kv_heads: i32,
@@ -115,10 +140,7 @@ impl CudaBackend {
     /// Picks the latent score kernel for every later step (A/B runs, parity tests). Graphs
     /// recorded before keep the kernel they recorded.
     pub fn set_latent_score_kernel(&self, kernel: LatentScoreKernel) {
-        self.latent_score_kernel.0.store(
-            kernel == LatentScoreKernel::RotaryAbsorbed,
-            Ordering::Relaxed,
-        );
+        self.latent_score_kernel.set(kernel);
     }
 
     /// The latent score kernel in use.
@@ -174,23 +196,22 @@ impl CudaBackend {
                     heads: int_arg(heads, "heads")?,
                 },
             ),
-            None => {
-                let function = self.kernels.latent_scores(d, cache.elem).ok_or_else(|| {
-                    CudaError::Shape(format!(
-                        "latent_attention: head_dim {d} unsupported on CUDA (64 or 128)"
-                    ))
-                })?;
-                let rs = max_rank.div_ceil(16) * 16 + 8;
-                let own = OwnParams::Reconstruct {
-                    row_stride: int_arg(rs, "latent row stride")?,
-                    kv_heads: int_arg(kv_heads, "KV heads")?,
-                    group: int_arg(group, "group")?,
-                };
-                (function, latent_scores_shared_bytes(d, rs, cache.elem), own)
-            }
+            None => match self.register_factor_kernel(d, group, max_rank, cache.elem) {
+                Some((function, k_steps)) => (
+                    function,
+                    latent_scores_rel_shared_bytes(d, k_steps, group),
+                    OwnParams::Reconstruct {
+                        row_stride: int_arg(16 * k_steps + 8, "latent row stride")?,
+                        kv_heads: int_arg(kv_heads, "KV heads")?,
+                        group: int_arg(group, "group")?,
+                    },
+                ),
+                None => self.reconstruct_kernel(d, kv_heads, group, max_rank, cache.elem)?,
+            },
         };
-        // One parameter list for both kernels (latent.cu `latent_scores_d*`, latent_rot.cu
-        // `latent_scores_rot_*`), their own parameters where each declares them.
+        // One parameter list for the three kernels (latent.cu `latent_scores_d*`, latent_rot.cu
+        // `latent_scores_rot_*`, latent_rel.cu `latent_scores_rel_*` with the first's), their
+        // own parameters where each declares them.
         let mut a = KernelArgs::new(&self.stream);
         a.push(args.scores.f32_mut()?);
         a.push(args.part_m.f32_mut()?);
@@ -237,6 +258,59 @@ impl CudaBackend {
         unsafe { a.launch(function, cfg, self.pdl) }.map_err(CudaError::from)
     }
 
+    /// The reconstruction kernel (`latent_scores_d*`) with its shared memory and parameters.
+    fn reconstruct_kernel(
+        &self,
+        head_dim: usize,
+        kv_heads: usize,
+        group: usize,
+        max_rank: usize,
+        elem: CacheElem,
+    ) -> Result<(&cudarc::driver::CudaFunction, u32, OwnParams), CudaError> {
+        let function = self.kernels.latent_scores(head_dim, elem).ok_or_else(|| {
+            CudaError::Shape(format!(
+                "latent_attention: head_dim {head_dim} unsupported on CUDA (64 or 128)"
+            ))
+        })?;
+        let rs = max_rank.div_ceil(16) * 16 + 8;
+        let own = OwnParams::Reconstruct {
+            row_stride: int_arg(rs, "latent row stride")?,
+            kv_heads: int_arg(kv_heads, "KV heads")?,
+            group: int_arg(group, "group")?,
+        };
+        Ok((
+            function,
+            latent_scores_shared_bytes(head_dim, rs, elem),
+            own,
+        ))
+    }
+
+    /// The register-factor kernel and its k-steps (the largest rank rounded up: half the head
+    /// width or all of it) where it is the one chosen and serves the layer (bf16 cache, at most
+    /// [`LATENT_REL_MAX_GROUP`] query heads per KV head).
+    fn register_factor_kernel(
+        &self,
+        head_dim: usize,
+        group: usize,
+        max_rank: usize,
+        elem: CacheElem,
+    ) -> Option<(&cudarc::driver::CudaFunction, usize)> {
+        if self.latent_score_kernel() != LatentScoreKernel::RegisterFactors
+            || elem != CacheElem::Bf16
+            || group > LATENT_REL_MAX_GROUP
+        {
+            return None;
+        }
+        let k_steps = if max_rank <= head_dim / 2 {
+            head_dim / 32
+        } else {
+            head_dim / 16
+        };
+        self.kernels
+            .latent_scores_rel(head_dim, k_steps)
+            .map(|f| (f, k_steps))
+    }
+
     /// The rotary-absorbed kernel for one query head per KV head, with its k-steps (the largest
     /// rank rounded up: half the head width or all of it) and m-tiles per warp (two: four
     /// spilled and ran slower); `None` where the reconstruction kernel is the one to use.
@@ -246,7 +320,7 @@ impl CudaBackend {
         group: usize,
         max_rank: usize,
     ) -> Option<(&cudarc::driver::CudaFunction, usize, usize)> {
-        if group != 1 || self.latent_score_kernel() == LatentScoreKernel::Reconstruct {
+        if group != 1 || self.latent_score_kernel() != LatentScoreKernel::RotaryAbsorbed {
             return None;
         }
         let k_steps = if max_rank <= head_dim / 2 {
@@ -258,5 +332,22 @@ impl CudaBackend {
         self.kernels
             .latent_scores_rot(head_dim, k_steps, m_tiles)
             .map(|f| (f, k_steps, m_tiles))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_score_kernel_flag_holds_each_choice() {
+        for kernel in ScoreKernelFlag::ALL {
+            let flag = ScoreKernelFlag::new(kernel);
+            assert_eq!(flag.get(), kernel);
+            for other in ScoreKernelFlag::ALL {
+                flag.set(other);
+                assert_eq!(flag.get(), other);
+            }
+        }
     }
 }

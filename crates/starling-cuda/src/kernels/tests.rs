@@ -2,8 +2,9 @@
 
 use super::*;
 use crate::geometry::{
-    decode_mma_shared_bytes, latent_values_static_bytes, prefill_shared_bytes, prefill_stages,
-    DECODE_MMA_STAGES, DECODE_MMA_THREADS, DECODE_MMA_TILE_KEYS, LATENT_VALUE_STAGES,
+    decode_mma_shared_bytes, latent_rel_tile_keys, latent_values_static_bytes,
+    prefill_shared_bytes, prefill_stages, DECODE_MMA_STAGES, DECODE_MMA_THREADS,
+    DECODE_MMA_TILE_KEYS, LATENT_REL_STAGES, LATENT_REL_TABLE_ROWS, LATENT_VALUE_STAGES,
     LATENT_VALUE_TOKENS, PREFILL_THREADS, PREFILL_TILE_KEYS, PREFILL_TILE_ROWS,
 };
 
@@ -204,6 +205,33 @@ fn latent_kernel_geometry_matches_the_host() {
             "rot d{d} k{ks} m{mt}: {bytes}"
         );
     }
+    // The register-factor kernel: its ring is the source's, and at the most query heads it
+    // serves every variant leaves room for two resident blocks per SM.
+    let rel = kernel_modules()
+        .into_iter()
+        .find(|m| m.name == "latent_rel")
+        .expect("the latent_rel module");
+    assert_eq!(define(rel.source.text, "LQ_STAGES"), LATENT_REL_STAGES);
+    assert_eq!(
+        define(rel.source.text, "LQ_THREADS"),
+        LATENT_THREADS as usize
+    );
+    for (d, ks) in LATENT_REL_VARIANTS {
+        let bytes = latent_scores_rel_shared_bytes(d, ks, LATENT_REL_MAX_GROUP) as usize;
+        assert!(2 * (bytes + 1024) <= 228 * 1024, "rel d{d} k{ks}: {bytes}");
+        // Fewer heads per KV head, fewer bytes (the partial scores are sized by the group).
+        assert!(latent_scores_rel_shared_bytes(d, ks, 1) < bytes as u32);
+    }
+    // Head width 128 at rank 64, one query head per KV head: B_h, four 32-key tiles, two query
+    // buffers of 16 rows, the positions, two [4][1][32] partial-score buffers, the maxima.
+    assert_eq!(
+        latent_scores_rel_shared_bytes(128, 4, 1),
+        ((128 * 72 + 4 * 32 * 72 + 2 * 16 * 136) * 2 + 4 * 32 * 4 + 2 * 4 * 32 * 4 + 4 * 4 * 4)
+            as u32
+    );
+    assert_eq!(latent_rel_tile_keys(128), 32);
+    assert_eq!(latent_rel_tile_keys(64), 64);
+    assert!(LATENT_REL_TABLE_ROWS >= latent_rel_tile_keys(64));
     // The value kernel's geometry is the source's, and its static shared memory stays within
     // 48 KiB at every m-tile count and element.
     assert_eq!(define(src, "LV_BN"), LATENT_VALUE_TOKENS);
@@ -257,6 +285,13 @@ fn latent_kernels_have_both_element_instantiations() {
         .find(|m| m.name == "latent_rot")
         .expect("the latent_rot module");
     assert!(rot.functions.iter().all(|f| f.ends_with("_bf16")));
+    // So is the register-factor kernel.
+    let rel = kernel_modules()
+        .into_iter()
+        .find(|m| m.name == "latent_rel")
+        .expect("the latent_rel module");
+    assert!(rel.functions.iter().all(|f| f.ends_with("_bf16")));
+    assert_eq!(rel.functions.len(), LATENT_REL_VARIANTS.len());
 }
 
 #[test]
@@ -284,7 +319,12 @@ fn tiled_kernels_carry_the_shared_helpers() {
             .contains("__device__ __forceinline__ void mma_bf16(");
         let tiled = matches!(
             module.name,
-            "prefill_attention" | "prefill_wgmma" | "decode_attention" | "latent" | "latent_rot"
+            "prefill_attention"
+                | "prefill_wgmma"
+                | "decode_attention"
+                | "latent"
+                | "latent_rot"
+                | "latent_rel"
         );
         assert_eq!(has, tiled, "{}", module.name);
     }

@@ -248,6 +248,7 @@ fn attend_fp8_and_check(
     for kernel in [
         LatentScoreKernel::Reconstruct,
         LatentScoreKernel::RotaryAbsorbed,
+        LatentScoreKernel::RegisterFactors,
     ] {
         gpu.set_latent_score_kernel(kernel);
         let got = gpu
@@ -259,6 +260,11 @@ fn attend_fp8_and_check(
     assert_same(
         &format!("{name}: rotary asked = reconstruct"),
         &outs[1],
+        &outs[0],
+    );
+    assert_same(
+        &format!("{name}: register factors asked = reconstruct"),
+        &outs[2],
         &outs[0],
     );
     report_rows(name, &meta, &outs[0], &want);

@@ -184,9 +184,14 @@ fn attend_and_check(
     width: usize,
     rng: &mut ChaCha8Rng,
     name: &str,
+    blocks_in_order: bool,
 ) {
     let num_blocks = cache_g.spec().num_blocks;
-    let meta = random_batch(rng, shape, 16, num_blocks);
+    let meta = if blocks_in_order {
+        in_order_batch(shape, 16, num_blocks)
+    } else {
+        random_batch(rng, shape, 16, num_blocks)
+    };
     let qkv = rand_host(rng, vec![meta.num_tokens(), width], 1.0);
     let (bc, bg) = (
         cpu.prepare_batch(&meta, num_blocks).unwrap(),
@@ -383,20 +388,24 @@ fn latent_write_attention_and_reconstruction_match_cpu() {
         };
         let decode: Vec<(usize, usize)> = mixed.iter().copied().filter(|s| s.1 == 1).collect();
         let prefill: Vec<(usize, usize)> = mixed.iter().copied().filter(|s| s.1 > 1).collect();
-        // Both score kernels (they differ only where a KV head has one query head).
+        // Every score kernel (the rotary-absorbed one differs only where a KV head has one
+        // query head). Positions here are not consecutive: the register-factor kernel's table
+        // path.
         let parts = [
             ("decode", &decode, LatentScoreKernel::Reconstruct),
             ("decode", &decode, LatentScoreKernel::RotaryAbsorbed),
+            ("decode", &decode, LatentScoreKernel::RegisterFactors),
             ("prefill", &prefill, LatentScoreKernel::Reconstruct),
             ("mixed", &mixed, LatentScoreKernel::Reconstruct),
             ("mixed", &mixed, LatentScoreKernel::RotaryAbsorbed),
+            ("mixed", &mixed, LatentScoreKernel::RegisterFactors),
         ];
         for (part, shape, kernel) in parts {
             gpu.set_latent_score_kernel(kernel);
             let name = format!("{label} {part} ({kernel:?})");
             let caches = (&cache_c, &cache_g);
             attend_and_check(
-                &gpu, &cpu, caches, &factors, &dims, &rope, shape, width, &mut rng, &name,
+                &gpu, &cpu, caches, &factors, &dims, &rope, shape, width, &mut rng, &name, false,
             );
         }
 
@@ -415,14 +424,27 @@ fn latent_write_attention_and_reconstruction_match_cpu() {
         for kernel in [
             LatentScoreKernel::Reconstruct,
             LatentScoreKernel::RotaryAbsorbed,
+            LatentScoreKernel::RegisterFactors,
         ] {
             gpu.set_latent_score_kernel(kernel);
             let name = format!("{label} decode ({kernel:?}), consecutive positions");
             let caches = (&cache_c, &cache_g);
             attend_and_check(
-                &gpu, &cpu, caches, &factors, &dims, &rope, &decode, width, &mut rng, &name,
+                &gpu, &cpu, caches, &factors, &dims, &rope, &decode, width, &mut rng, &name, false,
             );
         }
+        // Blocks in order too, so each sequence's keys are consecutive across its blocks: the
+        // register-factor kernel's register path (whole tiles at p0 + j), and a mix of both
+        // paths in the decode rows with prefill chunks.
+        gpu.set_latent_score_kernel(LatentScoreKernel::RegisterFactors);
+        for (part, shape) in [("decode", &decode), ("mixed", &mixed)] {
+            let name = format!("{label} {part} (RegisterFactors), sequences in order");
+            let caches = (&cache_c, &cache_g);
+            attend_and_check(
+                &gpu, &cpu, caches, &factors, &dims, &rope, shape, width, &mut rng, &name, true,
+            );
+        }
+        gpu.set_latent_score_kernel(LatentScoreKernel::Reconstruct);
 
         // Reconstruction of one long sequence into a full cache.
         let len: usize = if mha { 700 } else { 2000 };
