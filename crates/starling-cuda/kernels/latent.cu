@@ -360,14 +360,8 @@ __device__ void latent_scores_impl(
 }
 
 #define INSTANTIATE_SCORES(D, ELEM, FP8)                                                         \
-    extern "C" __global__ void __launch_bounds__(LS_THREADS) latent_scores_d##D##_##ELEM(        \
-        float* scores, float* part_m, const bf16* qkv, int qkv_width, const bf16* key_plane,     \
-        int key_width, const unsigned* pos_plane, const int* latent_heads, const bf16* key_up,   \
-        const bf16* key_bias, const float2* rope_table, int interleaved, int rs,                 \
-        const unsigned* rows, const unsigned* tok_seq, const unsigned* tok_visible,              \
-        const unsigned* score_offsets, const unsigned* block_tables, int max_blocks,             \
-        int block_size, int num_kv_heads, int group, float scale, int splits, int split_len,     \
-        const unsigned* plan, int sub) {                                                         \
+    extern "C" __global__ void __launch_bounds__(LS_THREADS)                                     \
+        latent_scores_d##D##_##ELEM(LATENT_SCORE_PARAMS) {                                       \
         pdl_entry();                                                                             \
         latent_scores_impl<D, FP8>(scores, part_m, qkv, qkv_width, key_plane, key_width,        \
                                    pos_plane, latent_heads, key_up, key_bias, rope_table,        \

@@ -66,3 +66,15 @@ __device__ __forceinline__ unsigned slot_position(const unsigned* __restrict__ p
                                                   unsigned slot) {
     return positions[slot];
 }
+
+// The parameter list of the latent score kernels that reconstruct keys (latent.cu
+// latent_scores_d{D}_{elem}, latent_rel.cu latent_scores_rel_d{D}_k{KS}_bf16): the host pushes one
+// list for both (backend/latent_scores.rs).
+#define LATENT_SCORE_PARAMS                                                                      \
+    float *scores, float *part_m, const bf16 *qkv, int qkv_width, const bf16 *key_plane,         \
+        int key_width, const unsigned *pos_plane, const int *latent_heads, const bf16 *key_up,   \
+        const bf16 *key_bias, const float2 *rope_table, int interleaved, int rs,                 \
+        const unsigned *rows, const unsigned *tok_seq, const unsigned *tok_visible,              \
+        const unsigned *score_offsets, const unsigned *block_tables, int max_blocks,             \
+        int block_size, int num_kv_heads, int group, float scale, int splits, int split_len,     \
+        const unsigned *plan, int sub

@@ -283,17 +283,10 @@ __device__ void latent_scores_rel_impl(
     }
 }
 
-// The parameter list of latent_scores_d{D} (the host pushes one list for both; `rs` is
-// 16·KS + 8 here and fixed by the instantiation).
+// latent_scores_d{D}'s parameter list (`rs` is 16·KS + 8 here, fixed by the instantiation).
 #define INSTANTIATE_REL(D, KS)                                                                  \
-    extern "C" __global__ void __launch_bounds__(LQ_THREADS) latent_scores_rel_d##D##_k##KS##_bf16( \
-        float* scores, float* part_m, const bf16* qkv, int qkv_width, const bf16* key_plane,     \
-        int key_width, const unsigned* pos_plane, const int* latent_heads, const bf16* key_up,   \
-        const bf16* key_bias, const float2* rope_table, int interleaved, int rs,                 \
-        const unsigned* rows, const unsigned* tok_seq, const unsigned* tok_visible,              \
-        const unsigned* score_offsets, const unsigned* block_tables, int max_blocks,             \
-        int block_size, int num_kv_heads, int group, float scale, int splits, int split_len,     \
-        const unsigned* plan, int sub) {                                                         \
+    extern "C" __global__ void __launch_bounds__(LQ_THREADS)                                     \
+        latent_scores_rel_d##D##_k##KS##_bf16(LATENT_SCORE_PARAMS) {                             \
         pdl_entry();                                                                             \
         (void)rs;                                                                                \
         latent_scores_rel_impl<D, KS>(scores, part_m, qkv, qkv_width, key_plane, key_width,     \
