@@ -301,11 +301,7 @@ impl CudaBackend {
         {
             return None;
         }
-        let k_steps = if max_rank <= head_dim / 2 {
-            head_dim / 32
-        } else {
-            head_dim / 16
-        };
+        let k_steps = rank_k_steps(head_dim, max_rank);
         self.kernels
             .latent_scores_rel(head_dim, k_steps)
             .map(|f| (f, k_steps))
@@ -323,11 +319,7 @@ impl CudaBackend {
         if group != 1 || self.latent_score_kernel() != LatentScoreKernel::RotaryAbsorbed {
             return None;
         }
-        let k_steps = if max_rank <= head_dim / 2 {
-            head_dim / 32
-        } else {
-            head_dim / 16
-        };
+        let k_steps = rank_k_steps(head_dim, max_rank);
         let m_tiles = 2;
         self.kernels
             .latent_scores_rot(head_dim, k_steps, m_tiles)
@@ -335,9 +327,27 @@ impl CudaBackend {
     }
 }
 
+/// k-steps of 16 ranks an instantiation of the absorbed or register-factor kernel covers for
+/// ranks up to `max_rank`: half the head width or all of it (the two instantiated per width).
+fn rank_k_steps(head_dim: usize, max_rank: usize) -> usize {
+    if max_rank <= head_dim / 2 {
+        head_dim / 32
+    } else {
+        head_dim / 16
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranks_pick_the_half_or_full_width_instantiation() {
+        assert_eq!(rank_k_steps(128, 64), 4);
+        assert_eq!(rank_k_steps(128, 72), 8);
+        assert_eq!(rank_k_steps(64, 32), 2);
+        assert_eq!(rank_k_steps(64, 33), 4);
+    }
 
     #[test]
     fn the_score_kernel_flag_holds_each_choice() {
