@@ -7,8 +7,8 @@
 // - Keys are rebuilt transposed, Kᵀ = B_h·Zᵀ: B_h (dims × rank) is the A operand and stays in
 //   registers for the whole block (each warp holds a slice of 32 dims: the pairs i and i + D/2
 //   that RoPE turns together), the key-latent tile is the B operand. The reconstruction kernel
-//   reloads B_h from shared memory for every 16 keys (36 ldmatrix per warp and tile: its shared
-//   memory traffic exceeded its mma time); here a key costs one ldmatrix per head in all.
+//   reloads B_h from shared memory for every 16 keys (36 ldmatrix per warp and tile, by count
+//   more shared-memory time than mma time); here a key costs one ldmatrix per head in all.
 // - RoPE relative to the tile's first position p0: the group's queries are rotated by −p0 once
 //   per tile (shared memory), key j of the tile by R(j). Where the tile's keys sit at p0 + j
 //   (every sequence never compacted), the lane's cos/sin of its fixed (key offset, frequency)
@@ -18,6 +18,10 @@
 // - Scores on the tensor cores: each rotated 8 × 8 block of Kᵀ becomes a B fragment by
 //   movmatrix.trans and meets the rotated queries (A: 16 head rows × 16 dims); the warps'
 //   partial sums over their dim slices meet in shared memory, reduced one tile later.
+// Measured (H100, session 35; BENCHMARKS.md): 1.16–1.31× the reconstruction kernel at MHA batch
+// 1, where the grid is starved, but 0.84–0.90× once it is full: removing that traffic did not
+// pay for what this design adds (two barriers per 32 keys, the query rotation per tile, the
+// cross-warp reduction through shared memory, 3 blocks of 168 registers per SM). Opt-in.
 // Interleaved RoPE (pairs 2i, 2i + 1) is handled by reading B_h rows, the bias and the query in
 // the NeoX order (logical dim i < D/2 ↔ stored 2i, i + D/2 ↔ 2i + 1): the score is a sum over
 // dims, so any order both sides share gives it.
