@@ -21,7 +21,7 @@ pub use crate::kernel_source::{
     HopperPrefill, KernelSource, ModuleTarget, KERNEL_DIR_ENV, PREFILL_KERNEL_ENV,
     WGMMA_PREFILL_BY_DEFAULT,
 };
-use crate::tiled_kernels::opt_in_shared_memory;
+use crate::tiled_kernels::{granted_variants, opt_in_shared_memory};
 pub(crate) use crate::tiled_kernels::{DecodeMmaKernel, PrefillKernel};
 
 /// A kernel source with the headers it needs prepended, since NVRTC compiles one source string
@@ -601,40 +601,34 @@ impl Kernels {
                 latent_scores.push((d, ByElem([bf16, fp8])));
             }
         }
-        let mut latent_scores_rot = Vec::new();
-        for variant in LATENT_ROT_VARIANTS {
-            let (d, ks, mt) = variant;
-            let function = take(&names::latent_scores_rot(d, ks, mt))?;
-            let bytes = latent_scores_rot_shared_bytes(d, ks, mt) as usize;
-            if opt_in_shared_memory(
-                &function,
-                bytes,
-                LATENT_THREADS,
-                &format!("latent scores (rotary absorbed) d{d} k{ks} m{mt}"),
-                "MHA latent layers use the reconstruction kernel",
-            )
-            .is_some()
-            {
-                latent_scores_rot.push((variant, function));
-            }
-        }
-        let mut latent_scores_rel = Vec::new();
-        for variant in LATENT_REL_VARIANTS {
-            let (d, ks) = variant;
-            let function = take(&names::latent_scores_rel(d, ks))?;
-            let bytes = latent_scores_rel_shared_bytes(d, ks, LATENT_REL_MAX_GROUP) as usize;
-            if opt_in_shared_memory(
-                &function,
-                bytes,
-                LATENT_THREADS,
-                &format!("latent scores (register factors) d{d} k{ks}"),
-                "latent layers use the reconstruction kernel",
-            )
-            .is_some()
-            {
-                latent_scores_rel.push((variant, function));
-            }
-        }
+        let latent_scores_rot = granted_variants(
+            LATENT_ROT_VARIANTS,
+            |(d, ks, mt)| {
+                let function = take(&names::latent_scores_rot(d, ks, mt))?;
+                let bytes = latent_scores_rot_shared_bytes(d, ks, mt) as usize;
+                Ok((
+                    function,
+                    bytes,
+                    format!("latent scores (rotary absorbed) d{d} k{ks} m{mt}"),
+                ))
+            },
+            LATENT_THREADS,
+            "MHA latent layers use the reconstruction kernel",
+        )?;
+        let latent_scores_rel = granted_variants(
+            LATENT_REL_VARIANTS,
+            |(d, ks)| {
+                let function = take(&names::latent_scores_rel(d, ks))?;
+                let bytes = latent_scores_rel_shared_bytes(d, ks, LATENT_REL_MAX_GROUP) as usize;
+                Ok((
+                    function,
+                    bytes,
+                    format!("latent scores (register factors) d{d} k{ks}"),
+                ))
+            },
+            LATENT_THREADS,
+            "latent layers use the reconstruction kernel",
+        )?;
         let mut latent_values = Vec::new();
         for mt in LATENT_M_TILES {
             let [bf16, fp8] = CacheElem::ALL.map(|e| take(&names::latent_values(mt, e)));

@@ -1,6 +1,7 @@
 //! The two tiled attention kernels that launch with more than the default 48 KiB of dynamic
 //! shared memory (tensor-core decode, tiled prefill): the opt-in and the occupancy query done
-//! once at load, so a device that cannot run one falls back to a kernel that computes the same.
+//! once at load, so a device that cannot run one falls back to a kernel that computes the same;
+//! [`granted_variants`] does the same for instantiation lists (the latent score kernels).
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::CudaFunction;
@@ -10,6 +11,7 @@ use crate::geometry::{
     DECODE_MMA_THREADS, PREFILL_THREADS, PREFILL_WGMMA_WS_THREADS,
 };
 use crate::kernel_source::HopperPrefill;
+use crate::CudaError;
 
 /// The tensor-core decode kernel for one head width, with its launch needs on this device.
 pub(crate) struct DecodeMmaKernel {
@@ -146,4 +148,22 @@ impl PrefillKernel {
             resident_per_sm: resident,
         })
     }
+}
+
+/// The variants whose function (`take`: the function, the dynamic shared memory it asks for and
+/// its label) the device grants that memory at `threads` per block; the others are logged with `fallback` and left out.
+pub(crate) fn granted_variants<V: Copy, const N: usize>(
+    variants: [V; N],
+    mut take: impl FnMut(V) -> Result<(CudaFunction, usize, String), CudaError>,
+    threads: u32,
+    fallback: &str,
+) -> Result<Vec<(V, CudaFunction)>, CudaError> {
+    let mut granted = Vec::new();
+    for variant in variants {
+        let (function, bytes, label) = take(variant)?;
+        if opt_in_shared_memory(&function, bytes, threads, &label, fallback).is_some() {
+            granted.push((variant, function));
+        }
+    }
+    Ok(granted)
 }
