@@ -21,7 +21,8 @@ parts=${*:-gemm prefill splits}
 # (registers and spills). Not worth a device run (ptxas, 2026-12-07): more consumer registers
 # (producer 24 or 32 → consumer 240: the producer spills 40 / 24 bytes while the consumers at
 # 232 spill nothing) and BN 128 × 3 stages (132 bytes spilled; 2–8% slower in session 30).
-PREFILL_VARIANTS=${PREFILL_VARIANTS:-"nopingpong:WS_PINGPONG=0 stages4:WS_STAGES=4"}
+# WS_STAGES 4 is built in since session 36 (median 1.010× and 1.016× over 6 in sessions 34/35).
+PREFILL_VARIANTS=${PREFILL_VARIANTS:-"nopingpong:WS_PINGPONG=0 stages6:WS_STAGES=6"}
 PREFILL_REPEATS=${PREFILL_REPEATS:-3}
 SPLIT_BOUNDS=${SPLIT_BOUNDS:-"128"}
 FINAL=$OUT

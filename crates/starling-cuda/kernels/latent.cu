@@ -153,8 +153,8 @@ __device__ void latent_scores_impl(
     const unsigned* __restrict__ rows, const unsigned* __restrict__ tok_seq,
     const unsigned* __restrict__ tok_visible, const unsigned* __restrict__ score_offsets,
     const unsigned* __restrict__ block_tables, int max_blocks, int block_size, int num_kv_heads,
-    int group, float scale, int splits, int split_len, const unsigned* __restrict__ plan, int sub) {
-    refine_split(plan, sub, splits, split_len);
+    int group, float scale, int splits, int split_len, const unsigned* __restrict__ plan) {
+    latent_split(plan, splits, split_len);
     if ((int)blockIdx.z >= splits) return;
     constexpr int NT = D / 8;    // 8-wide n-tiles of a reconstructed key row
     constexpr int KS = D / 16;   // k-steps of the score over the head dim
@@ -367,7 +367,7 @@ __device__ void latent_scores_impl(
                                    pos_plane, latent_heads, key_up, key_bias, rope_table,        \
                                    interleaved, rs, rows, tok_seq, tok_visible, score_offsets,   \
                                    block_tables, max_blocks, block_size, num_kv_heads, group,    \
-                                   scale, splits, split_len, plan, sub);                         \
+                                   scale, splits, split_len, plan);                              \
     }
 INSTANTIATE_SCORES(64, bf16, false)
 INSTANTIATE_SCORES(128, bf16, false)
@@ -390,8 +390,8 @@ __device__ void latent_values_impl(
     const unsigned* __restrict__ tok_seq, const unsigned* __restrict__ tok_visible,
     const unsigned* __restrict__ score_offsets, const unsigned* __restrict__ block_tables,
     int max_blocks, int block_size, int num_q_heads, int splits, int split_len,
-    const unsigned* __restrict__ plan, int sub) {
-    refine_split(plan, sub, splits, split_len);
+    const unsigned* __restrict__ plan) {
+    latent_split(plan, splits, split_len);
     if ((int)blockIdx.y >= splits) return;
     constexpr int CH = 512 / MT;       // value columns of this block
     constexpr int WN = CH / 4;         // ... of each warp
@@ -560,12 +560,12 @@ __device__ void latent_values_impl(
         const bf16* value_plane, int value_width, const unsigned* rows, const unsigned* tok_seq, \
         const unsigned* tok_visible, const unsigned* score_offsets,                              \
         const unsigned* block_tables, int max_blocks, int block_size, int num_q_heads,           \
-        int splits, int split_len, const unsigned* plan, int sub) {                              \
+        int splits, int split_len, const unsigned* plan) {                              \
         pdl_entry();                                                                             \
         latent_values_impl<MT, FP8>(part_acc, part_l, scores, part_m, value_plane, value_width,  \
                                     rows, tok_seq, tok_visible, score_offsets, block_tables,     \
                                     max_blocks, block_size, num_q_heads, splits, split_len,      \
-                                    plan, sub);                                                  \
+                                    plan);                                                       \
     }
 INSTANTIATE_VALUES(1, bf16, false)
 INSTANTIATE_VALUES(2, bf16, false)
@@ -581,11 +581,11 @@ extern "C" __global__ void latent_combine_bf16(bf16* __restrict__ w, const float
                                                const float* __restrict__ part_m,
                                                const float* __restrict__ part_l, int num_rows,
                                                int num_q_heads, int value_width, int splits,
-                                               const unsigned* __restrict__ plan, int sub) {
+                                               const unsigned* __restrict__ plan) {
     pdl_entry();
-    // The refined split count (every latent kernel indexes the partials by it).
+    // The step's split count (every latent kernel indexes the partials by it).
     int split_len = 1;
-    refine_split(plan, sub, splits, split_len);
+    latent_split(plan, splits, split_len);
     const int i_row = blockIdx.x, h = blockIdx.y;
     const size_t base = ((size_t)i_row * num_q_heads + h) * splits;
     combine_splits<true>(w + ((size_t)h * num_rows + i_row) * value_width,

@@ -45,19 +45,15 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid
                  "r"(n));
 }
 
-// The latent kernels cut each split of the step's attention plan (the dense kernels' plan, so a
-// replayed step reads the same one) into `sub` finer splits of whole key tiles: reconstructing
-// keys makes a latent split far more work than a dense one, and shapes with few KV heads would
-// otherwise leave most SMs idle. Eager launches and replays refine the same plan alike.
-__device__ __forceinline__ void refine_split(const unsigned* __restrict__ plan, int sub,
-                                             int& splits, int& split_len) {
+// A latent layer's split of the context (backend/latent_plan.rs): an eager launch passes the
+// plan as `splits`/`split_len` with no plan words; a replay reads its layer shape's two plan
+// words from the batch buffer (written per step by the host from the same function), the launch
+// grid being sized for the bucket's bound.
+__device__ __forceinline__ void latent_split(const unsigned* __restrict__ plan, int& splits,
+                                             int& split_len) {
     if (plan != nullptr) {
         splits = (int)plan[0];
         split_len = (int)plan[1];
-    }
-    if (sub > 1) {
-        splits *= sub;
-        split_len = (((split_len + sub - 1) / sub) + 63) & ~63;
     }
 }
 
@@ -77,4 +73,4 @@ __device__ __forceinline__ unsigned slot_position(const unsigned* __restrict__ p
         const unsigned *rows, const unsigned *tok_seq, const unsigned *tok_visible,              \
         const unsigned *score_offsets, const unsigned *block_tables, int max_blocks,             \
         int block_size, int num_kv_heads, int group, float scale, int splits, int split_len,     \
-        const unsigned *plan, int sub
+        const unsigned *plan

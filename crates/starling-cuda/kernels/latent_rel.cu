@@ -50,8 +50,8 @@ __device__ void latent_scores_rel_impl(
     const unsigned* __restrict__ tok_seq, const unsigned* __restrict__ tok_visible,
     const unsigned* __restrict__ score_offsets, const unsigned* __restrict__ block_tables,
     int max_blocks, int block_size, int num_kv_heads, int group, float scale, int splits,
-    int split_len, const unsigned* __restrict__ plan, int sub) {
-    refine_split(plan, sub, splits, split_len);
+    int split_len, const unsigned* __restrict__ plan) {
+    latent_split(plan, splits, split_len);
     if ((int)blockIdx.z >= splits) return;
     constexpr int HALF = D / 2;
     constexpr int WD = D / 32;                  // warps across the dims (32 each)
@@ -297,7 +297,7 @@ __device__ void latent_scores_rel_impl(
                                       pos_plane, latent_heads, key_up, key_bias, rope_table,    \
                                       interleaved, rows, tok_seq, tok_visible, score_offsets,   \
                                       block_tables, max_blocks, block_size, num_kv_heads, group, \
-                                      scale, splits, split_len, plan, sub);                      \
+                                      scale, splits, split_len, plan);                           \
     }
 INSTANTIATE_REL(64, 2)
 INSTANTIATE_REL(64, 4)

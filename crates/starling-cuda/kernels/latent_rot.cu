@@ -44,8 +44,8 @@ __device__ void latent_scores_rot_impl(
     const unsigned* __restrict__ tok_seq, const unsigned* __restrict__ tok_visible,
     const unsigned* __restrict__ score_offsets, const unsigned* __restrict__ block_tables,
     int max_blocks, int block_size, int num_heads, float scale, int splits, int split_len,
-    const unsigned* __restrict__ plan, int sub) {
-    refine_split(plan, sub, splits, split_len);
+    const unsigned* __restrict__ plan) {
+    latent_split(plan, splits, split_len);
     if ((int)blockIdx.z >= splits) return;
     constexpr int HALF = D / 2;
     constexpr int NP = D / 16;      // n-pairs of 16 columns (8 frequencies) of M
@@ -302,13 +302,13 @@ __device__ void latent_scores_rot_impl(
             const unsigned* rows, const unsigned* tok_seq, const unsigned* tok_visible,          \
             const unsigned* score_offsets, const unsigned* block_tables, int max_blocks,         \
             int block_size, int num_heads, float scale, int splits, int split_len,               \
-            const unsigned* plan, int sub) {                                                     \
+            const unsigned* plan) {                                                     \
         pdl_entry();                                                                             \
         latent_scores_rot_impl<D, KS, MT>(scores, part_m, qkv, qkv_width, key_plane, key_width,  \
                                           pos_plane, latent_heads, key_up, key_bias, rope_table, \
                                           interleaved, rows, tok_seq, tok_visible,               \
                                           score_offsets, block_tables, max_blocks, block_size,   \
-                                          num_heads, scale, splits, split_len, plan, sub);       \
+                                          num_heads, scale, splits, split_len, plan);            \
     }
 INSTANTIATE_SCORES_ROT(64, 2, 2)
 INSTANTIATE_SCORES_ROT(64, 4, 2)

@@ -293,7 +293,7 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[16][4], const unsigned (&a)[
 #define WS_CONSUMERS 256      // the consumer warpgroups' threads (WG_THREADS)
 #define WS_THREADS 384        // host: PREFILL_WGMMA_WS_THREADS
 #define WS_BN 64              // keys per K/V tile: 64 or 128 (S is m64n64 or m64n128)
-#define WS_STAGES 6           // (K, V) tile pairs in the ring
+#define WS_STAGES 4           // (K, V) tile pairs in the ring (6: 1.010–1.016× slower, s34/s35)
 #define WS_RING_BYTES 196608  // host: PREFILL_WGMMA_WS_RING_BYTES (with Q: 224 KiB, one block)
 #define WS_PRODUCER_REGS 40   // setmaxnreg: 128 × 40 + 256 × 232 ≤ 64K registers of an SM
 #define WS_CONSUMER_REGS 232

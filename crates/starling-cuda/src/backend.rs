@@ -56,6 +56,7 @@ mod key_scores;
 mod kv_cache;
 mod kv_ops;
 mod latent;
+mod latent_plan;
 mod latent_reconstruct;
 mod latent_scores;
 mod linear;

@@ -246,9 +246,9 @@ fn qwen2_shaped_replay_equals_eager() {
     }
 }
 
-/// Mixed layers in one graph: the first layer caches full K/V, the others STAR-KV latents
-/// (decode attention on latents, the latent write) — replayed bit for bit, split contexts
-/// included.
+/// Mixed layers in one graph: the first layer caches full K/V, the others STAR-KV latents of two
+/// shapes (decode attention on latents, the latent write; each shape's split plan read from its
+/// own words of the replay buffer) — replayed bit for bit, split contexts included.
 #[test]
 #[ignore = "needs a CUDA GPU; run scripts/device/gpu_tests.sh"]
 fn replay_equals_eager_with_latent_layers() {
@@ -262,7 +262,12 @@ fn replay_equals_eager_with_latent_layers() {
         key_ranks: vec![64, 40],
         value_rank: 128,
     });
-    let ranks = vec![None, latent.clone(), latent];
+    // Another value width: another latent split shape, with its own plan.
+    let wider = Some(LatentRanks {
+        key_ranks: vec![48, 64],
+        value_rank: 256,
+    });
+    let ranks = vec![None, latent, wider];
     for batch in [1, 3, 6] {
         replay_matches_eager_with(&cfg, &ranks, batch, &[14, 300], 18);
     }

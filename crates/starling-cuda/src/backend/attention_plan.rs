@@ -285,25 +285,7 @@ fn plan_wave_splits(
     key_multiple: usize,
 ) -> SplitPlan {
     let most = (max_visible_tokens / min_split).clamp(1, max_splits());
-    // Fill of the waves as a fraction (used / offered slots), compared without division.
-    let fill = |splits: usize| {
-        let used = blocks * splits;
-        (used, used.div_ceil(slots) * slots)
-    };
-    let good = |splits: usize| {
-        let (used, offered) = fill(splits);
-        used * WAVE_FILL.1 >= offered * WAVE_FILL.0
-    };
-    let splits = (1..=most).find(|&s| good(s)).unwrap_or_else(|| {
-        // Best fill; on ties the fewest splits (`max_by` keeps the last maximum, so run down).
-        (1..=most)
-            .rev()
-            .max_by(|&a, &b| {
-                let ((ua, oa), (ub, ob)) = (fill(a), fill(b));
-                (ua * ob).cmp(&(ub * oa))
-            })
-            .unwrap_or(1)
-    });
+    let splits = wave_splits(blocks, slots, 1, most);
     let split_len = max_visible_tokens
         .div_ceil(splits)
         .max(1)
@@ -313,6 +295,33 @@ fn plan_wave_splits(
         splits: max_visible_tokens.div_ceil(split_len).max(1),
         split_len,
     }
+}
+
+/// The fewest splits in `fewest..=most` whose `blocks × splits` blocks fill their waves of
+/// `slots` resident blocks to at least [`WAVE_FILL`], else the best-filled count (the fewest on
+/// ties). An empty range gives `most` (at least 1).
+pub(crate) fn wave_splits(blocks: usize, slots: usize, fewest: usize, most: usize) -> usize {
+    let (blocks, slots, most) = (blocks.max(1), slots.max(1), most.max(1));
+    let fewest = fewest.clamp(1, most);
+    // Fill of the waves as a fraction (used / offered slots), compared without division.
+    let fill = |splits: usize| {
+        let used = blocks * splits;
+        (used, used.div_ceil(slots) * slots)
+    };
+    let good = |splits: usize| {
+        let (used, offered) = fill(splits);
+        used * WAVE_FILL.1 >= offered * WAVE_FILL.0
+    };
+    (fewest..=most).find(|&s| good(s)).unwrap_or_else(|| {
+        // Best fill; on ties the fewest splits (`max_by` keeps the last maximum, so run down).
+        (fewest..=most)
+            .rev()
+            .max_by(|&a, &b| {
+                let ((ua, oa), (ub, ob)) = (fill(a), fill(b));
+                (ua * ob).cmp(&(ub * oa))
+            })
+            .unwrap_or(fewest)
+    })
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use starling_backend::{BatchMeta, GroupBatchMeta, SeqBatchMeta};
 
 use super::attention_plan::{AttentionRows, SplitPlan};
+use super::latent_plan::LatentSplitShape;
 use crate::CudaError;
 
 /// The cache slot of a padding row: `write_kv_bf16` skips it.
@@ -37,7 +38,8 @@ pub(crate) struct BatchLayout {
     pub(crate) score_offsets: Range<usize>,
     /// Replay batches only (empty otherwise): the token ids the embedding gathers.
     pub(crate) token_ids: Range<usize>,
-    /// Replay batches only (empty otherwise): `{splits, split_len}` of this step's attention.
+    /// Replay batches only (empty otherwise): `{splits, split_len}` of this step's attention,
+    /// then the same pair of each latent split shape the batch was made for, in its order.
     pub(crate) plan: Range<usize>,
     /// Cache groups (block tables per sequence; `BatchMeta::num_cache_groups`).
     pub(crate) groups: usize,
@@ -51,6 +53,7 @@ impl BatchLayout {
         max_blocks: usize,
         groups: usize,
         replay: bool,
+        latent_shapes: usize,
     ) -> Self {
         let mut end = 0;
         let mut take = |len: usize| {
@@ -68,7 +71,7 @@ impl BatchLayout {
             block_tables: take(groups * seqs * max_blocks),
             score_offsets: take(rows + 1),
             token_ids: take(if replay { rows } else { 0 }),
-            plan: take(if replay { 2 } else { 0 }),
+            plan: take(if replay { 2 + 2 * latent_shapes } else { 0 }),
             groups,
         }
     }
@@ -94,6 +97,8 @@ pub(crate) struct ReplayShape {
     pub(crate) max_blocks: usize,
     /// Attention splits the launches are sized for; each step's plan uses at most this many.
     pub(crate) max_splits: usize,
+    /// The same for the latent layers' plans (1 without latent layers).
+    pub(crate) max_latent_splits: usize,
     /// KV heads of the model the graph was recorded for (the plan depends on it).
     pub(crate) num_kv_heads: usize,
     /// Token slots of the cache: the most context positions all rows of a step can see
@@ -127,6 +132,9 @@ pub struct CudaBatch {
     /// A latent prefill's reconstruction plan, made on first use (one per step, shared by
     /// every latent layer).
     pub(crate) latent_prefill: std::sync::OnceLock<super::latent_reconstruct::PrefillScratchPlan>,
+    /// A replay batch's latent split shapes (empty for an eager batch), whose plans follow the
+    /// attention plan in the plan words, in this order.
+    pub(crate) latent_shapes: Vec<LatentSplitShape>,
 }
 
 impl CudaBatch {
@@ -151,6 +159,7 @@ impl CudaBatch {
             max_blocks,
             groups,
             false,
+            0,
         );
         let mut host = vec![0u32; layout.len()];
         host[layout.positions.clone()].copy_from_slice(&meta.positions);
@@ -181,16 +190,19 @@ impl CudaBatch {
             score_capacity,
             decode_score_capacity,
             latent_prefill: std::sync::OnceLock::new(),
+            latent_shapes: Vec::new(),
         })
     }
 
-    /// An empty replay batch of `shape` (fill it with [`CudaBatch::write`] before any launch).
+    /// An empty replay batch of `shape` whose latent layers have `latent_shapes` (fill it with
+    /// [`CudaBatch::write`] before any launch).
     pub(crate) fn for_replay(
         stream: &std::sync::Arc<CudaStream>,
         shape: ReplayShape,
+        latent_shapes: Vec<LatentSplitShape>,
     ) -> Result<Self, CudaError> {
         let meta = padded_meta(shape.rows, shape.block_size_tokens, shape.num_cache_groups);
-        let layout = replay_layout(&shape);
+        let layout = replay_layout(&shape, latent_shapes.len());
         Ok(Self {
             rows: AttentionRows::new(&meta),
             meta,
@@ -202,6 +214,7 @@ impl CudaBatch {
             score_capacity: shape.num_cache_slots,
             decode_score_capacity: shape.num_cache_slots,
             latent_prefill: std::sync::OnceLock::new(),
+            latent_shapes,
         })
     }
 
@@ -258,8 +271,16 @@ impl CudaBatch {
     pub(crate) fn token_ids(&self) -> CudaView<'_, u32> {
         self.view(&self.layout.token_ids)
     }
+    /// The attention plan's words (replay batches).
     pub(crate) fn plan(&self) -> CudaView<'_, u32> {
-        self.view(&self.layout.plan)
+        let start = self.layout.plan.start;
+        self.view(&(start..start + 2.min(self.layout.plan.len())))
+    }
+    /// The plan words of latent split shape `shape` (replay batches made for it).
+    pub(crate) fn latent_plan(&self, shape: &LatentSplitShape) -> Option<CudaView<'_, u32>> {
+        let i = self.latent_shapes.iter().position(|s| s == shape)?;
+        let start = self.layout.plan.start + 2 + 2 * i;
+        (start + 2 <= self.layout.plan.end).then(|| self.view(&(start..start + 2)))
     }
 }
 
@@ -360,6 +381,7 @@ pub(crate) fn replay_inputs(
     meta: &BatchMeta,
     token_ids: &[u32],
     plan: SplitPlan,
+    latent_plans: &[SplitPlan],
 ) -> Vec<u32> {
     let rows = layout.positions.len();
     let mut host = vec![0u32; layout.len()];
@@ -385,13 +407,17 @@ pub(crate) fn replay_inputs(
         total = total.saturating_add(host[layout.tok_visible.start + i]);
     }
     host[layout.score_offsets.start + rows] = total;
-    host[layout.plan.start] = plan.splits as u32;
-    host[layout.plan.start + 1] = plan.split_len as u32;
+    let plans = std::iter::once(&plan).chain(latent_plans);
+    for (words, p) in host[layout.plan.clone()].chunks_exact_mut(2).zip(plans) {
+        words[0] = p.splits as u32;
+        words[1] = p.split_len as u32;
+    }
     host
 }
 
-/// The layout of a replay batch of `shape` (what [`CudaBatch::for_replay`] allocates).
-pub(crate) fn replay_layout(shape: &ReplayShape) -> BatchLayout {
+/// The layout of a replay batch of `shape` with `latent_shapes` latent plans (what
+/// [`CudaBatch::for_replay`] allocates).
+pub(crate) fn replay_layout(shape: &ReplayShape, latent_shapes: usize) -> BatchLayout {
     BatchLayout::new(
         shape.rows,
         shape.rows,
@@ -399,6 +425,7 @@ pub(crate) fn replay_layout(shape: &ReplayShape) -> BatchLayout {
         shape.max_blocks,
         shape.num_cache_groups.max(1),
         true,
+        latent_shapes,
     )
 }
 
@@ -449,17 +476,28 @@ mod tests {
             rows: 4,
             max_blocks: 3,
             max_splits: 2,
+            max_latent_splits: 4,
             num_kv_heads: 2,
             num_cache_slots: 64,
             block_size_tokens: 4,
             num_cache_groups: 1,
         };
-        let layout = replay_layout(&shape);
+        let layout = replay_layout(&shape, 2);
         let plan = SplitPlan {
             splits: 2,
             split_len: 5,
         };
-        let host = replay_inputs(&layout, 3, &m, &[7, 8, 9], plan);
+        let latent = [
+            SplitPlan {
+                splits: 3,
+                split_len: 4,
+            },
+            SplitPlan {
+                splits: 1,
+                split_len: 9,
+            },
+        ];
+        let host = replay_inputs(&layout, 3, &m, &[7, 8, 9], plan, &latent);
         assert_eq!(host.len(), layout.len());
         let at = |r: &Range<usize>| host[r.clone()].to_vec();
         assert_eq!(at(&layout.token_ids), vec![7, 8, 9, 0]);
@@ -472,7 +510,7 @@ mod tests {
             at(&layout.block_tables),
             vec![0, 1, 0, 10, 11, 12, 20, 0, 0, 0, 0, 0]
         );
-        assert_eq!(at(&layout.plan), vec![2, 5]);
+        assert_eq!(at(&layout.plan), vec![2, 5, 3, 4, 1, 9]);
         assert_eq!(at(&layout.score_offsets), vec![0, 5, 14, 15, 15]);
         assert!(layout.prefill_tiles.is_empty());
     }
@@ -494,18 +532,19 @@ mod tests {
             rows: 3,
             max_blocks: 3,
             max_splits: 1,
+            max_latent_splits: 1,
             num_kv_heads: 1,
             num_cache_slots: 4000,
             block_size_tokens: 4,
             num_cache_groups: 2,
         };
         assert_eq!(replayable_rows(&m, &[1, 2], 3), Some(2));
-        let layout = replay_layout(&shape);
+        let layout = replay_layout(&shape, 0);
         let plan = SplitPlan {
             splits: 1,
             split_len: 9,
         };
-        let host = replay_inputs(&layout, 3, &m, &[1, 2], plan);
+        let host = replay_inputs(&layout, 3, &m, &[1, 2], plan, &[]);
         let part = |r: &Range<usize>, g| host[layout.group_part(r, g)].to_vec();
         assert_eq!(part(&layout.slots, 0), vec![4, 48, PAD_SLOT]);
         assert_eq!(part(&layout.slots, 1), vec![404, 448, PAD_SLOT]);
@@ -526,24 +565,25 @@ mod tests {
             rows: 2,
             max_blocks: 1,
             max_splits: 1,
+            max_latent_splits: 1,
             num_kv_heads: 1,
             num_cache_slots: 8,
             block_size_tokens: 4,
             num_cache_groups: 1,
         };
-        let layout = replay_layout(&shape);
+        let layout = replay_layout(&shape, 0);
         let plan = SplitPlan {
             splits: 1,
             split_len: 3,
         };
-        let host = replay_inputs(&layout, 1, &m, &[4, 5], plan);
+        let host = replay_inputs(&layout, 1, &m, &[4, 5], plan, &[]);
         assert!(!host[layout.slots.clone()].contains(&PAD_SLOT));
         assert_eq!(&host[layout.tok_visible.clone()], &[2, 3]);
     }
 
     #[test]
     fn layouts_do_not_overlap_and_eager_ones_carry_no_replay_fields() {
-        let l = BatchLayout::new(5, 2, 6, 3, 1, false);
+        let l = BatchLayout::new(5, 2, 6, 3, 1, false, 0);
         let parts = [
             &l.positions,
             &l.slots,
@@ -561,7 +601,7 @@ mod tests {
         }
         assert!(l.token_ids.is_empty() && l.plan.is_empty());
         assert_eq!(l.len(), 5 * 5 + 6 + 6 + 6);
-        assert_eq!(BatchLayout::new(0, 0, 0, 1, 1, false).len(), 1);
+        assert_eq!(BatchLayout::new(0, 0, 0, 1, 1, false, 0).len(), 1);
     }
 
     #[test]

@@ -13,9 +13,10 @@
 //!   scratch full cache ([`CudaBackend::reconstruct_rows`]: gather, one GEMM per key head and one for the values,
 //!   bias and RoPE) that the tiled prefill kernel attends through scratch block tables.
 //!
-//! Every launch of a decode row sizes its buffers from the batch (a replay batch: the bucket's
-//! most splits and the cache's slots) and reads the split plan where the dense kernels do, so a
-//! latent layer records into a decode graph as a full one does.
+//! The decode kernels split the context by a plan of their own (`latent_plan.rs`). Every launch of
+//! a decode row sizes its buffers from the batch (a replay batch: the bucket's most latent splits
+//! and the cache's slots) and a replay reads the plan of its layer's shape from the batch buffer,
+//! so a latent layer records into a decode graph as a full one does.
 
 use std::sync::Arc;
 
@@ -26,6 +27,7 @@ use starling_backend::{AttentionDims, LatentFactors, RopeSpec, RopeStyle};
 use super::attention_plan::MAX_GROUP;
 use super::gemm::GemmShape;
 use super::kv_ops::int_arg;
+use super::latent_plan::{latent_value_chunk_cols, latent_value_m_tiles, LatentSplitShape};
 use super::latent_scores::ScoreArgs;
 use super::rope::rope_grid;
 use super::{grid_for, CudaBackend, CudaBatch, CudaKvCache, KvSource};
@@ -260,12 +262,7 @@ impl CudaBackend {
         let (d, heads, kv_heads) = (dims.head_dim, dims.num_heads, dims.num_kv_heads);
         let group = heads / kv_heads.max(1);
         let (_, vw) = cache.plane_widths();
-        // The values kernel's tiles of 16 heads: enough for the heads, and small enough that
-        // its 512 / m_tiles value columns per block leave no warp without columns.
-        let mut m_tiles = heads.div_ceil(16);
-        while m_tiles < 4 && 512 / m_tiles > vw.div_ceil(128) * 128 {
-            m_tiles *= 2;
-        }
+        let m_tiles = latent_value_m_tiles(heads, vw);
         let values_kernel = self
             .kernels
             .latent_values(m_tiles, cache.elem)
@@ -281,14 +278,24 @@ impl CudaBackend {
                 "latent_attention: key rank {max_rank} exceeds head_dim {d}"
             )));
         }
-        // The same plan as the dense layers of the step (eager) or the bucket's bound (replay).
+        // The latent plan of this layer's shape (latent_plan.rs): made here for an eager step;
+        // a replay batch carries each shape's plan in its plan words, written per step by the
+        // same function, and its launches are sized for the bucket's bound.
+        let split_shape = latent_split_shape(cache, heads, kv_heads);
         let (splits, split_len, plan_ptr) = match &batch.replay {
             None => {
-                let plan =
-                    self.attention_split_plan(d, group, count, kv_heads, 0, batch.max_visible);
+                let plan = split_shape.plan(count, batch.max_visible, self.num_sms);
                 (plan.splits, plan.split_len, 0u64)
             }
-            Some(shape) => (shape.max_splits, 1, batch.plan().device_ptr(&self.stream).0),
+            Some(shape) => {
+                let words = batch.latent_plan(&split_shape).ok_or_else(|| {
+                    CudaError::Shape(format!(
+                        "latent_attention: no replay plan recorded for {split_shape:?}"
+                    ))
+                })?;
+                let ptr = words.device_ptr(&self.stream).0;
+                (shape.max_latent_splits, 1, ptr)
+            }
         };
         // The rotary-absorbed kernel also reads rows at positions relative to a split's first
         // key (up to the longest context).
@@ -299,15 +306,11 @@ impl CudaBackend {
             .max(batch.max_visible)
             .max(LATENT_REL_TABLE_ROWS);
         let table = self.latent_rope_table(rope, d, needed)?;
-        // Finer splits than the dense plan's (see refine_split in latent.cu): a function of the
-        // shape only, so an eager step and its replay split alike.
-        let sub = latent_sub_splits(kv_heads);
-        let sub_i = int_arg(sub, "sub-splits")?;
         let mut scores = self.tensor(
             DeviceBuf::F32(self.alloc_f32(score_tokens.max(1) * heads)?),
             vec![score_tokens.max(1), heads],
         );
-        let parts = count * heads * splits * sub;
+        let parts = count * heads * splits;
         let mut part_m = self.tensor(DeviceBuf::F32(self.alloc_f32(parts)?), vec![parts]);
         let mut part_l = self.tensor(DeviceBuf::F32(self.alloc_f32(parts)?), vec![parts]);
         let mut part_acc =
@@ -333,7 +336,6 @@ impl CudaBackend {
                 splits,
                 split_len,
                 plan_ptr,
-                sub,
             },
         )?;
         let order = batch.row_order(count);
@@ -354,16 +356,12 @@ impl CudaBackend {
         let value_bias = factors
             .value_bias
             .map_or(NULL, |b| b.device_ptr(&self.stream).0);
-        let chunk_cols = 512 / m_tiles;
+        let chunk_cols = latent_value_chunk_cols(m_tiles);
         launch!(
             self,
             values_kernel,
             LaunchConfig {
-                grid_dim: (
-                    count as u32,
-                    (splits * sub) as u32,
-                    vw.div_ceil(chunk_cols) as u32,
-                ),
+                grid_dim: (count as u32, splits as u32, vw.div_ceil(chunk_cols) as u32,),
                 block_dim: (LATENT_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             },
@@ -383,8 +381,7 @@ impl CudaBackend {
             &heads_i,
             &splits_i,
             &split_len_i,
-            &plan_ptr,
-            &sub_i
+            &plan_ptr
         )?;
         let mut w = self.tensor(
             DeviceBuf::Bf16(self.alloc_bf16(heads * count * vw)?),
@@ -406,8 +403,7 @@ impl CudaBackend {
             &heads_i,
             &vw_i,
             &splits_i,
-            &plan_ptr,
-            &sub_i
+            &plan_ptr
         )?;
         // O_g[(group · rows) × D] = W_g · B_v,gᵀ for every KV head g (W head-major).
         let mut o = self.tensor(
@@ -512,10 +508,14 @@ impl CudaBackend {
     }
 }
 
-/// How many finer splits the latent decode kernels cut each split of the step's plan into.
-/// The dense plan fills the GPU with `rows × KV heads × splits` light blocks; a latent block
-/// reconstructs its keys on the tensor cores, so shapes with few KV heads (GQA) get more, finer
-/// splits. Depends on the shape alone: eager steps and graph replays must split alike.
-pub(crate) fn latent_sub_splits(num_kv_heads: usize) -> usize {
-    (8 / num_kv_heads.clamp(1, 8)).max(1)
+/// The split shape of a latent layer of `num_heads` query heads over `num_kv_heads` key latents
+/// cached in `cache` (what its plan depends on besides rows and context).
+pub(crate) fn latent_split_shape(
+    cache: &CudaKvCache,
+    num_heads: usize,
+    num_kv_heads: usize,
+) -> LatentSplitShape {
+    let (_, vw) = cache.plane_widths();
+    let (key_words, value_words) = cache.plane_words();
+    LatentSplitShape::new(num_heads, num_kv_heads, key_words, value_words, vw)
 }

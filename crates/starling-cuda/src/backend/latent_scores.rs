@@ -129,11 +129,11 @@ pub(super) struct ScoreArgs<'a> {
     pub scale: f32,
     /// Decode rows (the batch's first `count` of `row_order`).
     pub count: usize,
-    /// The plan's splits and split length (or the replay plan's buffer), and the sub-splits.
+    /// The latent plan's splits and split length, or (replay) the bound of the grid and the
+    /// plan words of the layer's shape in the batch buffer.
     pub splits: usize,
     pub split_len: usize,
     pub plan_ptr: u64,
-    pub sub: usize,
 }
 
 impl CudaBackend {
@@ -169,16 +169,11 @@ impl CudaBackend {
             int_arg(batch.meta.block_size_tokens, "block size")?,
             int_arg(args.splits, "splits")?,
             int_arg(args.split_len, "split length")?,
-            int_arg(args.sub, "sub-splits")?,
             i32::from(args.interleaved),
         ];
-        let [max_blocks, block_size, splits_i, split_len_i, sub_i, inter] = ints;
+        let [max_blocks, block_size, splits_i, split_len_i, inter] = ints;
         let key_bias = args.key_bias.map_or(0u64, |b| b.device_ptr(&self.stream).0);
-        let grid_dim = (
-            args.count as u32,
-            kv_heads as u32,
-            (args.splits * args.sub) as u32,
-        );
+        let grid_dim = (args.count as u32, kv_heads as u32, args.splits as u32);
         let order = batch.row_order(args.count);
         let offsets = batch.score_offsets(0, args.count);
         let (tok_seq, tok_visible, block_tables) =
@@ -246,7 +241,6 @@ impl CudaBackend {
         a.push(&splits_i);
         a.push(&split_len_i);
         a.push(&args.plan_ptr);
-        a.push(&sub_i);
         let cfg = LaunchConfig {
             grid_dim,
             block_dim: (LATENT_THREADS, 1, 1),
