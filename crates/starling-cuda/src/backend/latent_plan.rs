@@ -35,11 +35,12 @@ const VALUE_TARGET_BLOCKS_PER_SM: usize = 3;
 /// Short contexts, where the bound binds, are latency-bound: half is cheap next to an idle grid.
 const PARTIAL_TRAFFIC_SHARE: usize = 2;
 /// Shortest split while the grids stay fed: a score block loads its `B_h` (head width × rank,
-/// ~18 KB from L2) and fills its ring before its first key, worth ~128 keys of its own reads.
-/// Measured: at full grids Qwen's splits of 192 keys lost 7–10% to splits of 256–512.
-const LONG_SPLIT_TOKENS: usize = 512;
-/// Score blocks per SM below which long splits leave the score grid starved (one resident
-/// block per SM of the three that fit)...
+/// ~18 KB from L2) and fills its ring before its first key. Measured on the H100 (session 36,
+/// `latent_plan_ab.sh`, one call): 256 against none, 512 and 768 — MHA 1 × 8k 0.117 ms against
+/// 0.120, 0.145 and 0.143; Qwen 64 × 8k 0.386 against 0.403, 0.412 and 0.436.
+const LONG_SPLIT_TOKENS: usize = 256;
+/// Score blocks per SM below which long splits leave the score grid starved (three fit an SM at
+/// head width 128: 138 registers per thread)...
 const STARVED_SCORE_BLOCKS_PER_SM: usize = 3;
 /// ... and value blocks per SM below which they leave the value grid starved.
 const STARVED_VALUE_BLOCKS_PER_SM: usize = 1;
@@ -265,7 +266,7 @@ mod tests {
     #[test]
     fn batch_one_fills_both_grids_where_the_dense_plan_left_them_starved() {
         // 132 SMs: scores want 1848 / 32 → 58 splits, values 396 / 8 → 50; long splits allow
-        // 64 → 58, rounded to whole tiles of 576 keys: 57.
+        // 128 → 58, rounded to whole tiles of 576 keys: 57.
         let p = mha().plan(1, 32 * 1024, 132);
         assert_eq!(
             p,
@@ -276,7 +277,7 @@ mod tests {
         );
         // Seven times the value blocks of the dense plan's 8 splits.
         assert_eq!(p.splits * mha().value_chunks, 456);
-        // At 4k long splits (8) would starve the value grid: 17 feed it (rounded: 16 of 256),
+        // At 4k long splits (16) would starve the value grid: 17 feed it (rounded: 16 of 256),
         // within the partials' bound (4096 / 192 = 21).
         let p = mha().plan(1, 4096, 132);
         assert_eq!(
@@ -307,12 +308,12 @@ mod tests {
                 split_len: 704
             }
         );
-        // At 16 × 8k the target (58) would cut 160-key splits; long ones (16) feed both grids.
+        // At 16 × 8k the target (58) would cut 160-key splits; long ones (32) feed both grids.
         assert_eq!(
             qwen().plan(16, 8192, 132),
             SplitPlan {
-                splits: 16,
-                split_len: 512
+                splits: 32,
+                split_len: 256
             }
         );
         // MHA at 20 × 32k: three splits meet both targets.
