@@ -1,24 +1,31 @@
 #!/usr/bin/env bash
-# Issue 15's latent split plan (backend/latent_plan.rs) on the GPU, in one device call:
-#   1. tests: the latent parity (every score kernel on eager plans), decode graphs with latent
-#      layers of two shapes (each shape's plan read from the replay buffer), and the prefill
-#      parity of the WS_STAGES 4 variant of the Hopper prefill kernel (STARLING_KERNEL_DIR);
-#   2. bench: `starling bench kernels --latent-only --quick` once per STARLING_LATENT_SPLITS
-#      tuning (`default` = the built-in constants), summarised side by side.
+# Latent decode A/Bs on the GPU (issue 15), in one device call, with one binary:
+#   tests     the latent parity (every score kernel on eager plans) and decode graphs with latent
+#             layers of two shapes (each shape's split plan read from the replay buffer);
+#   bench     `starling bench kernels --latent-only --quick` once per STARLING_LATENT_SPLITS
+#             tuning in TUNINGS (`default` = the built-in constants: backend/latent_plan.rs);
+#   variants  each of VARIANTS ("name:DEFINE=value,..." of kernels/latent.cu): a copy of the
+#             kernel sources with those #defines rewritten (STARLING_KERNEL_DIR), its latent
+#             parity, then the same bench; the built-in sources' bench runs first as `builtin`.
+# All benches are summarised side by side in summary.md.
 #   here:  bash scripts/device/build_gpu_tests.sh
-#   there: bash scripts/device/latent_plan_ab.sh [tests] [bench]
+#   there: bash scripts/device/latent_plan_ab.sh [tests] [bench] [variants]
 #          (carry .device/starling, .device/tests/parity-*, .device/tests/graphs_gpu-*)
 # Results in $OUT: tests.log, summary.md, ab.tgz (each run's JSON + markdown).
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 parts=${*:-tests bench}
-TUNINGS=${TUNINGS:-"default 8,2,4 4,1,2 16,4,2 8,4,1"}
+TUNINGS=${TUNINGS:-"default 14,3,2,0 14,3,2,512"}
+# LS_PASSES: passes over a reconstructed key row in latent_scores_d* (ptxas, d128 bf16: 1 → 138
+# registers, 2 → 102, 4 → 96; no spills).
+VARIANTS=${VARIANTS:-"passes2:LS_PASSES=2 passes4:LS_PASSES=4"}
 S=${S:-.device/starling}
 work=$(mktemp -d)
 trap 'tar czf "$OUT/ab.tgz" -C "$work" .' EXIT
 { date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } \
   | tee "$OUT/date.txt"
 status=0
+arms=()
 one() { # label, command...
   local label=$1; shift
   echo "== $label" | tee -a "$OUT/tests.log"
@@ -30,51 +37,64 @@ one() { # label, command...
   grep -E '^test result|panicked' "$work/one.log" | head -5
   echo "rc $rc" | tee -a "$OUT/tests.log"
 }
+bench() { # arm name, env assignments...
+  local name=$1; shift
+  echo "== bench $name $*" | tee -a "$OUT/tests.log"
+  env "$@" timeout 240 "$S" bench kernels --latent-only --quick \
+    --output "$work/$name.json" > "$work/$name.md" 2>&1 || { status=1; tail -3 "$work/$name.md"; }
+  arms+=("$name")
+}
+parity=$(ls .device/tests/parity-* 2>/dev/null | head -1)
 if [[ " $parts " == *" tests "* ]]; then
-  parity=$(ls .device/tests/parity-* | head -1)
   graphs=$(ls .device/tests/graphs_gpu-* | head -1)
   one "parity latent" "$parity" --include-ignored --test-threads=1 --nocapture latent
   one "graphs latent" "$graphs" --include-ignored --test-threads=1 --nocapture latent
-  # The WS_STAGES 4 variant: a copy of the kernel sources with the one #define rewritten.
-  variant=$work/kernels_stages4
-  cp -r crates/starling-cuda/kernels "$variant"
-  sed -i 's/^#define WS_STAGES [0-9]*/#define WS_STAGES 4/' "$variant/prefill_wgmma.cu"
-  grep -n '^#define WS_STAGES' "$variant/prefill_wgmma.cu" | tee -a "$OUT/tests.log"
-  one "parity prefill, WS_STAGES 4" env STARLING_KERNEL_DIR="$variant" \
-    "$parity" --include-ignored --test-threads=1 --nocapture prefill
 fi
 if [[ " $parts " == *" bench "* ]]; then
   for t in $TUNINGS; do
-    name=${t//,/_}
-    envs=()
-    [ "$t" = default ] || envs=(STARLING_LATENT_SPLITS="$t")
-    echo "== bench $t" | tee -a "$OUT/tests.log"
-    env "${envs[@]}" timeout 240 "$S" bench kernels --latent-only --quick \
-      --output "$work/$name.json" > "$work/$name.md" 2>&1 || { status=1; tail -3 "$work/$name.md"; }
+    if [ "$t" = default ]; then bench default; else bench "${t//,/_}" STARLING_LATENT_SPLITS="$t"; fi
   done
-  python3 - "$work" $TUNINGS > "$OUT/summary.md" <<'EOF'
+fi
+if [[ " $parts " == *" variants "* ]]; then
+  bench builtin
+  for v in $VARIANTS; do
+    name=${v%%:*}
+    dir=$work/kernels_$name
+    cp -r crates/starling-cuda/kernels "$dir"
+    IFS=, read -ra defs <<< "${v#*:}"
+    for def in "${defs[@]}"; do
+      sed -i "s/^#define ${def%%=*} [^ ]*/#define ${def%%=*} ${def#*=}/" "$dir/latent.cu"
+      grep -n "^#define ${def%%=*} " "$dir/latent.cu" | tee -a "$OUT/tests.log"
+    done
+    one "parity latent, $name" env STARLING_KERNEL_DIR="$dir" \
+      "$parity" --include-ignored --test-threads=1 --nocapture latent
+    bench "$name" STARLING_KERNEL_DIR="$dir"
+  done
+fi
+if [ ${#arms[@]} -gt 0 ]; then
+  python3 - "$work" "${arms[@]}" > "$OUT/summary.md" <<'EOF'
 import sys
-work, tunings = sys.argv[1], sys.argv[2:]
+work, arms = sys.argv[1], sys.argv[2:]
 rows = {}
-for t in tunings:
+for arm in arms:
     try:
-        lines = open(f"{work}/{t.replace(',', '_')}.md").read().splitlines()
+        lines = open(f"{work}/{arm}.md").read().splitlines()
     except OSError:
         continue
     for line in lines:
         c = [x.strip() for x in line.strip().strip('|').split('|')]
         if len(c) == 9 and c[1] == 'decode':
             key = (c[0], f"{c[2]} × {c[3]}")
-            rows.setdefault(key, {})[t] = (float(c[5]), float(c[6]))
-print("latent ms per STARLING_LATENT_SPLITS tuning (score,value,share); dense ms and "
-      "latent/dense speed of each run\n")
-print("| shape | batch × seq | " + " | ".join(tunings) + " |")
-print("|---|---|" + "---:|" * len(tunings))
+            rows.setdefault(key, {})[arm] = (float(c[5]), float(c[6]))
+print("latent ms per arm (STARLING_LATENT_SPLITS tuning score_value_share_long, or kernel "
+      "variant); latent/dense speed of each run\n")
+print("| shape | batch × seq | " + " | ".join(arms) + " |")
+print("|---|---|" + "---:|" * len(arms))
 for (shape, point), by in rows.items():
     cells = []
-    for t in tunings:
-        if t in by:
-            lat, den = by[t]
+    for arm in arms:
+        if arm in by:
+            lat, den = by[arm]
             cells.append(f"{lat:.4f} ({den / lat:.2f}×)")
         else:
             cells.append("–")

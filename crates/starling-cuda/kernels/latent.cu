@@ -35,6 +35,11 @@
 #define LS_WARPS 4
 #define LS_BN 64      // keys per tile of latent_scores (16 per warp)
 #define LS_STAGES 2   // key-latent tiles in flight
+// Passes over a reconstructed key row: 1 keeps its 4·D/8 accumulators live at once (d128: 138
+// registers, 3 blocks per SM); 2 and 4 hold a half and a quarter (ptxas: 102 and 96 registers,
+// no spills: 4 and 5 blocks per SM) for the same products, the score's k-steps in another order.
+// Untimed on a GPU yet: A/B with scripts/device/latent_plan_ab.sh variants.
+#define LS_PASSES 1
 #define LV_THREADS 128
 #define LV_BN 16      // tokens per tile of latent_values (one k-step; its U ring fits static
                       // shared memory at 512 columns: 2 × 16 × 520 × 2 B)
@@ -158,6 +163,11 @@ __device__ void latent_scores_impl(
     if ((int)blockIdx.z >= splits) return;
     constexpr int NT = D / 8;    // 8-wide n-tiles of a reconstructed key row
     constexpr int KS = D / 16;   // k-steps of the score over the head dim
+    // Passes over the key row (LS_PASSES, at most NT / 4: each pass takes whole k-steps of the
+    // score from each half) and first-half n-tiles per pass.
+    constexpr int PASSES = LS_PASSES < NT / 4 ? LS_PASSES : NT / 4;
+    constexpr int PT = NT / (2 * PASSES);
+    static_assert(PT % 2 == 0 && PASSES * 2 * PT == NT, "whole k-steps per pass");
     constexpr int HALF = D / 2;
     constexpr int EB = FP8 ? 1 : 2;  // bytes per cache element
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -264,69 +274,87 @@ __device__ void latent_scores_impl(
             z = reinterpret_cast<const bf16*>(z_ring) + (it % LS_STAGES) * LS_BN * rs;
         }
         const int wk = warp * 16;
-        float acc[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-        // Keys = Z · B_hᵀ over the rank (k-steps of 16).
-        for (int ks = 0; ks < r16 / 16; ks++) {
-            unsigned a[4];
-            ldmatrix_x4(a, z + (wk + (lane & 15)) * rs + 16 * ks + 8 * (lane >> 4));
-#pragma unroll
-            for (int p = 0; p < NT / 2; p++) {
-                unsigned b[4];
-                ldmatrix_x4(b, b_s + (16 * p + (lane & 7) + ((lane >> 4) << 3)) * rs + 16 * ks +
-                                   8 * ((lane >> 3) & 1));
-                mma_bf16(acc[2 * p], a, b[0], b[1]);
-                mma_bf16(acc[2 * p + 1], a, b[2], b[3]);
-            }
-        }
-        // Bias, then RoPE at each row's position (rows wk + g and wk + g + 8 of the tile).
+        // Rows wk + g and wk + g + 8 of the tile: their positions for RoPE.
         const int j0 = kv_start + it * LS_BN + wk + g, j1 = j0 + 8;
         const unsigned p0 = j0 < kv_end ? slot_position(pos_plane, paged_slot(table, j0, block_size)) : 0u;
         const unsigned p1 = j1 < kv_end ? slot_position(pos_plane, paged_slot(table, j1, block_size)) : 0u;
         const float2* cs0 = rope_table + (size_t)p0 * HALF;
         const float2* cs1 = rope_table + (size_t)p1 * HALF;
-        if (interleaved) {
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                const int col = nt * 8 + 2 * q4, i = col / 2;
-                const float b0 = bias_s[col], b1 = bias_s[col + 1];
-                const float2 r0 = cs0[i], r1 = cs1[i];
-                float x0 = acc[nt][0] + b0, x1 = acc[nt][1] + b1;
-                acc[nt][0] = x0 * r0.x - x1 * r0.y;
-                acc[nt][1] = x0 * r0.y + x1 * r0.x;
-                x0 = acc[nt][2] + b0;
-                x1 = acc[nt][3] + b1;
-                acc[nt][2] = x0 * r1.x - x1 * r1.y;
-                acc[nt][3] = x0 * r1.y + x1 * r1.x;
-            }
-        } else {
-#pragma unroll
-            for (int nt = 0; nt < NT / 2; nt++) {
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int i = nt * 8 + 2 * q4 + e;  // frequency; its partner is i + HALF
-                    const float ba = bias_s[i], bb = bias_s[i + HALF];
-                    const float2 r0 = cs0[i], r1 = cs1[i];
-                    float x0 = acc[nt][e] + ba, x1 = acc[nt + NT / 2][e] + bb;
-                    acc[nt][e] = x0 * r0.x - x1 * r0.y;
-                    acc[nt + NT / 2][e] = x0 * r0.y + x1 * r0.x;
-                    x0 = acc[nt][e + 2] + ba;
-                    x1 = acc[nt + NT / 2][e + 2] + bb;
-                    acc[nt][e + 2] = x0 * r1.x - x1 * r1.y;
-                    acc[nt + NT / 2][e + 2] = x0 * r1.y + x1 * r1.x;
-                }
-            }
-        }
-        // Sᵀ[16 keys × 8 heads] = K · Qᵀ: the key accumulators are the A fragments.
+        // The key row in PASSES passes of 2·PT n-tiles each: PT from the first half of the head
+        // dim and their RoPE partners PT from the second (n-tile nt pairs with nt + NT/2), so a
+        // pass holds 8·PT accumulators instead of 4·NT (occupancy: LS_PASSES at the top).
         float s[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            const unsigned a[4] = {pack_bf16(acc[2 * ks][0], acc[2 * ks][1]),
-                                   pack_bf16(acc[2 * ks][2], acc[2 * ks][3]),
-                                   pack_bf16(acc[2 * ks + 1][0], acc[2 * ks + 1][1]),
-                                   pack_bf16(acc[2 * ks + 1][2], acc[2 * ks + 1][3])};
-            mma_bf16(s, a, qb[ks][0], qb[ks][1]);
+        for (int pass = 0; pass < PASSES; pass++) {
+            // acc[i], i < PT: n-tile pass·PT + i; acc[PT + i]: its partner NT/2 + pass·PT + i.
+            float acc[2 * PT][4];
+#pragma unroll
+            for (int i = 0; i < 2 * PT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+            // Keys = Z · B_hᵀ over the rank (k-steps of 16).
+            for (int ks = 0; ks < r16 / 16; ks++) {
+                unsigned a[4];
+                ldmatrix_x4(a, z + (wk + (lane & 15)) * rs + 16 * ks + 8 * (lane >> 4));
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+#pragma unroll
+                    for (int p = 0; p < PT / 2; p++) {
+                        // B rows of n-tiles nt0 and nt0 + 1 (16 rows of B_h from row 8·nt0).
+                        const int nt0 = h * (NT / 2) + pass * PT + 2 * p;
+                        unsigned b[4];
+                        ldmatrix_x4(b, b_s + (8 * nt0 + (lane & 7) + ((lane >> 4) << 3)) * rs +
+                                           16 * ks + 8 * ((lane >> 3) & 1));
+                        mma_bf16(acc[h * PT + 2 * p], a, b[0], b[1]);
+                        mma_bf16(acc[h * PT + 2 * p + 1], a, b[2], b[3]);
+                    }
+                }
+            }
+            // Bias, then RoPE at each row's position.
+            if (interleaved) {
+#pragma unroll
+                for (int i = 0; i < 2 * PT; i++) {
+                    const int nt = (i < PT ? 0 : NT / 2 - PT) + pass * PT + i;
+                    const int col = nt * 8 + 2 * q4, f = col / 2;
+                    const float b0 = bias_s[col], b1 = bias_s[col + 1];
+                    const float2 r0 = cs0[f], r1 = cs1[f];
+                    float x0 = acc[i][0] + b0, x1 = acc[i][1] + b1;
+                    acc[i][0] = x0 * r0.x - x1 * r0.y;
+                    acc[i][1] = x0 * r0.y + x1 * r0.x;
+                    x0 = acc[i][2] + b0;
+                    x1 = acc[i][3] + b1;
+                    acc[i][2] = x0 * r1.x - x1 * r1.y;
+                    acc[i][3] = x0 * r1.y + x1 * r1.x;
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < PT; i++) {
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        // Frequency f of n-tile pass·PT + i; its partner f + HALF.
+                        const int f = (pass * PT + i) * 8 + 2 * q4 + e;
+                        const float ba = bias_s[f], bb = bias_s[f + HALF];
+                        const float2 r0 = cs0[f], r1 = cs1[f];
+                        float x0 = acc[i][e] + ba, x1 = acc[PT + i][e] + bb;
+                        acc[i][e] = x0 * r0.x - x1 * r0.y;
+                        acc[PT + i][e] = x0 * r0.y + x1 * r0.x;
+                        x0 = acc[i][e + 2] + ba;
+                        x1 = acc[PT + i][e + 2] + bb;
+                        acc[i][e + 2] = x0 * r1.x - x1 * r1.y;
+                        acc[PT + i][e + 2] = x0 * r1.y + x1 * r1.x;
+                    }
+                }
+            }
+            // Sᵀ[16 keys × 8 heads] += K · Qᵀ over this pass's k-steps: the key accumulators
+            // are the A fragments (k-step ks covers n-tiles 2ks and 2ks + 1).
+#pragma unroll
+            for (int m = 0; m < PT; m++) {
+                const int i = 2 * (m % (PT / 2)) + (m < PT / 2 ? 0 : PT);
+                const int ks = (i < PT ? 0 : NT / 2 - PT) / 2 + (pass * PT + i) / 2;
+                const unsigned a[4] = {pack_bf16(acc[i][0], acc[i][1]),
+                                       pack_bf16(acc[i][2], acc[i][3]),
+                                       pack_bf16(acc[i + 1][0], acc[i + 1][1]),
+                                       pack_bf16(acc[i + 1][2], acc[i + 1][3])};
+                mma_bf16(s, a, qb[ks][0], qb[ks][1]);
+            }
         }
         // s[0], s[1]: key j0, heads 2q4, 2q4 + 1; s[2], s[3]: key j1.
 #pragma unroll
