@@ -361,7 +361,7 @@ impl CudaBackend {
             self,
             values_kernel,
             LaunchConfig {
-                grid_dim: (count as u32, splits as u32, vw.div_ceil(chunk_cols) as u32,),
+                grid_dim: (count as u32, splits as u32, vw.div_ceil(chunk_cols) as u32),
                 block_dim: (LATENT_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             },
