@@ -328,28 +328,41 @@ mod tests {
         );
     }
 
-    #[test]
-    fn plans_cover_the_context_and_stay_within_the_bound() {
-        for shape in [mha(), qwen(), LatentSplitShape::new(8, 8, 8 * 48, 512, 512)] {
-            for rows in [1, 2, 3, 7, 16, 33, 256] {
-                let bound = shape.split_bound(rows, 40_000, 132);
-                for visible in [0, 1, 63, 64, 65, 320, 1000, 4096, 4097, 32_768, 40_000] {
-                    let p = shape.plan(rows, visible, 132);
-                    assert!(p.splits >= 1 && p.splits <= LATENT_MAX_SPLITS, "{p:?}");
-                    assert!(
-                        p.splits * p.split_len >= visible.max(1),
-                        "{p:?} < {visible}"
-                    );
-                    // No split is empty.
-                    assert!((p.splits - 1) * p.split_len < visible.max(1), "{p:?}");
-                    assert!(
-                        p.splits <= bound,
-                        "{shape:?} {rows} × {visible}: {p:?} > {bound}"
-                    );
-                    // More rows never plan more splits.
-                    assert!(shape.plan(rows + 1, visible, 132).splits <= p.splits.max(1));
-                }
-            }
+    proptest::proptest! {
+        /// What the kernels and the replay buffers rely on, for any shape: every plan covers the
+        /// context with no empty split, stays within the bucket bound that sizes a replay's
+        /// grids and partials (any rows from the bucket's fewest, any context up to the
+        /// longest), and never plans more splits for more rows.
+        #[test]
+        fn plans_cover_the_context_and_stay_within_the_bound(
+            kv_heads in 1usize..=32,
+            group in 1usize..=8,
+            key_rank in 1usize..=16,
+            value_width in 1usize..=512,
+            fewest_rows in 1usize..=300,
+            extra_rows in 0usize..=200,
+            max_len in 1usize..=140_000,
+            visible_share in 0.0f64..=1.0,
+            num_sms in 1usize..=200,
+        ) {
+            let heads = kv_heads * group;
+            let value_width = 8 * value_width;
+            let shape = LatentSplitShape::new(
+                heads,
+                kv_heads,
+                kv_heads * 8 * key_rank,
+                value_width,
+                value_width,
+            );
+            let rows = fewest_rows + extra_rows;
+            let visible = (max_len as f64 * visible_share) as usize;
+            let bound = shape.split_bound(fewest_rows, max_len, num_sms);
+            let p = shape.plan(rows, visible, num_sms);
+            proptest::prop_assert!(p.splits >= 1 && p.splits <= LATENT_MAX_SPLITS, "{:?}", p);
+            proptest::prop_assert!(p.splits * p.split_len >= visible.max(1), "{:?}", p);
+            proptest::prop_assert!((p.splits - 1) * p.split_len < visible.max(1), "{:?}", p);
+            proptest::prop_assert!(p.splits <= bound, "{:?} > {}", p, bound);
+            proptest::prop_assert!(shape.plan(rows + 1, visible, num_sms).splits <= p.splits);
         }
     }
 
