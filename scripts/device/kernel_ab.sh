@@ -12,6 +12,7 @@
 # (all three when none is named). Results in $OUT: kernel_ab.tgz (one JSON + markdown per run)
 # and summary.md (the device tool brings back at most 8 files a call, so the runs travel tarred).
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONUNBUFFERED=1
 S=${S:-.device/starling}
@@ -57,13 +58,7 @@ for part in $parts; do
       for v in $PREFILL_VARIANTS; do
         name=${v%%:*}
         dir=$(mktemp -d)/kernels
-        cp -r crates/starling-cuda/kernels "$dir"
-        IFS=, read -ra defs <<< "${v#*:}"
-        for d in "${defs[@]}"; do
-          key=${d%%=*}
-          grep -q "^#define $key " "$dir/prefill_wgmma.cu" || { echo "no #define $key" >&2; exit 1; }
-          sed -i "s|^#define $key .*|#define $key ${d#*=}|" "$dir/prefill_wgmma.cu"
-        done
+        kernel_variant "$dir" prefill_wgmma.cu "${v#*:}" || exit 1
         variant_dir[$name]=$dir
       done
       # Arms in turn, PREFILL_REPEATS times, so drift (clocks, heat) falls on every arm alike;

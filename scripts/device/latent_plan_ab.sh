@@ -13,6 +13,7 @@
 #          (carry .device/starling, .device/tests/parity-*, .device/tests/graphs_gpu-*)
 # Results in $OUT: tests.log, summary.md, ab.tgz (each run's JSON + markdown).
 set -uo pipefail
+. "$(dirname "$0")/lib.sh"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 parts=${*:-tests bench}
 TUNINGS=${TUNINGS:-"default 14,3,2,0 14,3,2,512"}
@@ -60,12 +61,8 @@ if [[ " $parts " == *" variants "* ]]; then
   for v in $VARIANTS; do
     name=${v%%:*}
     dir=$work/kernels_$name
-    cp -r crates/starling-cuda/kernels "$dir"
-    IFS=, read -ra defs <<< "${v#*:}"
-    for def in "${defs[@]}"; do
-      sed -i "s/^#define ${def%%=*} [^ ]*/#define ${def%%=*} ${def#*=}/" "$dir/latent.cu"
-      grep -n "^#define ${def%%=*} " "$dir/latent.cu" | tee -a "$OUT/tests.log"
-    done
+    kernel_variant "$dir" latent.cu "${v#*:}" || { status=1; continue; }
+    echo "$name: ${v#*:}" >> "$OUT/tests.log"
     one "parity latent, $name" env STARLING_KERNEL_DIR="$dir" \
       "$parity" --include-ignored --test-threads=1 --nocapture latent
     bench "$name" STARLING_KERNEL_DIR="$dir"

@@ -12,3 +12,17 @@ wait_healthy() {
   done
   return 1
 }
+
+# kernel_variant DIR FILE "DEFINE=value,...": a copy of the kernel sources in DIR with those
+# `#define`s of FILE (in crates/starling-cuda/kernels) rewritten, for STARLING_KERNEL_DIR (A/B
+# runs of compile-time knobs without a rebuild). Fails (1) where FILE lacks one of the defines.
+kernel_variant() {
+  local dir=$1 file=$2 defs d key
+  cp -r crates/starling-cuda/kernels "$dir" || return 1
+  IFS=, read -ra defs <<< "$3"
+  for d in "${defs[@]}"; do
+    key=${d%%=*}
+    grep -q "^#define $key " "$dir/$file" || { echo "no #define $key in $file" >&2; return 1; }
+    sed -i "s|^#define $key .*|#define $key ${d#*=}|" "$dir/$file"
+  done
+}
