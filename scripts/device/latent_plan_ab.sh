@@ -6,20 +6,27 @@
 #             tuning in TUNINGS (`default` = the built-in constants: backend/latent_plan.rs);
 #   variants  each of VARIANTS ("name:DEFINE=value,..." of kernels/latent.cu): a copy of the
 #             kernel sources with those #defines rewritten (STARLING_KERNEL_DIR), its latent
-#             parity, then the same bench; the built-in sources' bench runs first as `builtin`.
+#             parity, then the same bench; the built-in sources' bench runs first as `builtin`;
+#   nsight    Nsight Compute `--set full` of one launch per launch shape of NCU_KERNELS (regex,
+#             default latent_scores_d128_bf16) for `builtin` and each variant: nsight.md
+#             (scripts/bench/ncu_full_summary.py: stalls, hit rates, pipe activity); ~1–2 min
+#             an arm.
 # All benches are summarised side by side in summary.md.
 #   here:  bash scripts/device/build_gpu_tests.sh
 #   there: bash scripts/device/latent_plan_ab.sh [tests] [bench] [variants]
 #          (carry .device/starling, .device/tests/parity-*, .device/tests/graphs_gpu-*)
-# Results in $OUT: tests.log, summary.md, ab.tgz (each run's JSON + markdown).
+# Results in $OUT: tests.log, summary.md, nsight.md, ab.tgz (each run's JSON + markdown, each
+# Nsight arm's raw CSV).
 set -uo pipefail
 . "$(dirname "$0")/lib.sh"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 parts=${*:-tests bench}
 TUNINGS=${TUNINGS:-"default 14,3,2,0 14,3,2,512"}
-# LS_PASSES: passes over a reconstructed key row in latent_scores_d* (ptxas, d128 bf16: 1 → 138
-# registers, 2 → 102, 4 → 96; no spills).
-VARIANTS=${VARIANTS:-"passes2:LS_PASSES=2 passes4:LS_PASSES=4"}
+# LS_PASSES (2, 4: fewer registers, more blocks per SM) was no win on the H100 (session 37).
+# LS_ROPE_SPLIT: RoPE rows composed from the table row of p − p mod LS_ROPE_LO and a shared row
+# of p mod LS_ROPE_LO, positions staged with the tile (ptxas, d128: 142 registers, 8.7 KB static
+# shared memory at LO 16). LS_SLOT_AHEAD: the block-table lookup one iteration early.
+VARIANTS=${VARIANTS:-"slotahead:LS_SLOT_AHEAD=1 ropesplit:LS_ROPE_SPLIT=1 ropesplit_ahead:LS_ROPE_SPLIT=1,LS_SLOT_AHEAD=1 ropesplit64:LS_ROPE_SPLIT=1,LS_ROPE_LO=64"}
 S=${S:-.device/starling}
 work=$(mktemp -d)
 trap 'tar czf "$OUT/ab.tgz" -C "$work" .' EXIT
@@ -67,6 +74,31 @@ if [[ " $parts " == *" variants "* ]]; then
       "$parity" --include-ignored --test-threads=1 --nocapture latent
     bench "$name" STARLING_KERNEL_DIR="$dir"
   done
+fi
+if [[ " $parts " == *" nsight "* ]]; then
+  # Nsight Compute `--set full` of one launch per distinct launch shape of the kernels matching
+  # NCU_KERNELS, for the built-in sources and each variant (their directories from `variants`,
+  # or made here): stalls, hit rates, pipe activity side by side in nsight.md.
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for v in builtin $VARIANTS; do
+    name=${v%%:*}
+    envs=()
+    if [ "$name" != builtin ]; then
+      dir=$work/kernels_$name
+      [ -d "$dir" ] || kernel_variant "$dir" latent.cu "${v#*:}" || { status=1; continue; }
+      envs=(STARLING_KERNEL_DIR="$dir")
+    fi
+    echo "== nsight $name" | tee -a "$OUT/tests.log"
+    env "${envs[@]}" timeout "${NCU_TIMEOUT:-150}" "$ncu" --set full --clock-control none \
+      --filter-mode per-launch-config --kernel-name "regex:${NCU_KERNELS:-latent_scores_d128_bf16}" \
+      --launch-skip 5 --launch-count 1 -o "$work/$name" \
+      "$S" bench kernels --latent-only --quick > "$work/$name.ncu.log" 2>&1 || status=1
+    "$ncu" --import "$work/$name.ncu-rep" --page raw --csv > "$work/$name.raw.csv" 2>/dev/null
+    python3 scripts/bench/ncu_full_summary.py "$work/$name.raw.csv" "$name" \
+      | { [ "$name" = builtin ] && cat || tail -n +3; } >> "$OUT/nsight.md"
+    rm -f "$work/$name.ncu-rep"  # tens of MB: the raw CSV keeps every metric
+  done
+  cat "$OUT/nsight.md"
 fi
 if [ ${#arms[@]} -gt 0 ]; then
   python3 - "$work" "${arms[@]}" > "$OUT/summary.md" <<'EOF'

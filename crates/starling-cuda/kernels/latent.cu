@@ -38,8 +38,22 @@
 // Passes over a reconstructed key row: 1 keeps its 4·D/8 accumulators live at once (d128: 138
 // registers, 3 blocks per SM); 2 and 4 hold a half and a quarter (ptxas: 102 and 96 registers,
 // no spills: 4 and 5 blocks per SM) for the same products, the score's k-steps in another order.
-// Untimed on a GPU yet: A/B with scripts/device/latent_plan_ab.sh variants.
+// H100 (session 37): 2 and 4 within ±3% on MHA, 10–13% slower on Qwen at full grids.
 #define LS_PASSES 1
+// RoPE of the reconstructed keys. 0: cos/sin read from the table row of each key's position
+// (64 × D/2 float pairs per tile, 4× the tile's latent bytes, through L2), the position read
+// after a block-table → position chain of dependent loads. 1: the tile's positions land in
+// shared memory with its latents (cp.async), and cos/sin at p = hi + lo (lo = p mod LS_ROPE_LO)
+// is the table row of hi (a tile's keys share a few: L1) times the row of lo, held in static
+// shared memory from the table's first LS_ROPE_LO rows. The angle sum rounds differently from
+// sincosf(p·θ) with f32 angles: up to 1.9e-3 apart at 32k positions, each within 9.8e-4 of
+// the exact product's cos/sin (the f32 angle's own rounding; keys are then rounded to bf16).
+// Untimed on a GPU yet: A/B with scripts/device/latent_plan_ab.sh variants.
+#define LS_ROPE_SPLIT 0
+#define LS_ROPE_LO 16
+// 1: the block-table lookup of each tile's slots one iteration before its cp.async (in flight
+// while the tile before is computed), not on the way to it after the barrier. Untimed on a GPU.
+#define LS_SLOT_AHEAD 0
 #define LV_THREADS 128
 #define LV_BN 16      // tokens per tile of latent_values (one k-step; its U ring fits static
                       // shared memory at 512 columns: 2 × 16 × 520 × 2 B)
@@ -139,6 +153,19 @@ extern "C" __global__ void latent_rope_table_f32(float2* __restrict__ table,
     }
 }
 
+// cos/sin of one key's position at frequency f (LS_ROPE_SPLIT): the table row itself (lo null),
+// or the table row of the position's multiple of LS_ROPE_LO rotated by the shared row of the rest.
+struct RopeRow {
+    const float2* hi;
+    const float2* lo;
+    __device__ __forceinline__ float2 at(int f) const {
+        const float2 h = hi[f];
+        if (LS_ROPE_SPLIT == 0) return h;
+        const float2 l = lo[f];
+        return make_float2(h.x * l.x - h.y * l.y, h.y * l.x + h.x * l.y);
+    }
+};
+
 // Scores of one (decode row, KV head, context split). Dynamic shared memory
 // (geometry.rs latent_scores_shared_bytes): B_h as [D][rs] bf16 (rs = the host's padded row
 // stride ≥ rank rounded up to 16, plus 8 so ldmatrix rows fall in distinct banks), then LS_STAGES
@@ -203,18 +230,33 @@ __device__ void latent_scores_impl(
     }
     for (int d = tid; d < D; d += LS_THREADS)
         bias_s[d] = key_bias != nullptr ? __bfloat162float(key_bias[kvh * D + d]) : 0.f;
+#if LS_ROPE_SPLIT
+    // cos/sin of positions 0..LS_ROPE_LO − 1 (the table's first rows, in 16-byte chunks) and
+    // each staged tile's positions.
+    __shared__ __align__(16) float2 lo_s[LS_ROPE_LO * HALF];
+    __shared__ unsigned pos_s[LS_STAGES * LS_BN];
+    for (int k = tid; k < LS_ROPE_LO * HALF / 2; k += LS_THREADS)
+        cp_async16(reinterpret_cast<bf16*>(lo_s + 2 * k),
+                   reinterpret_cast<const bf16*>(rope_table + 2 * k), true);
+#endif
     cp_async_commit();
 
     // Two threads per key row, alternate chunks: one slot lookup per row and thread, not one
     // per 16-byte chunk (through L1: a sector's halves come from the same two threads).
     static_assert(LS_THREADS == 2 * LS_BN, "two threads per key-latent row");
-    auto load_tile = [&](int tile, int stage) {
+    // This thread's row's slot in `tile` (0 past the context).
+    auto tile_slot = [&](int tile) {
+        const int j = kv_start + tile * LS_BN + (tid >> 1);
+        return j < kv_end ? paged_slot(table, j, block_size) : 0u;
+    };
+    auto load_tile = [&](int tile, int stage, unsigned slot) {
         const int r = tid >> 1;
-        const int j = kv_start + tile * LS_BN + r;
-        const bool in = j < kv_end;
-        const size_t row =
-            (size_t)(in ? paged_slot(table, j, block_size) : 0u) * key_width + offset;
+        const bool in = kv_start + tile * LS_BN + r < kv_end;
+        const size_t row = (size_t)slot * key_width + offset;
         const size_t z = ((size_t)stage * LS_BN + r) * rs;  // element index in the ring
+#if LS_ROPE_SPLIT
+        if ((tid & 1) == 0) cp_async4(pos_s + stage * LS_BN + r, pos_plane + slot, in);
+#endif
         for (int c = tid & 1; c < cpr; c += 2) {
             const bool valid = in && 8 * c < rank;
             if (FP8) {
@@ -237,9 +279,11 @@ __device__ void latent_scores_impl(
     };
 #pragma unroll
     for (int s = 0; s < LS_STAGES - 1; s++) {
-        if (s < n_tiles) load_tile(s, s);
+        if (s < n_tiles) load_tile(s, s, tile_slot(s));
         cp_async_commit();
     }
+    // LS_SLOT_AHEAD: the slot of the next tile to load, looked up one iteration early.
+    unsigned next_slot = LS_SLOT_AHEAD && LS_STAGES - 1 < n_tiles ? tile_slot(LS_STAGES - 1) : 0u;
 
     // The group's queries as the B operand of Kᵀ·Q: column n = head n of the group (zero past
     // the group), k = the head dim.
@@ -261,8 +305,10 @@ __device__ void latent_scores_impl(
         __syncthreads();
         {
             const int next = it + LS_STAGES - 1;
-            if (next < n_tiles) load_tile(next, next % LS_STAGES);
+            if (next < n_tiles)
+                load_tile(next, next % LS_STAGES, LS_SLOT_AHEAD ? next_slot : tile_slot(next));
             cp_async_commit();
+            if (LS_SLOT_AHEAD && next + 1 < n_tiles) next_slot = tile_slot(next + 1);
         }
         const bf16* z;
         if (FP8) {
@@ -276,10 +322,20 @@ __device__ void latent_scores_impl(
         const int wk = warp * 16;
         // Rows wk + g and wk + g + 8 of the tile: their positions for RoPE.
         const int j0 = kv_start + it * LS_BN + wk + g, j1 = j0 + 8;
+#if LS_ROPE_SPLIT
+        // Landed with the tile (zero past the context).
+        const unsigned p0 = pos_s[(it % LS_STAGES) * LS_BN + wk + g];
+        const unsigned p1 = pos_s[(it % LS_STAGES) * LS_BN + wk + g + 8];
+        const RopeRow cs0{rope_table + (size_t)(p0 - p0 % LS_ROPE_LO) * HALF,
+                          lo_s + (p0 % LS_ROPE_LO) * HALF};
+        const RopeRow cs1{rope_table + (size_t)(p1 - p1 % LS_ROPE_LO) * HALF,
+                          lo_s + (p1 % LS_ROPE_LO) * HALF};
+#else
         const unsigned p0 = j0 < kv_end ? slot_position(pos_plane, paged_slot(table, j0, block_size)) : 0u;
         const unsigned p1 = j1 < kv_end ? slot_position(pos_plane, paged_slot(table, j1, block_size)) : 0u;
-        const float2* cs0 = rope_table + (size_t)p0 * HALF;
-        const float2* cs1 = rope_table + (size_t)p1 * HALF;
+        const RopeRow cs0{rope_table + (size_t)p0 * HALF, nullptr};
+        const RopeRow cs1{rope_table + (size_t)p1 * HALF, nullptr};
+#endif
         // The key row in PASSES passes of 2·PT n-tiles each: PT from the first half of the head
         // dim and their RoPE partners PT from the second (n-tile nt pairs with nt + NT/2), so a
         // pass holds 8·PT accumulators instead of 4·NT (occupancy: LS_PASSES at the top).
@@ -315,7 +371,7 @@ __device__ void latent_scores_impl(
                     const int nt = (i < PT ? 0 : NT / 2 - PT) + pass * PT + i;
                     const int col = nt * 8 + 2 * q4, f = col / 2;
                     const float b0 = bias_s[col], b1 = bias_s[col + 1];
-                    const float2 r0 = cs0[f], r1 = cs1[f];
+                    const float2 r0 = cs0.at(f), r1 = cs1.at(f);
                     float x0 = acc[i][0] + b0, x1 = acc[i][1] + b1;
                     acc[i][0] = x0 * r0.x - x1 * r0.y;
                     acc[i][1] = x0 * r0.y + x1 * r0.x;
@@ -332,7 +388,7 @@ __device__ void latent_scores_impl(
                         // Frequency f of n-tile pass·PT + i; its partner f + HALF.
                         const int f = (pass * PT + i) * 8 + 2 * q4 + e;
                         const float ba = bias_s[f], bb = bias_s[f + HALF];
-                        const float2 r0 = cs0[f], r1 = cs1[f];
+                        const float2 r0 = cs0.at(f), r1 = cs1.at(f);
                         float x0 = acc[i][e] + ba, x1 = acc[PT + i][e] + bb;
                         acc[i][e] = x0 * r0.x - x1 * r0.y;
                         acc[PT + i][e] = x0 * r0.y + x1 * r0.x;
