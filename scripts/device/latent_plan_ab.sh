@@ -7,8 +7,11 @@
 #   variants  each of VARIANTS ("name:DEFINE=value,..." of kernels/latent.cu): a copy of the
 #             kernel sources with those #defines rewritten (STARLING_KERNEL_DIR), its latent
 #             parity, then the same bench; the built-in sources' bench runs first as `builtin`;
+#   kernels   the same bench with each score kernel of SCORE_KERNELS (STARLING_LATENT_SCORES,
+#             default `wgmma`: latent_wgmma.cu, Hopper) beside `builtin`;
 #   nsight    Nsight Compute `--set full` of one launch per launch shape of NCU_KERNELS (regex,
-#             default latent_scores_d128_bf16) for `builtin` and each variant: nsight.md
+#             default the d128 bf16 score kernels) for `builtin` and each of NSIGHT_ARMS
+#             (variants as in VARIANTS, score kernels as scores_NAME): nsight.md
 #             (scripts/bench/ncu_full_summary.py: stalls, hit rates, pipe activity); ~1–2 min
 #             an arm.
 # All benches are summarised side by side in summary.md.
@@ -26,6 +29,9 @@ TUNINGS=${TUNINGS:-"default 14,3,2,0 14,3,2,512"}
 # LS_ROPE_SPLIT: RoPE rows composed from the table row of p − p mod LS_ROPE_LO and a shared row
 # of p mod LS_ROPE_LO, positions staged with the tile (ptxas, d128: 142 registers, 8.7 KB static
 # shared memory at LO 16). LS_SLOT_AHEAD: the block-table lookup one iteration early.
+SCORE_KERNELS=${SCORE_KERNELS:-"wgmma"}
+# Nsight arms beside `builtin`: variants (name:DEFINES) and score kernels (scores_NAME).
+NSIGHT_ARMS=${NSIGHT_ARMS:-"ropesplit:LS_ROPE_SPLIT=1 scores_wgmma"}
 VARIANTS=${VARIANTS:-"slotahead:LS_SLOT_AHEAD=1 ropesplit:LS_ROPE_SPLIT=1 ropesplit_ahead:LS_ROPE_SPLIT=1,LS_SLOT_AHEAD=1 ropesplit64:LS_ROPE_SPLIT=1,LS_ROPE_LO=64"}
 S=${S:-.device/starling}
 work=$(mktemp -d)
@@ -75,22 +81,30 @@ if [[ " $parts " == *" variants "* ]]; then
     bench "$name" STARLING_KERNEL_DIR="$dir"
   done
 fi
+if [[ " $parts " == *" kernels "* ]]; then
+  # Each score kernel of SCORE_KERNELS (STARLING_LATENT_SCORES) beside the built-in default;
+  # the latent parity (tests) covers every kernel.
+  [[ " ${arms[*]:-} " == *" builtin "* ]] || bench builtin
+  for k in $SCORE_KERNELS; do bench "scores_$k" STARLING_LATENT_SCORES="$k"; done
+fi
 if [[ " $parts " == *" nsight "* ]]; then
   # Nsight Compute `--set full` of one launch per distinct launch shape of the kernels matching
   # NCU_KERNELS, for the built-in sources and each variant (their directories from `variants`,
   # or made here): stalls, hit rates, pipe activity side by side in nsight.md.
   ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  for v in builtin $VARIANTS; do
+  for v in builtin $NSIGHT_ARMS; do
     name=${v%%:*}
     envs=()
-    if [ "$name" != builtin ]; then
+    if [[ "$name" == scores_* ]]; then
+      envs=(STARLING_LATENT_SCORES="${name#scores_}")
+    elif [ "$name" != builtin ]; then
       dir=$work/kernels_$name
       [ -d "$dir" ] || kernel_variant "$dir" latent.cu "${v#*:}" || { status=1; continue; }
       envs=(STARLING_KERNEL_DIR="$dir")
     fi
     echo "== nsight $name" | tee -a "$OUT/tests.log"
     env "${envs[@]}" timeout "${NCU_TIMEOUT:-150}" "$ncu" --set full --clock-control none \
-      --filter-mode per-launch-config --kernel-name "regex:${NCU_KERNELS:-latent_scores_d128_bf16}" \
+      --filter-mode per-launch-config --kernel-name "regex:${NCU_KERNELS:-latent_scores_(d128|wg_d128)_bf16}" \
       --launch-skip 5 --launch-count 1 -o "$work/$name" \
       "$S" bench kernels --latent-only --quick > "$work/$name.ncu.log" 2>&1 || status=1
     "$ncu" --import "$work/$name.ncu-rep" --page raw --csv > "$work/$name.raw.csv" 2>/dev/null

@@ -183,6 +183,23 @@ pub(crate) const fn latent_scores_shared_bytes(head_dim: usize, rs: usize, elem:
         + 4 * 8 * 4) as u32
 }
 
+/// Key-latent tiles in the ring of the Hopper latent score kernel (`LW_STAGES` in
+/// `latent_wgmma.cu`).
+pub(crate) const LATENT_WG_STAGES: usize = 2;
+/// Spare bytes in front of its tiles (`LW_ALIGN_PAD`): they start at the first 1024-byte
+/// boundary, which the 128-byte swizzled layout of wgmma operands needs.
+pub(crate) const LATENT_WG_ALIGN_PAD: usize = 1024;
+/// Widest rank the Hopper latent score kernel serves: two 64-rank halves of its tiles.
+pub(crate) const LATENT_WG_MAX_RANK: usize = 128;
+
+/// Dynamic shared memory of `latent_scores_wg_d128_bf16` for ranks up to `max_rank`: the
+/// alignment pad, `B_h` (128 rows) and the ring of 64-key tiles, each as one or two 64-rank
+/// halves of 128-byte rows (its cos/sin rows, positions, bias and maxima are static).
+pub(crate) const fn latent_scores_wg_shared_bytes(max_rank: usize) -> u32 {
+    let halves = max_rank.div_ceil(64);
+    (LATENT_WG_ALIGN_PAD + halves * (128 + LATENT_WG_STAGES * LATENT_SCORE_KEYS) * 128) as u32
+}
+
 /// Keys per tile of the register-factor latent score kernel (`latent_rel.cu`: 32 per warp
 /// across the keys; head width 128 puts all four warps across the dims, 64 two).
 pub(crate) const fn latent_rel_tile_keys(head_dim: usize) -> usize {

@@ -13,11 +13,16 @@
 //!   position (the query rotated once per tile, each key by its offset from registers where the
 //!   tile's positions are consecutive) — no table read per key and no `B_h` reload per 16 keys.
 //!
+//! - Head width 128, bf16 cache, on Hopper (opt-in): `latent_scores_wg_d128_bf16`
+//!   (`latent_wgmma.cu`) reconstructs as `latent_scores_d*` does, on warpgroup MMA with both
+//!   operands in shared memory, positions staged with the tile and cos/sin composed from a few
+//!   table rows.
+//!
 //! Reconstruction is the default: measured on the H200 (session 9) it ties with the absorbed
 //! kernel on the MHA 50% shape (0.64–0.70× vs 0.66–0.67× of the dense kernel at batch ≥ 16) and
 //! serves every shape. An fp8 latent cache always reconstructs (`latent_scores_d*_fp8`): the
-//! absorbed and register-factor kernels have no fp8 instantiation. [`LatentScoreKernel`]
-//! (`STARLING_LATENT_SCORES=reconstruct|rotary|registers`, or
+//! absorbed, register-factor and wgmma kernels have no fp8 instantiation. [`LatentScoreKernel`]
+//! (`STARLING_LATENT_SCORES=reconstruct|rotary|registers|wgmma`, or
 //! [`CudaBackend::set_latent_score_kernel`]) picks one, for A/B runs and the parity tests.
 
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -29,6 +34,7 @@ use super::kv_ops::int_arg;
 use super::{CudaBackend, CudaBatch, CudaKvCache};
 use crate::geometry::{
     latent_scores_rel_shared_bytes, latent_scores_rot_shared_bytes, latent_scores_shared_bytes,
+    latent_scores_wg_shared_bytes, LATENT_WG_MAX_RANK,
 };
 use crate::kernels::{CacheElem, LATENT_REL_MAX_GROUP, LATENT_THREADS};
 use crate::launch::KernelArgs;
@@ -45,10 +51,13 @@ pub enum LatentScoreKernel {
     /// Keys reconstructed with `B_h` in registers and RoPE relative to each tile's first
     /// position (bf16 caches, up to 16 query heads per KV head; else reconstruction).
     RegisterFactors,
+    /// Keys reconstructed on Hopper's warpgroup MMA (head width 128, bf16 caches, a Hopper
+    /// GPU; else the mma.sync reconstruction).
+    Wgmma,
 }
 
 /// The environment variable that picks the latent score kernel (`reconstruct`, `rotary`,
-/// `registers`).
+/// `registers`, `wgmma`).
 pub const LATENT_SCORES_ENV: &str = "STARLING_LATENT_SCORES";
 
 impl LatentScoreKernel {
@@ -57,11 +66,12 @@ impl LatentScoreKernel {
         match std::env::var(LATENT_SCORES_ENV).as_deref() {
             Ok("rotary") => Self::RotaryAbsorbed,
             Ok("registers") => Self::RegisterFactors,
+            Ok("wgmma") => Self::Wgmma,
             Ok("reconstruct") | Err(_) => Self::Reconstruct,
             Ok(other) => {
                 tracing::warn!(
-                    "{LATENT_SCORES_ENV}={other} is not reconstruct, rotary or registers: \
-                     reconstruct"
+                    "{LATENT_SCORES_ENV}={other} is not reconstruct, rotary, registers or \
+                     wgmma: reconstruct"
                 );
                 Self::Reconstruct
             }
@@ -73,10 +83,11 @@ impl LatentScoreKernel {
 pub(super) struct ScoreKernelFlag(AtomicU8);
 
 impl ScoreKernelFlag {
-    const ALL: [LatentScoreKernel; 3] = [
+    const ALL: [LatentScoreKernel; 4] = [
         LatentScoreKernel::Reconstruct,
         LatentScoreKernel::RotaryAbsorbed,
         LatentScoreKernel::RegisterFactors,
+        LatentScoreKernel::Wgmma,
     ];
 
     pub(super) fn new(kernel: LatentScoreKernel) -> Self {
@@ -201,12 +212,19 @@ impl CudaBackend {
                         group: int_arg(group, "group")?,
                     },
                 ),
-                None => self.reconstruct_kernel(d, kv_heads, group, max_rank, cache.elem)?,
+                None => match self.wgmma_scores_kernel(d, max_rank, cache.elem) {
+                    Some(function) => (
+                        function,
+                        latent_scores_wg_shared_bytes(max_rank),
+                        reconstruct_params(max_rank, kv_heads, group)?,
+                    ),
+                    None => self.reconstruct_kernel(d, kv_heads, group, max_rank, cache.elem)?,
+                },
             },
         };
-        // One parameter list for the three kernels (latent.cu `latent_scores_d*`, latent_rot.cu
-        // `latent_scores_rot_*`, latent_rel.cu `latent_scores_rel_*` with the first's), their
-        // own parameters where each declares them.
+        // One parameter list for the four kernels (latent.cu `latent_scores_d*`, latent_rot.cu
+        // `latent_scores_rot_*`; latent_rel.cu `latent_scores_rel_*` and latent_wgmma.cu
+        // `latent_scores_wg_*` with the first's), their own parameters where each declares them.
         let mut a = KernelArgs::new(&self.stream);
         a.push(args.scores.f32_mut()?);
         a.push(args.part_m.f32_mut()?);
@@ -266,17 +284,30 @@ impl CudaBackend {
                 "latent_attention: head_dim {head_dim} unsupported on CUDA (64 or 128)"
             ))
         })?;
-        let rs = max_rank.div_ceil(16) * 16 + 8;
-        let own = OwnParams::Reconstruct {
-            row_stride: int_arg(rs, "latent row stride")?,
-            kv_heads: int_arg(kv_heads, "KV heads")?,
-            group: int_arg(group, "group")?,
-        };
+        let rs = latent_row_stride(max_rank);
         Ok((
             function,
             latent_scores_shared_bytes(head_dim, rs, elem),
-            own,
+            reconstruct_params(max_rank, kv_heads, group)?,
         ))
+    }
+
+    /// The Hopper reconstruction kernel where it is the one chosen and serves the layer (head
+    /// width 128, bf16 cache, ranks up to [`LATENT_WG_MAX_RANK`], its module loaded).
+    fn wgmma_scores_kernel(
+        &self,
+        head_dim: usize,
+        max_rank: usize,
+        elem: CacheElem,
+    ) -> Option<&cudarc::driver::CudaFunction> {
+        if self.latent_score_kernel() != LatentScoreKernel::Wgmma
+            || head_dim != 128
+            || elem != CacheElem::Bf16
+            || max_rank > LATENT_WG_MAX_RANK
+        {
+            return None;
+        }
+        self.kernels.latent_scores_wg()
     }
 
     /// The register-factor kernel and its k-steps (the largest rank rounded up: half the head
@@ -319,6 +350,26 @@ impl CudaBackend {
             .latent_scores_rot(head_dim, k_steps, m_tiles)
             .map(|f| (f, k_steps, m_tiles))
     }
+}
+
+/// The shared-memory row stride of a latent tile in the reconstruction kernels (elements): the
+/// largest rank rounded up to 16, plus 8 so that ldmatrix rows fall in distinct banks. The
+/// wgmma kernel takes it too, for the 64-rank halves of its tiles.
+fn latent_row_stride(max_rank: usize) -> usize {
+    max_rank.div_ceil(16) * 16 + 8
+}
+
+/// The reconstruction kernels' own parameters for a layer's largest rank, KV heads and group.
+fn reconstruct_params(
+    max_rank: usize,
+    kv_heads: usize,
+    group: usize,
+) -> Result<OwnParams, CudaError> {
+    Ok(OwnParams::Reconstruct {
+        row_stride: int_arg(latent_row_stride(max_rank), "latent row stride")?,
+        kv_heads: int_arg(kv_heads, "KV heads")?,
+        group: int_arg(group, "group")?,
+    })
 }
 
 /// k-steps of 16 ranks an instantiation of the absorbed or register-factor kernel covers for

@@ -108,9 +108,9 @@ fn hopper_prefill_choices_parse() {
 }
 
 #[test]
-fn only_hopper_devices_load_the_wgmma_module() {
+fn only_hopper_devices_load_the_wgmma_modules() {
     for module in kernel_modules() {
-        let hopper = module.name == "prefill_wgmma";
+        let hopper = matches!(module.name, "prefill_wgmma" | "latent_wgmma");
         assert_eq!(
             module.target == ModuleTarget::Hopper,
             hopper,
@@ -325,9 +325,50 @@ fn tiled_kernels_carry_the_shared_helpers() {
                 | "latent"
                 | "latent_rot"
                 | "latent_rel"
+                | "latent_wgmma"
         );
         assert_eq!(has, tiled, "{}", module.name);
+        // The Hopper modules share one copy of the wgmma helpers.
+        let wgmma = module
+            .source
+            .text
+            .contains("__device__ __forceinline__ void wgmma_fence(");
+        assert_eq!(
+            wgmma,
+            module.target == ModuleTarget::Hopper,
+            "{}",
+            module.name
+        );
     }
+}
+
+#[test]
+fn hopper_latent_score_kernel_geometry_matches_the_host() {
+    use crate::geometry::{
+        latent_scores_wg_shared_bytes, LATENT_SCORE_KEYS, LATENT_WG_ALIGN_PAD, LATENT_WG_MAX_RANK,
+        LATENT_WG_STAGES,
+    };
+    let src = LATENT_WGMMA_SRC.text;
+    assert_eq!(define(src, "LW_THREADS"), LATENT_THREADS as usize);
+    // One wgmma's 64 rows per tile: the mma.sync kernel's tile, so the split plan serves both.
+    assert_eq!(define(src, "LW_BN"), LATENT_SCORE_KEYS);
+    assert_eq!(define(src, "LW_STAGES"), LATENT_WG_STAGES);
+    assert_eq!(define(src, "LW_ALIGN_PAD"), LATENT_WG_ALIGN_PAD);
+    assert!(src.contains(&format!("{}(", names::LATENT_SCORES_WG)));
+    // B_h (128 rows) and two stages of 64 keys, in 64-rank halves of 128-byte rows, behind the
+    // alignment pad: one half up to rank 64, two up to 128.
+    assert_eq!(latent_scores_wg_shared_bytes(64), 1024 + 256 * 128);
+    assert_eq!(latent_scores_wg_shared_bytes(72), 1024 + 2 * 256 * 128);
+    assert_eq!(
+        latent_scores_wg_shared_bytes(LATENT_WG_MAX_RANK),
+        latent_scores_wg_shared_bytes(72)
+    );
+    // With its static cos/sin rows, positions, bias and maxima, two blocks fit an SM at the
+    // widest rank (the driver reserves 1 KiB per block of the 228 KiB).
+    let lo_rows = define(src, "LW_ROPE_LO");
+    let statics = lo_rows * 64 * 8 + LATENT_WG_STAGES * LATENT_SCORE_KEYS * 4 + 128 * 4 + 32 * 4;
+    let widest = latent_scores_wg_shared_bytes(LATENT_WG_MAX_RANK) as usize + statics;
+    assert!(2 * (widest + 1024) <= 228 * 1024, "{widest}");
 }
 
 #[test]

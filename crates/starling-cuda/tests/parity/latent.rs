@@ -23,6 +23,9 @@ pub(super) fn latent_shapes() -> Vec<LatentShape> {
         // MHA with interleaved RoPE, ranks at most half the head (the absorbed kernel's
         // four-m-tile variant).
         (4, 4, 64, vec![32, 16, 24, 8], 64, RopeStyle::Interleaved),
+        // Interleaved RoPE at head width 128, four query heads per KV head, ranks filling one
+        // and two 64-rank halves of the wgmma kernel's tiles (the second half in part).
+        (8, 2, 128, vec![40, 96], 64, RopeStyle::Interleaved),
         // The prior work's MHA shape: 32 × 128, key rank 64 per head, values at half.
         (32, 32, 128, vec![64; 32], 2048, RopeStyle::Neox),
     ]
@@ -395,10 +398,12 @@ fn latent_write_attention_and_reconstruction_match_cpu() {
             ("decode", &decode, LatentScoreKernel::Reconstruct),
             ("decode", &decode, LatentScoreKernel::RotaryAbsorbed),
             ("decode", &decode, LatentScoreKernel::RegisterFactors),
+            ("decode", &decode, LatentScoreKernel::Wgmma),
             ("prefill", &prefill, LatentScoreKernel::Reconstruct),
             ("mixed", &mixed, LatentScoreKernel::Reconstruct),
             ("mixed", &mixed, LatentScoreKernel::RotaryAbsorbed),
             ("mixed", &mixed, LatentScoreKernel::RegisterFactors),
+            ("mixed", &mixed, LatentScoreKernel::Wgmma),
         ];
         for (part, shape, kernel) in parts {
             gpu.set_latent_score_kernel(kernel);
@@ -425,6 +430,7 @@ fn latent_write_attention_and_reconstruction_match_cpu() {
             LatentScoreKernel::Reconstruct,
             LatentScoreKernel::RotaryAbsorbed,
             LatentScoreKernel::RegisterFactors,
+            LatentScoreKernel::Wgmma,
         ] {
             gpu.set_latent_score_kernel(kernel);
             let name = format!("{label} decode ({kernel:?}), consecutive positions");

@@ -1,0 +1,256 @@
+// STAR-KV latent decode scores on Hopper (sm_90a: wgmma), head width 128, bf16 latents. Computes
+// what latent.cu's latent_scores_d128_bf16 computes, with its parameter list, grid (decode row,
+// KV head, split), split plan and outputs; the host launches it in that kernel's place where
+// STARLING_LATENT_SCORES=wgmma asks for it and the device is compute capability 9.0 (kernels.rs
+// loads the module for sm_90a only there). The host prepends pdl.cuh, fp8.cuh, mma_common.cuh,
+// latent_common.cuh and wgmma_common.cuh.
+//
+// Per tile of 64 keys the block's warpgroup reconstructs K[64 keys × 128] = Z · B_hᵀ with rank/16
+// wgmma m64n128k16, both operands read from shared memory through descriptors in the 128-byte
+// swizzled layout (wgmma_common.cuh): B_h is read once per warpgroup and k-step, where the
+// mma.sync kernel reads all of it through ldmatrix once per warp and tile (4× the shared-memory
+// traffic), and no operand passes through registers. The accumulator is mma.sync's C fragment
+// per warp (warp w: keys 16w..16w+15; 8-column tile j: dims 8j..8j+7), so the bias, the RoPE
+// and the scores against the group's queries (mma.sync, K packed to bf16 as the A fragment) are
+// the mma.sync kernel's register code at one pass.
+//
+// What the mma.sync kernel waits on per tile is gone here too (latent.cu LS_ROPE_SPLIT and
+// LS_SLOT_AHEAD, session 37): the tile's positions land in shared memory with its latents
+// (cp.async), the block-table lookup of the next tile to load is issued one iteration early, and
+// cos/sin at p = hi + lo (lo = p mod LW_ROPE_LO) is the table row of hi (shared by the tile's
+// keys: L1) rotated by the row of lo, held in shared memory — not a 512-byte table row per key
+// from L2. Latents of another element (fp8) use the mma.sync kernel.
+
+#define LW_THREADS 128    // one warpgroup (host: LATENT_THREADS)
+#define LW_BN 64          // keys per tile: the wgmma's 64 rows
+#define LW_STAGES 2       // key-latent tiles in the ring (host: LATENT_WG_STAGES)
+#define LW_ROPE_LO 16     // shared cos/sin rows: positions 0..LW_ROPE_LO − 1
+#define LW_ALIGN_PAD 1024 // host: LATENT_WG_ALIGN_PAD; the swizzled tiles start 1024-byte aligned
+
+// Dynamic shared memory (geometry.rs latent_scores_wg_shared_bytes): the alignment pad, then B_h
+// as KH halves of 64 ranks × 128 rows (d) × 128 bytes, then LW_STAGES tiles of KH halves × 64
+// rows (keys) × 128 bytes. KH (1 or 2) comes from the host's row stride `rs` (the largest rank
+// rounded up to 16, plus 8: the mma.sync kernel's) so that every KV head of the layer uses the
+// same tile geometry; a head of smaller rank leaves the chunks past its rank unread.
+extern "C" __global__ void __launch_bounds__(LW_THREADS)
+    latent_scores_wg_d128_bf16(LATENT_SCORE_PARAMS) {
+    pdl_entry();
+    latent_split(plan, splits, split_len);
+    if ((int)blockIdx.z >= splits) return;
+    constexpr int D = 128;
+    constexpr int NT = D / 8;   // 8-wide column tiles of a reconstructed key row
+    constexpr int KS = D / 16;  // k-steps of the score over the head dim
+    constexpr int HALF = D / 2;
+    extern __shared__ __align__(16) unsigned char lw_raw[];
+    const unsigned raw_addr = smem_u32(lw_raw);
+    unsigned char* base =
+        lw_raw + ((LW_ALIGN_PAD - (raw_addr & (LW_ALIGN_PAD - 1))) & (LW_ALIGN_PAD - 1));
+    const int kh = (rs - 8 + 63) >> 6;
+    unsigned char* b_s = base;                     // [kh][D rows][128 B]
+    unsigned char* z_ring = base + kh * D * 128;   // [LW_STAGES][kh][LW_BN rows][128 B]
+    const int z_stage_bytes = kh * LW_BN * 128;
+    __shared__ __align__(16) float2 lo_s[LW_ROPE_LO * HALF];
+    __shared__ unsigned pos_s[LW_STAGES * LW_BN];
+    __shared__ float bias_s[D];
+    __shared__ float max_s[4 * 8];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, q4 = lane & 3;
+    const int i_row = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+    const int t = (int)rows[i_row];
+    const int num_q_heads = num_kv_heads * group;
+    const int offset = latent_heads[2 * kvh], rank = latent_heads[2 * kvh + 1];
+    const int r16 = (rank + 15) & ~15;
+    const int kv_start = split * split_len;
+    const int kv_end = min((int)tok_visible[t], kv_start + split_len);
+    const int n_tiles = kv_end > kv_start ? (kv_end - kv_start + LW_BN - 1) / LW_BN : 0;
+    const unsigned* table = block_tables + (size_t)tok_seq[t] * max_blocks;
+    // The row's scores, head-major ([head][visible]), as latent.cu writes them.
+    const int visible = (int)tok_visible[t];
+    float* row_scores = scores + (size_t)score_offsets[i_row] * num_q_heads;
+
+    // B_h (zero past the rank, up to r16), the bias, and cos/sin of positions 0..LW_ROPE_LO − 1
+    // (the table's first rows, in 16-byte chunks).
+    const int cpr = r16 / 8;  // 16-byte chunks per row
+    for (int k = tid; k < D * cpr; k += LW_THREADS) {
+        const int d = k / cpr, c = k % cpr;
+        const bool valid = 8 * c < rank;
+        cp_async16(reinterpret_cast<bf16*>(b_s + tile_chunk_offset<D>(d, c)),
+                   valid ? key_up + (size_t)d * key_width + offset + 8 * c : key_up, valid);
+    }
+    for (int d = tid; d < D; d += LW_THREADS)
+        bias_s[d] = key_bias != nullptr ? __bfloat162float(key_bias[kvh * D + d]) : 0.f;
+    for (int k = tid; k < LW_ROPE_LO * HALF / 2; k += LW_THREADS)
+        cp_async16(reinterpret_cast<bf16*>(lo_s + 2 * k),
+                   reinterpret_cast<const bf16*>(rope_table + 2 * k), true);
+    cp_async_commit();
+
+    // Two threads per key row, alternate chunks (one slot lookup per row and thread); the even
+    // thread also copies the row's position.
+    static_assert(LW_THREADS == 2 * LW_BN, "two threads per key-latent row");
+    auto tile_slot = [&](int tile) {
+        const int j = kv_start + tile * LW_BN + (tid >> 1);
+        return j < kv_end ? paged_slot(table, j, block_size) : 0u;
+    };
+    auto load_tile = [&](int tile, int stage, unsigned slot) {
+        const int r = tid >> 1;
+        const bool in = kv_start + tile * LW_BN + r < kv_end;
+        const bf16* src = key_plane + (size_t)slot * key_width + offset;
+        unsigned char* dst = z_ring + stage * z_stage_bytes;
+        if ((tid & 1) == 0) cp_async4(pos_s + stage * LW_BN + r, pos_plane + slot, in);
+        for (int c = tid & 1; c < cpr; c += 2) {
+            const bool valid = in && 8 * c < rank;
+            cp_async16_ca(reinterpret_cast<bf16*>(dst + tile_chunk_offset<LW_BN>(r, c)),
+                          valid ? src + 8 * c : key_plane, valid);
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < LW_STAGES - 1; s++) {
+        if (s < n_tiles) load_tile(s, s, tile_slot(s));
+        cp_async_commit();
+    }
+    // The slot of the next tile to load, looked up one iteration before its copy.
+    unsigned next_slot = LW_STAGES - 1 < n_tiles ? tile_slot(LW_STAGES - 1) : 0u;
+
+    // The group's queries as the B operand of Kᵀ·Q: column n = head n of the group (zero past
+    // the group), k = the head dim.
+    unsigned qb[KS][2];
+    {
+        const bool ok = g < group;
+        const bf16* q = qkv + (size_t)t * qkv_width + (size_t)(kvh * group + (ok ? g : 0)) * D;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            qb[ks][0] = ok ? *reinterpret_cast<const unsigned*>(q + 16 * ks + 2 * q4) : 0u;
+            qb[ks][1] = ok ? *reinterpret_cast<const unsigned*>(q + 16 * ks + 8 + 2 * q4) : 0u;
+        }
+    }
+    const float scale_log2 = scale * LOG2E;
+    float run_max[2] = {NEG_INF, NEG_INF};  // heads 2·q4 and 2·q4 + 1 of the group
+    const unsigned b_addr = smem_u32(b_s);
+    const int wk = warp * 16;
+
+    for (int it = 0; it < n_tiles; it++) {
+        cp_async_wait<LW_STAGES - 2>();
+        // This thread's landed copies, visible to wgmma's operand reads (the async proxy); the
+        // barrier then makes every thread's visible, and ends every read of the stage refilled
+        // next (its wgmma completed before the barrier, its positions were read before it).
+        fence_proxy_async_shared();
+        __syncthreads();
+        {
+            const int next = it + LW_STAGES - 1;
+            if (next < n_tiles) load_tile(next, next % LW_STAGES, next_slot);
+            cp_async_commit();
+            if (next + 1 < n_tiles) next_slot = tile_slot(next + 1);
+        }
+        const int stage = it % LW_STAGES;
+        const unsigned z_addr = smem_u32(z_ring + stage * z_stage_bytes);
+        // K = Z · B_hᵀ over the rank's k-steps (k-step ks: 32 bytes into its half's rows).
+        float acc[NT][4];
+        if (r16 > 0) {
+            wgmma_fence();
+            wgmma_m64n128k16_ss<false>(acc, wgmma_desc(z_addr, 16, WG_SW_SBO),
+                                       wgmma_desc(b_addr, 16, WG_SW_SBO));
+            for (int ks = 1; ks < r16 / 16; ks++) {
+                const unsigned long long zd =
+                    wgmma_desc(z_addr + (ks / 4) * LW_BN * 128 + (ks % 4) * 32, 16, WG_SW_SBO);
+                const unsigned long long bd =
+                    wgmma_desc(b_addr + (ks / 4) * D * 128 + (ks % 4) * 32, 16, WG_SW_SBO);
+                wgmma_m64n128k16_ss<true>(acc, zd, bd);
+            }
+            wgmma_commit();
+        } else {
+#pragma unroll
+            for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+        }
+        // While the products run: rows wk + g and wk + g + 8 of the tile, their positions (landed
+        // with the tile; zero past the context) and cos/sin rows.
+        const int j0 = kv_start + it * LW_BN + wk + g, j1 = j0 + 8;
+        const unsigned p0 = pos_s[stage * LW_BN + wk + g];
+        const unsigned p1 = pos_s[stage * LW_BN + wk + g + 8];
+        const float2* hi0 = rope_table + (size_t)(p0 - p0 % LW_ROPE_LO) * HALF;
+        const float2* hi1 = rope_table + (size_t)(p1 - p1 % LW_ROPE_LO) * HALF;
+        const float2* lo0 = lo_s + (p0 % LW_ROPE_LO) * HALF;
+        const float2* lo1 = lo_s + (p1 % LW_ROPE_LO) * HALF;
+        // cos/sin at frequency f of a row's position: hi rotated by lo.
+        auto cs = [](const float2* hi, const float2* lo, int f) {
+            const float2 h = hi[f], l = lo[f];
+            return make_float2(h.x * l.x - h.y * l.y, h.y * l.x + h.x * l.y);
+        };
+        if (r16 > 0) {
+            wgmma_wait<0>();
+            wgmma_fence_operands(acc);
+        }
+        // Bias, then RoPE at each row's position.
+        if (interleaved) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const int col = nt * 8 + 2 * q4, f = col / 2;
+                const float b0 = bias_s[col], b1 = bias_s[col + 1];
+                const float2 r0 = cs(hi0, lo0, f), r1 = cs(hi1, lo1, f);
+                float x0 = acc[nt][0] + b0, x1 = acc[nt][1] + b1;
+                acc[nt][0] = x0 * r0.x - x1 * r0.y;
+                acc[nt][1] = x0 * r0.y + x1 * r0.x;
+                x0 = acc[nt][2] + b0;
+                x1 = acc[nt][3] + b1;
+                acc[nt][2] = x0 * r1.x - x1 * r1.y;
+                acc[nt][3] = x0 * r1.y + x1 * r1.x;
+            }
+        } else {
+            // Column tile nt of the first half pairs with nt + NT/2 (frequency f and f + HALF).
+#pragma unroll
+            for (int nt = 0; nt < NT / 2; nt++) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int f = nt * 8 + 2 * q4 + e;
+                    const float ba = bias_s[f], bb = bias_s[f + HALF];
+                    const float2 r0 = cs(hi0, lo0, f), r1 = cs(hi1, lo1, f);
+                    float x0 = acc[nt][e] + ba, x1 = acc[NT / 2 + nt][e] + bb;
+                    acc[nt][e] = x0 * r0.x - x1 * r0.y;
+                    acc[NT / 2 + nt][e] = x0 * r0.y + x1 * r0.x;
+                    x0 = acc[nt][e + 2] + ba;
+                    x1 = acc[NT / 2 + nt][e + 2] + bb;
+                    acc[nt][e + 2] = x0 * r1.x - x1 * r1.y;
+                    acc[NT / 2 + nt][e + 2] = x0 * r1.y + x1 * r1.x;
+                }
+            }
+        }
+        // Sᵀ[16 keys × 8 heads] = K · Qᵀ: column tiles 2ks and 2ks + 1 are k-step ks's A fragment.
+        float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            const unsigned a[4] = {pack_bf16(acc[2 * ks][0], acc[2 * ks][1]),
+                                   pack_bf16(acc[2 * ks][2], acc[2 * ks][3]),
+                                   pack_bf16(acc[2 * ks + 1][0], acc[2 * ks + 1][1]),
+                                   pack_bf16(acc[2 * ks + 1][2], acc[2 * ks + 1][3])};
+            mma_bf16(s, a, qb[ks][0], qb[ks][1]);
+        }
+        // s[0], s[1]: key j0, heads 2q4, 2q4 + 1; s[2], s[3]: key j1.
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int j = e < 2 ? j0 : j1, h = 2 * q4 + (e & 1);
+            const float v = j < kv_end ? s[e] * scale_log2 : NEG_INF;
+            if (j < kv_end && h < group)
+                row_scores[(size_t)(kvh * group + h) * visible + j] = v;
+            run_max[e & 1] = fmaxf(run_max[e & 1], v);
+        }
+    }
+    // Each head's maximum over the split: over the lanes that share q4, then over the warps.
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1)
+            run_max[e] = fmaxf(run_max[e], __shfl_xor_sync(0xffffffffu, run_max[e], o));
+    }
+    cp_async_wait<0>();
+    if (g == 0) {
+        max_s[warp * 8 + 2 * q4] = run_max[0];
+        max_s[warp * 8 + 2 * q4 + 1] = run_max[1];
+    }
+    __syncthreads();
+    if (tid < group) {
+        float m = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < 4; w++) m = fmaxf(m, max_s[w * 8 + tid]);
+        part_m[((size_t)i_row * num_q_heads + kvh * group + tid) * splits + split] = m;
+    }
+}
