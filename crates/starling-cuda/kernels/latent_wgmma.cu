@@ -1,5 +1,5 @@
-// STAR-KV latent decode scores on Hopper (sm_90a: wgmma), head width 128, bf16 latents. Computes
-// what latent.cu's latent_scores_d128_bf16 computes, with its parameter list, grid (decode row,
+// STAR-KV latent decode scores on Hopper (sm_90a: wgmma), head width 128. Computes what
+// latent.cu's latent_scores_d128_{bf16,fp8} compute, with their parameter list, grid (decode row,
 // KV head, split), split plan and outputs; the host launches it in that kernel's place where
 // STARLING_LATENT_SCORES=wgmma asks for it and the device is compute capability 9.0 (kernels.rs
 // loads the module for sm_90a only there). The host prepends pdl.cuh, fp8.cuh, mma_common.cuh,
@@ -19,7 +19,9 @@
 // (cp.async), the block-table lookup of the next tile to load is issued one iteration early, and
 // cos/sin at p = hi + lo (lo = p mod LW_ROPE_LO) is the table row of hi (shared by the tile's
 // keys: L1) rotated by the row of lo, held in shared memory — not a 512-byte table row per key
-// from L2. Latents of another element (fp8) use the mma.sync kernel.
+// from L2. An fp8 cache's tiles land as bytes (8-byte copies: its rows are only 8-byte aligned)
+// and each thread converts the chunks it copied into one bf16 tile in the swizzled layout
+// (exactly: every e4m3 value is a bf16), which the products then read.
 
 #define LW_THREADS 128    // one warpgroup (host: LATENT_THREADS)
 #define LW_BN 64          // keys per tile: the wgmma's 64 rows
@@ -28,13 +30,14 @@
 #define LW_ALIGN_PAD 1024 // host: LATENT_WG_ALIGN_PAD; the swizzled tiles start 1024-byte aligned
 
 // Dynamic shared memory (geometry.rs latent_scores_wg_shared_bytes): the alignment pad, then B_h
-// as KH halves of 64 ranks × 128 rows (d) × 128 bytes, then LW_STAGES tiles of KH halves × 64
-// rows (keys) × 128 bytes. KH (1 or 2) comes from the host's row stride `rs` (the largest rank
-// rounded up to 16, plus 8: the mma.sync kernel's) so that every KV head of the layer uses the
-// same tile geometry; a head of smaller rank leaves the chunks past its rank unread.
-extern "C" __global__ void __launch_bounds__(LW_THREADS)
-    latent_scores_wg_d128_bf16(LATENT_SCORE_PARAMS) {
-    pdl_entry();
+// as KH halves of 64 ranks × 128 rows (d) × 128 bytes, then (bf16) LW_STAGES tiles of KH halves
+// × 64 rows (keys) × 128 bytes, or (FP8) the one bf16 tile of that layout the byte tiles are
+// converted into, then LW_STAGES byte tiles of 64 rows × KH · 64 bytes. KH (1 or 2) comes from
+// the host's row stride `rs` (the largest rank rounded up to 16, plus 8: the mma.sync kernel's)
+// so that every KV head of the layer uses the same tile geometry; a head of smaller rank leaves
+// the chunks past its rank unread.
+template <bool FP8>
+__device__ void latent_scores_wg_impl(LATENT_SCORE_PARAMS) {
     latent_split(plan, splits, split_len);
     if ((int)blockIdx.z >= splits) return;
     constexpr int D = 128;
@@ -47,8 +50,13 @@ extern "C" __global__ void __launch_bounds__(LW_THREADS)
         lw_raw + ((LW_ALIGN_PAD - (raw_addr & (LW_ALIGN_PAD - 1))) & (LW_ALIGN_PAD - 1));
     const int kh = (rs - 8 + 63) >> 6;
     unsigned char* b_s = base;                     // [kh][D rows][128 B]
-    unsigned char* z_ring = base + kh * D * 128;   // [LW_STAGES][kh][LW_BN rows][128 B]
-    const int z_stage_bytes = kh * LW_BN * 128;
+    // bf16: [LW_STAGES][kh][LW_BN rows][128 B]. FP8: z_cvt [kh][LW_BN rows][128 B], then the
+    // byte ring [LW_STAGES][LW_BN rows][kh · 64 B].
+    unsigned char* z_ring = base + kh * D * 128;
+    unsigned char* z_cvt = z_ring;
+    if (FP8) z_ring += kh * LW_BN * 128;
+    const int z_stage_bytes = kh * LW_BN * (FP8 ? 64 : 128);
+    const int z_row_bytes = kh * 64;  // FP8: a byte tile's row
     __shared__ __align__(16) float2 lo_s[LW_ROPE_LO * HALF];
     __shared__ unsigned pos_s[LW_STAGES * LW_BN];
     __shared__ float bias_s[D];
@@ -95,14 +103,28 @@ extern "C" __global__ void __launch_bounds__(LW_THREADS)
     auto load_tile = [&](int tile, int stage, unsigned slot) {
         const int r = tid >> 1;
         const bool in = kv_start + tile * LW_BN + r < kv_end;
-        const bf16* src = key_plane + (size_t)slot * key_width + offset;
+        const size_t row = (size_t)slot * key_width + offset;  // element index in the plane
         unsigned char* dst = z_ring + stage * z_stage_bytes;
         if ((tid & 1) == 0) cp_async4(pos_s + stage * LW_BN + r, pos_plane + slot, in);
         for (int c = tid & 1; c < cpr; c += 2) {
             const bool valid = in && 8 * c < rank;
-            cp_async16_ca(reinterpret_cast<bf16*>(dst + tile_chunk_offset<LW_BN>(r, c)),
-                          valid ? src + 8 * c : key_plane, valid);
+            if (FP8) {
+                cp_async8(dst + r * z_row_bytes + 8 * c,
+                          plane_bytes(key_plane, valid ? row + 8 * c : 0), valid);
+            } else {
+                cp_async16_ca(reinterpret_cast<bf16*>(dst + tile_chunk_offset<LW_BN>(r, c)),
+                              valid ? key_plane + row + 8 * c : key_plane, valid);
+            }
         }
+    };
+    // FP8: this thread's chunks of a landed byte tile (the ones it copied; zero past the context
+    // and the rank) into z_cvt, each 8-element chunk c to 16-byte chunk c of its bf16 row.
+    auto convert_tile = [&](int stage) {
+        const int r = tid >> 1;
+        const unsigned char* src = z_ring + stage * z_stage_bytes + r * z_row_bytes;
+        for (int c = tid & 1; c < cpr; c += 2)
+            *reinterpret_cast<uint4*>(z_cvt + tile_chunk_offset<LW_BN>(r, c)) =
+                e4m3x8_to_bf16(*reinterpret_cast<const uint2*>(src + 8 * c));
     };
 #pragma unroll
     for (int s = 0; s < LW_STAGES - 1; s++) {
@@ -133,8 +155,8 @@ extern "C" __global__ void __launch_bounds__(LW_THREADS)
         cp_async_wait<LW_STAGES - 2>();
         // This thread's landed copies, visible to wgmma's operand reads (the async proxy); the
         // barrier then makes every thread's visible, and ends every read of the stage refilled
-        // next (its wgmma completed before the barrier, its positions were read before it).
-        fence_proxy_async_shared();
+        // next and (FP8) of z_cvt (their wgmma completed before it, positions were read before it).
+        if (!FP8) fence_proxy_async_shared();
         __syncthreads();
         {
             const int next = it + LW_STAGES - 1;
@@ -143,7 +165,13 @@ extern "C" __global__ void __launch_bounds__(LW_THREADS)
             if (next + 1 < n_tiles) next_slot = tile_slot(next + 1);
         }
         const int stage = it % LW_STAGES;
-        const unsigned z_addr = smem_u32(z_ring + stage * z_stage_bytes);
+        if (FP8) {
+            // The conversion's writes, visible to the products after a second barrier.
+            convert_tile(stage);
+            fence_proxy_async_shared();
+            __syncthreads();
+        }
+        const unsigned z_addr = smem_u32(FP8 ? z_cvt : z_ring + stage * z_stage_bytes);
         // K = Z · B_hᵀ over the rank's k-steps (k-step ks: 32 bytes into its half's rows).
         float acc[NT][4];
         if (r16 > 0) {
@@ -254,3 +282,16 @@ extern "C" __global__ void __launch_bounds__(LW_THREADS)
         part_m[((size_t)i_row * num_q_heads + kvh * group + tid) * splits + split] = m;
     }
 }
+
+#define INSTANTIATE_WG_SCORES(ELEM, FP8)                                                         \
+    extern "C" __global__ void __launch_bounds__(LW_THREADS)                                     \
+        latent_scores_wg_d128_##ELEM(LATENT_SCORE_PARAMS) {                                      \
+        pdl_entry();                                                                             \
+        latent_scores_wg_impl<FP8>(scores, part_m, qkv, qkv_width, key_plane, key_width,         \
+                                   pos_plane, latent_heads, key_up, key_bias, rope_table,        \
+                                   interleaved, rs, rows, tok_seq, tok_visible, score_offsets,   \
+                                   block_tables, max_blocks, block_size, num_kv_heads, group,    \
+                                   scale, splits, split_len, plan);                              \
+    }
+INSTANTIATE_WG_SCORES(bf16, false)
+INSTANTIATE_WG_SCORES(fp8, true)

@@ -192,12 +192,18 @@ pub(crate) const LATENT_WG_ALIGN_PAD: usize = 1024;
 /// Widest rank the Hopper latent score kernel serves: two 64-rank halves of its tiles.
 pub(crate) const LATENT_WG_MAX_RANK: usize = 128;
 
-/// Dynamic shared memory of `latent_scores_wg_d128_bf16` for ranks up to `max_rank`: the
+/// Dynamic shared memory of `latent_scores_wg_d128_{elem}` for ranks up to `max_rank`: the
 /// alignment pad, `B_h` (128 rows) and the ring of 64-key tiles, each as one or two 64-rank
-/// halves of 128-byte rows (its cos/sin rows, positions, bias and maxima are static).
-pub(crate) const fn latent_scores_wg_shared_bytes(max_rank: usize) -> u32 {
+/// halves of 128-byte rows; for fp8 the one bf16 tile the byte tiles are converted into and a
+/// ring of byte tiles (64 bytes a row per half). Its cos/sin rows, positions, bias and maxima are
+/// static. At two stages an fp8 kernel takes the bf16 kernel's bytes.
+pub(crate) const fn latent_scores_wg_shared_bytes(max_rank: usize, elem: CacheElem) -> u32 {
     let halves = max_rank.div_ceil(64);
-    (LATENT_WG_ALIGN_PAD + halves * (128 + LATENT_WG_STAGES * LATENT_SCORE_KEYS) * 128) as u32
+    let tiles = match elem {
+        CacheElem::Bf16 => LATENT_WG_STAGES * LATENT_SCORE_KEYS * 128,
+        CacheElem::Fp8 => LATENT_SCORE_KEYS * 128 + LATENT_WG_STAGES * LATENT_SCORE_KEYS * 64,
+    };
+    (LATENT_WG_ALIGN_PAD + halves * (128 * 128 + tiles)) as u32
 }
 
 /// Keys per tile of the register-factor latent score kernel (`latent_rel.cu`: 32 per warp

@@ -356,7 +356,7 @@ pub fn kernel_modules() -> Vec<KernelModule> {
             target: ModuleTarget::Hopper,
             name: "latent_wgmma",
             source: LATENT_WGMMA_SRC,
-            functions: owned(&[names::LATENT_SCORES_WG]),
+            functions: CacheElem::ALL.map(names::latent_scores_wg).to_vec(),
         },
     ]
 }
@@ -423,9 +423,9 @@ pub(crate) struct Kernels {
     /// Register-factor latent scores by (head width, k-steps), where the device grants their
     /// shared memory.
     latent_scores_rel: Vec<((usize, usize), CudaFunction)>,
-    /// The Hopper latent score kernel (head width 128, bf16), where its module loaded and the
-    /// device grants its shared memory at the widest rank.
-    latent_scores_wg: Option<CudaFunction>,
+    /// The Hopper latent score kernel (head width 128) per cache element, where its module
+    /// loaded and the device grants its shared memory at the widest rank.
+    latent_scores_wg: Vec<(CacheElem, CudaFunction)>,
     /// Latent values by m-tiles (both cache elements), [`LATENT_M_TILES`] order.
     latent_values: Vec<(usize, ByElem)>,
 }
@@ -557,16 +557,20 @@ impl Kernels {
             "latent layers use the reconstruction kernel",
         )?;
         // Only on a Hopper GPU (its module's target).
-        let latent_scores_wg = take(names::LATENT_SCORES_WG).ok().filter(|f| {
-            opt_in_shared_memory(
-                f,
-                latent_scores_wg_shared_bytes(LATENT_WG_MAX_RANK) as usize,
-                LATENT_THREADS,
-                "latent scores (wgmma)",
-                "latent layers use the mma.sync reconstruction kernel",
-            )
-            .is_some()
-        });
+        let latent_scores_wg = CacheElem::ALL
+            .into_iter()
+            .filter_map(|elem| {
+                let function = take(&names::latent_scores_wg(elem)).ok()?;
+                opt_in_shared_memory(
+                    &function,
+                    latent_scores_wg_shared_bytes(LATENT_WG_MAX_RANK, elem) as usize,
+                    LATENT_THREADS,
+                    &format!("latent scores (wgmma) {}", elem.suffix()),
+                    "latent layers use the mma.sync reconstruction kernel",
+                )
+                .map(|_| (elem, function))
+            })
+            .collect();
         let mut latent_values = Vec::new();
         for mt in LATENT_M_TILES {
             let [bf16, fp8] = CacheElem::ALL.map(|e| take(&names::latent_values(mt, e)));
@@ -705,9 +709,13 @@ impl Kernels {
             .map(|(_, f)| f)
     }
 
-    /// The Hopper latent score kernel (head width 128, bf16 latents), where runnable here.
-    pub(crate) fn latent_scores_wg(&self) -> Option<&CudaFunction> {
-        self.latent_scores_wg.as_ref()
+    /// The Hopper latent score kernel (head width 128) for the cache's element, where runnable
+    /// here.
+    pub(crate) fn latent_scores_wg(&self, elem: CacheElem) -> Option<&CudaFunction> {
+        self.latent_scores_wg
+            .iter()
+            .find(|(e, _)| *e == elem)
+            .map(|(_, f)| f)
     }
 
     /// The latent value kernel for `m_tiles` tiles of 16 query heads and the latent cache's

@@ -13,15 +13,14 @@
 //!   position (the query rotated once per tile, each key by its offset from registers where the
 //!   tile's positions are consecutive) — no table read per key and no `B_h` reload per 16 keys.
 //!
-//! - Head width 128, bf16 cache, on Hopper (opt-in): `latent_scores_wg_d128_bf16`
-//!   (`latent_wgmma.cu`) reconstructs as `latent_scores_d*` does, on warpgroup MMA with both
-//!   operands in shared memory, positions staged with the tile and cos/sin composed from a few
-//!   table rows.
+//! - Head width 128 on Hopper (opt-in): `latent_scores_wg_d128_*` (`latent_wgmma.cu`, bf16 and
+//!   fp8) reconstructs as `latent_scores_d*` does, on warpgroup MMA with both operands in
+//!   shared memory, positions staged with the tile and cos/sin composed from a few table rows.
 //!
 //! Reconstruction is the default: measured on the H200 (session 9) it ties with the absorbed
 //! kernel on the MHA 50% shape (0.64–0.70× vs 0.66–0.67× of the dense kernel at batch ≥ 16) and
-//! serves every shape. An fp8 latent cache always reconstructs (`latent_scores_d*_fp8`): the
-//! absorbed, register-factor and wgmma kernels have no fp8 instantiation. [`LatentScoreKernel`]
+//! serves every shape. An fp8 latent cache reconstructs (`latent_scores_d*_fp8`, or the wgmma
+//! kernel's fp8 instantiation): the absorbed and register-factor kernels have none. [`LatentScoreKernel`]
 //! (`STARLING_LATENT_SCORES=reconstruct|rotary|registers|wgmma`, or
 //! [`CudaBackend::set_latent_score_kernel`]) picks one, for A/B runs and the parity tests.
 
@@ -51,8 +50,8 @@ pub enum LatentScoreKernel {
     /// Keys reconstructed with `B_h` in registers and RoPE relative to each tile's first
     /// position (bf16 caches, up to 16 query heads per KV head; else reconstruction).
     RegisterFactors,
-    /// Keys reconstructed on Hopper's warpgroup MMA (head width 128, bf16 caches, a Hopper
-    /// GPU; else the mma.sync reconstruction).
+    /// Keys reconstructed on Hopper's warpgroup MMA (head width 128, a Hopper GPU; else the
+    /// mma.sync reconstruction).
     Wgmma,
 }
 
@@ -215,7 +214,7 @@ impl CudaBackend {
                 None => match self.wgmma_scores_kernel(d, max_rank, cache.elem) {
                     Some(function) => (
                         function,
-                        latent_scores_wg_shared_bytes(max_rank),
+                        latent_scores_wg_shared_bytes(max_rank, cache.elem),
                         reconstruct_params(max_rank, kv_heads, group)?,
                     ),
                     None => self.reconstruct_kernel(d, kv_heads, group, max_rank, cache.elem)?,
@@ -293,7 +292,7 @@ impl CudaBackend {
     }
 
     /// The Hopper reconstruction kernel where it is the one chosen and serves the layer (head
-    /// width 128, bf16 cache, ranks up to [`LATENT_WG_MAX_RANK`], its module loaded).
+    /// width 128, ranks up to [`LATENT_WG_MAX_RANK`], its module loaded).
     fn wgmma_scores_kernel(
         &self,
         head_dim: usize,
@@ -302,12 +301,11 @@ impl CudaBackend {
     ) -> Option<&cudarc::driver::CudaFunction> {
         if self.latent_score_kernel() != LatentScoreKernel::Wgmma
             || head_dim != 128
-            || elem != CacheElem::Bf16
             || max_rank > LATENT_WG_MAX_RANK
         {
             return None;
         }
-        self.kernels.latent_scores_wg()
+        self.kernels.latent_scores_wg(elem)
     }
 
     /// The register-factor kernel and its k-steps (the largest rank rounded up: half the head

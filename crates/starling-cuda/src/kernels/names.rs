@@ -48,6 +48,11 @@ pub(super) fn latent_scores(d: usize, elem: super::CacheElem) -> String {
     format!("latent_scores_d{d}_{}", elem.suffix())
 }
 
+/// The Hopper (wgmma) latent score instantiation (head width 128) for the cache's element.
+pub(super) fn latent_scores_wg(elem: super::CacheElem) -> String {
+    format!("latent_scores_wg_d128_{}", elem.suffix())
+}
+
 /// The rotary-absorbed latent score instantiation for head width `d`, `ks` k-steps and `mt`
 /// m-tiles per warp.
 pub(super) fn latent_scores_rot(d: usize, ks: usize, mt: usize) -> String {
@@ -78,8 +83,6 @@ pub(super) fn prefill_attention(d: usize, elem: super::CacheElem) -> String {
 /// The Hopper (wgmma) tiled prefill kernel, warp-specialised (producer warpgroup, mbarrier
 /// hand-over): head width 128, bf16 cache.
 pub(super) const PREFILL_WGMMA_WS: &str = "prefill_wgmma_ws_d128_bf16";
-/// The Hopper (wgmma) latent score kernel: head width 128, bf16 latents.
-pub(super) const LATENT_SCORES_WG: &str = "latent_scores_wg_d128_bf16";
 
 /// The matrix-vector instantiation for `n` input rows, one output kind and `ksplit` warps per
 /// output column.

@@ -354,21 +354,30 @@ fn hopper_latent_score_kernel_geometry_matches_the_host() {
     assert_eq!(define(src, "LW_BN"), LATENT_SCORE_KEYS);
     assert_eq!(define(src, "LW_STAGES"), LATENT_WG_STAGES);
     assert_eq!(define(src, "LW_ALIGN_PAD"), LATENT_WG_ALIGN_PAD);
-    assert!(src.contains(&format!("{}(", names::LATENT_SCORES_WG)));
-    // B_h (128 rows) and two stages of 64 keys, in 64-rank halves of 128-byte rows, behind the
-    // alignment pad: one half up to rank 64, two up to 128.
-    assert_eq!(latent_scores_wg_shared_bytes(64), 1024 + 256 * 128);
-    assert_eq!(latent_scores_wg_shared_bytes(72), 1024 + 2 * 256 * 128);
-    assert_eq!(
-        latent_scores_wg_shared_bytes(LATENT_WG_MAX_RANK),
-        latent_scores_wg_shared_bytes(72)
-    );
-    // With its static cos/sin rows, positions, bias and maxima, two blocks fit an SM at the
-    // widest rank (the driver reserves 1 KiB per block of the 228 KiB).
-    let lo_rows = define(src, "LW_ROPE_LO");
-    let statics = lo_rows * 64 * 8 + LATENT_WG_STAGES * LATENT_SCORE_KEYS * 4 + 128 * 4 + 32 * 4;
-    let widest = latent_scores_wg_shared_bytes(LATENT_WG_MAX_RANK) as usize + statics;
-    assert!(2 * (widest + 1024) <= 228 * 1024, "{widest}");
+    assert!(src.contains("INSTANTIATE_WG_SCORES(bf16, false)"));
+    assert!(src.contains("INSTANTIATE_WG_SCORES(fp8, true)"));
+    for elem in CacheElem::ALL {
+        assert!(names::latent_scores_wg(elem).ends_with(elem.suffix()));
+        // B_h (128 rows) and two stages of 64 keys, in 64-rank halves of 128-byte rows, behind
+        // the alignment pad: one half up to rank 64, two up to 128. An fp8 kernel's bf16 tile
+        // and two byte tiles take the bytes of the bf16 kernel's two tiles.
+        assert_eq!(latent_scores_wg_shared_bytes(64, elem), 1024 + 256 * 128);
+        assert_eq!(
+            latent_scores_wg_shared_bytes(72, elem),
+            1024 + 2 * 256 * 128
+        );
+        assert_eq!(
+            latent_scores_wg_shared_bytes(LATENT_WG_MAX_RANK, elem),
+            latent_scores_wg_shared_bytes(72, elem)
+        );
+        // With its static cos/sin rows, positions, bias and maxima, two blocks fit an SM at the
+        // widest rank (the driver reserves 1 KiB per block of the 228 KiB).
+        let lo_rows = define(src, "LW_ROPE_LO");
+        let statics =
+            lo_rows * 64 * 8 + LATENT_WG_STAGES * LATENT_SCORE_KEYS * 4 + 128 * 4 + 32 * 4;
+        let widest = latent_scores_wg_shared_bytes(LATENT_WG_MAX_RANK, elem) as usize + statics;
+        assert!(2 * (widest + 1024) <= 228 * 1024, "{widest}");
+    }
 }
 
 #[test]

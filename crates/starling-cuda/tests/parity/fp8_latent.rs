@@ -218,8 +218,9 @@ fn fp8_latent_write_stores_the_cpu_s_e4m3_bytes() {
 }
 
 /// One random batch of `shape` (context, new tokens) attends both fp8 caches: the GPU with the
-/// reconstruction kernel, and with the rotary-absorbed kernel asked for (an fp8 cache falls
-/// back to reconstruction: the same output, bit for bit); both against the CPU reference.
+/// reconstruction kernel, and with the rotary-absorbed and register-factor kernels asked for (an
+/// fp8 cache falls back to reconstruction: the same output, bit for bit), and with the wgmma
+/// kernel; each against the CPU reference.
 #[allow(clippy::too_many_arguments)]
 fn attend_fp8_and_check(
     gpu: &CudaBackend,
@@ -249,6 +250,7 @@ fn attend_fp8_and_check(
         LatentScoreKernel::Reconstruct,
         LatentScoreKernel::RotaryAbsorbed,
         LatentScoreKernel::RegisterFactors,
+        LatentScoreKernel::Wgmma,
     ] {
         gpu.set_latent_score_kernel(kernel);
         let got = gpu
@@ -269,6 +271,10 @@ fn attend_fp8_and_check(
     );
     report_rows(name, &meta, &outs[0], &want);
     check(name, &outs[0], &want);
+    // The wgmma kernel (head width 128 on Hopper; elsewhere the reconstruction kernel again)
+    // converts the same bytes to the same bf16 keys but sums its products in another order.
+    report_rows(&format!("{name} (Wgmma)"), &meta, &outs[3], &want);
+    check(&format!("{name} (Wgmma)"), &outs[3], &want);
 }
 
 #[test]
