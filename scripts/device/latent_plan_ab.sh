@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Latent decode A/Bs on the GPU (issue 15), in one device call, with one binary:
 #   tests     the latent parity (every score kernel on eager plans) and decode graphs with latent
-#             layers of two shapes (each shape's split plan read from the replay buffer);
+#             layers of two shapes (each shape's split plan read from the replay buffer), again
+#             with each of SCORE_KERNELS;
 #   bench     `starling bench kernels --latent-only --quick` once per STARLING_LATENT_SPLITS
 #             tuning in TUNINGS (`default` = the built-in constants: backend/latent_plan.rs);
 #   variants  each of VARIANTS ("name:DEFINE=value,..." of kernels/latent.cu): a copy of the
@@ -63,6 +64,11 @@ if [[ " $parts " == *" tests "* ]]; then
   graphs=$(ls .device/tests/graphs_gpu-* | head -1)
   one "parity latent" "$parity" --include-ignored --test-threads=1 --nocapture latent
   one "graphs latent" "$graphs" --include-ignored --test-threads=1 --nocapture latent
+  # The same decode graphs with each opt-in score kernel (replay reads the split plan words).
+  for k in $SCORE_KERNELS; do
+    one "graphs latent, $k" env STARLING_LATENT_SCORES="$k" \
+      "$graphs" --include-ignored --test-threads=1 --nocapture latent
+  done
 fi
 if [[ " $parts " == *" bench "* ]]; then
   for t in $TUNINGS; do
