@@ -153,18 +153,8 @@ extern "C" __global__ void latent_rope_table_f32(float2* __restrict__ table,
     }
 }
 
-// cos/sin of one key's position at frequency f (LS_ROPE_SPLIT): the table row itself (lo null),
-// or the table row of the position's multiple of LS_ROPE_LO rotated by the shared row of the rest.
-struct RopeRow {
-    const float2* hi;
-    const float2* lo;
-    __device__ __forceinline__ float2 at(int f) const {
-        const float2 h = hi[f];
-        if (LS_ROPE_SPLIT == 0) return h;
-        const float2 l = lo[f];
-        return make_float2(h.x * l.x - h.y * l.y, h.y * l.x + h.x * l.y);
-    }
-};
+// cos/sin rows of the key positions (latent_common.cuh).
+using LsRopeRow = RopeRow<LS_ROPE_SPLIT != 0>;
 
 // Scores of one (decode row, KV head, context split). Dynamic shared memory
 // (geometry.rs latent_scores_shared_bytes): B_h as [D][rs] bf16 (rs = the host's padded row
@@ -285,18 +275,8 @@ __device__ void latent_scores_impl(
     // LS_SLOT_AHEAD: the slot of the next tile to load, looked up one iteration early.
     unsigned next_slot = LS_SLOT_AHEAD && LS_STAGES - 1 < n_tiles ? tile_slot(LS_STAGES - 1) : 0u;
 
-    // The group's queries as the B operand of Kᵀ·Q: column n = head n of the group (zero past
-    // the group), k = the head dim.
     unsigned qb[KS][2];
-    {
-        const bool ok = g < group;
-        const bf16* q = qkv + (size_t)t * qkv_width + (size_t)(kvh * group + (ok ? g : 0)) * D;
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            qb[ks][0] = ok ? *reinterpret_cast<const unsigned*>(q + 16 * ks + 2 * q4) : 0u;
-            qb[ks][1] = ok ? *reinterpret_cast<const unsigned*>(q + 16 * ks + 8 + 2 * q4) : 0u;
-        }
-    }
+    load_group_queries<D>(qb, qkv, qkv_width, t, kvh, group, g, q4);
     const float scale_log2 = scale * LOG2E;
     float run_max[2] = {NEG_INF, NEG_INF};  // heads 2·q4 and 2·q4 + 1 of the group
 
@@ -326,15 +306,15 @@ __device__ void latent_scores_impl(
         // Landed with the tile (zero past the context).
         const unsigned p0 = pos_s[(it % LS_STAGES) * LS_BN + wk + g];
         const unsigned p1 = pos_s[(it % LS_STAGES) * LS_BN + wk + g + 8];
-        const RopeRow cs0{rope_table + (size_t)(p0 - p0 % LS_ROPE_LO) * HALF,
-                          lo_s + (p0 % LS_ROPE_LO) * HALF};
-        const RopeRow cs1{rope_table + (size_t)(p1 - p1 % LS_ROPE_LO) * HALF,
-                          lo_s + (p1 % LS_ROPE_LO) * HALF};
+        const LsRopeRow cs0{rope_table + (size_t)(p0 - p0 % LS_ROPE_LO) * HALF,
+                            lo_s + (p0 % LS_ROPE_LO) * HALF};
+        const LsRopeRow cs1{rope_table + (size_t)(p1 - p1 % LS_ROPE_LO) * HALF,
+                            lo_s + (p1 % LS_ROPE_LO) * HALF};
 #else
         const unsigned p0 = j0 < kv_end ? slot_position(pos_plane, paged_slot(table, j0, block_size)) : 0u;
         const unsigned p1 = j1 < kv_end ? slot_position(pos_plane, paged_slot(table, j1, block_size)) : 0u;
-        const RopeRow cs0{rope_table + (size_t)p0 * HALF, nullptr};
-        const RopeRow cs1{rope_table + (size_t)p1 * HALF, nullptr};
+        const LsRopeRow cs0{rope_table + (size_t)p0 * HALF, nullptr};
+        const LsRopeRow cs1{rope_table + (size_t)p1 * HALF, nullptr};
 #endif
         // The key row in PASSES passes of 2·PT n-tiles each: PT from the first half of the head
         // dim and their RoPE partners PT from the second (n-tile nt pairs with nt + NT/2), so a
@@ -364,83 +344,14 @@ __device__ void latent_scores_impl(
                     }
                 }
             }
-            // Bias, then RoPE at each row's position.
-            if (interleaved) {
-#pragma unroll
-                for (int i = 0; i < 2 * PT; i++) {
-                    const int nt = (i < PT ? 0 : NT / 2 - PT) + pass * PT + i;
-                    const int col = nt * 8 + 2 * q4, f = col / 2;
-                    const float b0 = bias_s[col], b1 = bias_s[col + 1];
-                    const float2 r0 = cs0.at(f), r1 = cs1.at(f);
-                    float x0 = acc[i][0] + b0, x1 = acc[i][1] + b1;
-                    acc[i][0] = x0 * r0.x - x1 * r0.y;
-                    acc[i][1] = x0 * r0.y + x1 * r0.x;
-                    x0 = acc[i][2] + b0;
-                    x1 = acc[i][3] + b1;
-                    acc[i][2] = x0 * r1.x - x1 * r1.y;
-                    acc[i][3] = x0 * r1.y + x1 * r1.x;
-                }
-            } else {
-#pragma unroll
-                for (int i = 0; i < PT; i++) {
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        // Frequency f of n-tile pass·PT + i; its partner f + HALF.
-                        const int f = (pass * PT + i) * 8 + 2 * q4 + e;
-                        const float ba = bias_s[f], bb = bias_s[f + HALF];
-                        const float2 r0 = cs0.at(f), r1 = cs1.at(f);
-                        float x0 = acc[i][e] + ba, x1 = acc[PT + i][e] + bb;
-                        acc[i][e] = x0 * r0.x - x1 * r0.y;
-                        acc[PT + i][e] = x0 * r0.y + x1 * r0.x;
-                        x0 = acc[i][e + 2] + ba;
-                        x1 = acc[PT + i][e + 2] + bb;
-                        acc[i][e + 2] = x0 * r1.x - x1 * r1.y;
-                        acc[PT + i][e + 2] = x0 * r1.y + x1 * r1.x;
-                    }
-                }
-            }
-            // Sᵀ[16 keys × 8 heads] += K · Qᵀ over this pass's k-steps: the key accumulators
-            // are the A fragments (k-step ks covers n-tiles 2ks and 2ks + 1).
-#pragma unroll
-            for (int m = 0; m < PT; m++) {
-                const int i = 2 * (m % (PT / 2)) + (m < PT / 2 ? 0 : PT);
-                const int ks = (i < PT ? 0 : NT / 2 - PT) / 2 + (pass * PT + i) / 2;
-                const unsigned a[4] = {pack_bf16(acc[i][0], acc[i][1]),
-                                       pack_bf16(acc[i][2], acc[i][3]),
-                                       pack_bf16(acc[i + 1][0], acc[i + 1][1]),
-                                       pack_bf16(acc[i + 1][2], acc[i + 1][3])};
-                mma_bf16(s, a, qb[ks][0], qb[ks][1]);
-            }
+            bias_rope_keys<NT, PT>(acc, pass, bias_s, cs0, cs1, interleaved, q4);
+            score_keys<NT, PT>(s, acc, pass, qb);
         }
-        // s[0], s[1]: key j0, heads 2q4, 2q4 + 1; s[2], s[3]: key j1.
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int j = e < 2 ? j0 : j1, h = 2 * q4 + (e & 1);
-            const float v = j < kv_end ? s[e] * scale_log2 : NEG_INF;
-            if (j < kv_end && h < group)
-                row_scores[(size_t)(kvh * group + h) * visible + j] = v;
-            run_max[e & 1] = fmaxf(run_max[e & 1], v);
-        }
-    }
-    // Each head's maximum over the split: over the lanes that share q4, then over the warps.
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-#pragma unroll
-        for (int o = 4; o < 32; o <<= 1)
-            run_max[e] = fmaxf(run_max[e], __shfl_xor_sync(0xffffffffu, run_max[e], o));
+        store_tile_scores(row_scores, s, j0, kv_end, kvh, group, q4, visible, scale_log2, run_max);
     }
     cp_async_wait<0>();
-    if (g == 0) {
-        max_s[warp * 8 + 2 * q4] = run_max[0];
-        max_s[warp * 8 + 2 * q4 + 1] = run_max[1];
-    }
-    __syncthreads();
-    if (tid < group) {
-        float m = NEG_INF;
-#pragma unroll
-        for (int w = 0; w < LS_WARPS; w++) m = fmaxf(m, max_s[w * 8 + tid]);
-        part_m[((size_t)i_row * num_q_heads + kvh * group + tid) * splits + split] = m;
-    }
+    store_split_maxima<LS_WARPS>(part_m, max_s, run_max, i_row, num_q_heads, kvh, group, splits,
+                                 split);
 }
 
 #define INSTANTIATE_SCORES(D, ELEM, FP8)                                                         \

@@ -134,18 +134,8 @@ __device__ void latent_scores_wg_impl(LATENT_SCORE_PARAMS) {
     // The slot of the next tile to load, looked up one iteration before its copy.
     unsigned next_slot = LW_STAGES - 1 < n_tiles ? tile_slot(LW_STAGES - 1) : 0u;
 
-    // The group's queries as the B operand of Kᵀ·Q: column n = head n of the group (zero past
-    // the group), k = the head dim.
     unsigned qb[KS][2];
-    {
-        const bool ok = g < group;
-        const bf16* q = qkv + (size_t)t * qkv_width + (size_t)(kvh * group + (ok ? g : 0)) * D;
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            qb[ks][0] = ok ? *reinterpret_cast<const unsigned*>(q + 16 * ks + 2 * q4) : 0u;
-            qb[ks][1] = ok ? *reinterpret_cast<const unsigned*>(q + 16 * ks + 8 + 2 * q4) : 0u;
-        }
-    }
+    load_group_queries<D>(qb, qkv, qkv_width, t, kvh, group, g, q4);
     const float scale_log2 = scale * LOG2E;
     float run_max[2] = {NEG_INF, NEG_INF};  // heads 2·q4 and 2·q4 + 1 of the group
     const unsigned b_addr = smem_u32(b_s);
@@ -192,95 +182,25 @@ __device__ void latent_scores_wg_impl(LATENT_SCORE_PARAMS) {
         }
         // While the products run: rows wk + g and wk + g + 8 of the tile, their positions (landed
         // with the tile; zero past the context) and cos/sin rows.
-        const int j0 = kv_start + it * LW_BN + wk + g, j1 = j0 + 8;
+        const int j0 = kv_start + it * LW_BN + wk + g;
         const unsigned p0 = pos_s[stage * LW_BN + wk + g];
         const unsigned p1 = pos_s[stage * LW_BN + wk + g + 8];
-        const float2* hi0 = rope_table + (size_t)(p0 - p0 % LW_ROPE_LO) * HALF;
-        const float2* hi1 = rope_table + (size_t)(p1 - p1 % LW_ROPE_LO) * HALF;
-        const float2* lo0 = lo_s + (p0 % LW_ROPE_LO) * HALF;
-        const float2* lo1 = lo_s + (p1 % LW_ROPE_LO) * HALF;
-        // cos/sin at frequency f of a row's position: hi rotated by lo.
-        auto cs = [](const float2* hi, const float2* lo, int f) {
-            const float2 h = hi[f], l = lo[f];
-            return make_float2(h.x * l.x - h.y * l.y, h.y * l.x + h.x * l.y);
-        };
+        const RopeRow<true> cs0{rope_table + (size_t)(p0 - p0 % LW_ROPE_LO) * HALF,
+                                lo_s + (p0 % LW_ROPE_LO) * HALF};
+        const RopeRow<true> cs1{rope_table + (size_t)(p1 - p1 % LW_ROPE_LO) * HALF,
+                                lo_s + (p1 % LW_ROPE_LO) * HALF};
         if (r16 > 0) {
             wgmma_wait<0>();
             wgmma_fence_operands(acc);
         }
-        // Bias, then RoPE at each row's position.
-        if (interleaved) {
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                const int col = nt * 8 + 2 * q4, f = col / 2;
-                const float b0 = bias_s[col], b1 = bias_s[col + 1];
-                const float2 r0 = cs(hi0, lo0, f), r1 = cs(hi1, lo1, f);
-                float x0 = acc[nt][0] + b0, x1 = acc[nt][1] + b1;
-                acc[nt][0] = x0 * r0.x - x1 * r0.y;
-                acc[nt][1] = x0 * r0.y + x1 * r0.x;
-                x0 = acc[nt][2] + b0;
-                x1 = acc[nt][3] + b1;
-                acc[nt][2] = x0 * r1.x - x1 * r1.y;
-                acc[nt][3] = x0 * r1.y + x1 * r1.x;
-            }
-        } else {
-            // Column tile nt of the first half pairs with nt + NT/2 (frequency f and f + HALF).
-#pragma unroll
-            for (int nt = 0; nt < NT / 2; nt++) {
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int f = nt * 8 + 2 * q4 + e;
-                    const float ba = bias_s[f], bb = bias_s[f + HALF];
-                    const float2 r0 = cs(hi0, lo0, f), r1 = cs(hi1, lo1, f);
-                    float x0 = acc[nt][e] + ba, x1 = acc[NT / 2 + nt][e] + bb;
-                    acc[nt][e] = x0 * r0.x - x1 * r0.y;
-                    acc[NT / 2 + nt][e] = x0 * r0.y + x1 * r0.x;
-                    x0 = acc[nt][e + 2] + ba;
-                    x1 = acc[NT / 2 + nt][e + 2] + bb;
-                    acc[nt][e + 2] = x0 * r1.x - x1 * r1.y;
-                    acc[NT / 2 + nt][e + 2] = x0 * r1.y + x1 * r1.x;
-                }
-            }
-        }
-        // Sᵀ[16 keys × 8 heads] = K · Qᵀ: column tiles 2ks and 2ks + 1 are k-step ks's A fragment.
+        // Bias, RoPE and the scores against the group: the whole row as one pass.
+        bias_rope_keys<NT, NT / 2>(acc, 0, bias_s, cs0, cs1, interleaved, q4);
         float s[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            const unsigned a[4] = {pack_bf16(acc[2 * ks][0], acc[2 * ks][1]),
-                                   pack_bf16(acc[2 * ks][2], acc[2 * ks][3]),
-                                   pack_bf16(acc[2 * ks + 1][0], acc[2 * ks + 1][1]),
-                                   pack_bf16(acc[2 * ks + 1][2], acc[2 * ks + 1][3])};
-            mma_bf16(s, a, qb[ks][0], qb[ks][1]);
-        }
-        // s[0], s[1]: key j0, heads 2q4, 2q4 + 1; s[2], s[3]: key j1.
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int j = e < 2 ? j0 : j1, h = 2 * q4 + (e & 1);
-            const float v = j < kv_end ? s[e] * scale_log2 : NEG_INF;
-            if (j < kv_end && h < group)
-                row_scores[(size_t)(kvh * group + h) * visible + j] = v;
-            run_max[e & 1] = fmaxf(run_max[e & 1], v);
-        }
-    }
-    // Each head's maximum over the split: over the lanes that share q4, then over the warps.
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-#pragma unroll
-        for (int o = 4; o < 32; o <<= 1)
-            run_max[e] = fmaxf(run_max[e], __shfl_xor_sync(0xffffffffu, run_max[e], o));
+        score_keys<NT, NT / 2>(s, acc, 0, qb);
+        store_tile_scores(row_scores, s, j0, kv_end, kvh, group, q4, visible, scale_log2, run_max);
     }
     cp_async_wait<0>();
-    if (g == 0) {
-        max_s[warp * 8 + 2 * q4] = run_max[0];
-        max_s[warp * 8 + 2 * q4 + 1] = run_max[1];
-    }
-    __syncthreads();
-    if (tid < group) {
-        float m = NEG_INF;
-#pragma unroll
-        for (int w = 0; w < 4; w++) m = fmaxf(m, max_s[w * 8 + tid]);
-        part_m[((size_t)i_row * num_q_heads + kvh * group + tid) * splits + split] = m;
-    }
+    store_split_maxima<4>(part_m, max_s, run_max, i_row, num_q_heads, kvh, group, splits, split);
 }
 
 #define INSTANTIATE_WG_SCORES(ELEM, FP8)                                                         \
