@@ -29,12 +29,18 @@ TUNINGS=${TUNINGS:-"default 14,3,2,0 14,3,2,512"}
 # LS_PASSES (2, 4: fewer registers, more blocks per SM) was no win on the H100 (session 37).
 # LS_ROPE_SPLIT: RoPE rows composed from the table row of p − p mod LS_ROPE_LO and a shared row
 # of p mod LS_ROPE_LO, positions staged with the tile (ptxas, d128: 142 registers, 8.7 KB static
-# shared memory at LO 16). LS_SLOT_AHEAD: the block-table lookup one iteration early.
+# shared memory at LO 16). LS_SLOT_AHEAD: the block-table lookup one iteration early. LS_STAGES /
+# LW_STAGES: the rings of the two score kernels (the host sizes shared memory from the compiled
+# define). Also tried by hand: ropesplit64:LS_ROPE_SPLIT=1,LS_ROPE_LO=64, slotahead:LS_SLOT_AHEAD=1.
 SCORE_KERNELS=${SCORE_KERNELS:-"wgmma"}
 # Nsight arms beside `builtin`: variants (name:DEFINES) and score kernels (scores_NAME).
 NSIGHT_ARMS=${NSIGHT_ARMS:-"ropesplit:LS_ROPE_SPLIT=1 scores_wgmma"}
-VARIANTS=${VARIANTS:-"slotahead:LS_SLOT_AHEAD=1 ropesplit:LS_ROPE_SPLIT=1 ropesplit_ahead:LS_ROPE_SPLIT=1,LS_SLOT_AHEAD=1 ropesplit64:LS_ROPE_SPLIT=1,LS_ROPE_LO=64"}
+VARIANTS=${VARIANTS:-"ropesplit:LS_ROPE_SPLIT=1 ropesplit_ahead:LS_ROPE_SPLIT=1,LS_SLOT_AHEAD=1 stages3:LS_STAGES=3,LS_ROPE_SPLIT=1,LS_SLOT_AHEAD=1 wg_stages3:LW_STAGES=3"}
 S=${S:-.device/starling}
+# A variant's defines live in latent.cu (LS_*) or latent_wgmma.cu (LW_*: its bench and Nsight
+# arms then run the wgmma score kernel).
+LATENT_FILES=latent.cu,latent_wgmma.cu
+variant_kernel() { [[ ",$1" == *",LW_"* ]] && echo STARLING_LATENT_SCORES=wgmma; }
 work=$(mktemp -d)
 trap 'tar czf "$OUT/ab.tgz" -C "$work" .' EXIT
 { date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } \
@@ -80,11 +86,11 @@ if [[ " $parts " == *" variants "* ]]; then
   for v in $VARIANTS; do
     name=${v%%:*}
     dir=$work/kernels_$name
-    kernel_variant "$dir" latent.cu "${v#*:}" || { status=1; continue; }
+    kernel_variant "$dir" "$LATENT_FILES" "${v#*:}" || { status=1; continue; }
     echo "$name: ${v#*:}" >> "$OUT/tests.log"
     one "parity latent, $name" env STARLING_KERNEL_DIR="$dir" \
       "$parity" --include-ignored --test-threads=1 --nocapture latent
-    bench "$name" STARLING_KERNEL_DIR="$dir"
+    bench "$name" STARLING_KERNEL_DIR="$dir" $(variant_kernel "${v#*:}")
   done
 fi
 if [[ " $parts " == *" kernels "* ]]; then
@@ -105,8 +111,8 @@ if [[ " $parts " == *" nsight "* ]]; then
       envs=(STARLING_LATENT_SCORES="${name#scores_}")
     elif [ "$name" != builtin ]; then
       dir=$work/kernels_$name
-      [ -d "$dir" ] || kernel_variant "$dir" latent.cu "${v#*:}" || { status=1; continue; }
-      envs=(STARLING_KERNEL_DIR="$dir")
+      [ -d "$dir" ] || kernel_variant "$dir" "$LATENT_FILES" "${v#*:}" || { status=1; continue; }
+      envs=(STARLING_KERNEL_DIR="$dir" $(variant_kernel "${v#*:}"))
     fi
     echo "== nsight $name" | tee -a "$OUT/tests.log"
     env "${envs[@]}" timeout "${NCU_TIMEOUT:-150}" "$ncu" --set full --clock-control none \

@@ -13,16 +13,22 @@ wait_healthy() {
   return 1
 }
 
-# kernel_variant DIR FILE "DEFINE=value,...": a copy of the kernel sources in DIR with those
-# `#define`s of FILE (in crates/starling-cuda/kernels) rewritten, for STARLING_KERNEL_DIR (A/B
-# runs of compile-time knobs without a rebuild). Fails (1) where FILE lacks one of the defines.
+# kernel_variant DIR FILES "DEFINE=value,...": a copy of the kernel sources in DIR with those
+# `#define`s rewritten, each in the first of FILES (a comma list, in crates/starling-cuda/kernels)
+# that defines it, for STARLING_KERNEL_DIR (A/B runs of compile-time knobs without a rebuild).
+# Fails (1) where none of FILES has one of the defines.
 kernel_variant() {
-  local dir=$1 file=$2 defs d key
+  local dir=$1 files defs d key f found
   cp -r crates/starling-cuda/kernels "$dir" || return 1
+  IFS=, read -ra files <<< "$2"
   IFS=, read -ra defs <<< "$3"
   for d in "${defs[@]}"; do
     key=${d%%=*}
-    grep -q "^#define $key " "$dir/$file" || { echo "no #define $key in $file" >&2; return 1; }
-    sed -i "s|^#define $key .*|#define $key ${d#*=}|" "$dir/$file"
+    found=
+    for f in "${files[@]}"; do
+      if grep -q "^#define $key " "$dir/$f"; then found=$f; break; fi
+    done
+    [ -n "$found" ] || { echo "no #define $key in $2" >&2; return 1; }
+    sed -i "s|^#define $key .*|#define $key ${d#*=}|" "$dir/$found"
   done
 }

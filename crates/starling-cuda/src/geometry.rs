@@ -146,7 +146,8 @@ pub(crate) const KEY_SCORE_MAX_HEAD_DIM: usize = 256;
 
 /// Keys per key-latent tile of the latent score kernel (`LS_BN`).
 pub(crate) const LATENT_SCORE_KEYS: usize = 64;
-/// Key-latent tiles in its shared-memory ring (`LS_STAGES`).
+/// Key-latent tiles in its shared-memory ring (`LS_STAGES`) as built in; the host sizes the
+/// ring from the define of the source it compiles (`Kernels::latent_score_stages`).
 pub(crate) const LATENT_SCORE_STAGES: usize = 2;
 /// Key-latent tiles in the rotary-absorbed kernel's shared-memory ring (`LR_STAGES`).
 const ROT_STAGES: usize = 2;
@@ -171,20 +172,26 @@ pub(crate) const fn latent_scores_rot_shared_bytes(
 /// `B_h` (bf16), the ring of key-latent tiles in the cache's element, for fp8 the one bf16 tile
 /// each landed byte tile is converted into, then the bias and the warps' maxima. At two stages an
 /// fp8 kernel takes the bf16 kernel's bytes (two byte tiles and one bf16 tile for two bf16 tiles).
-pub(crate) const fn latent_scores_shared_bytes(head_dim: usize, rs: usize, elem: CacheElem) -> u32 {
+pub(crate) const fn latent_scores_shared_bytes(
+    head_dim: usize,
+    rs: usize,
+    elem: CacheElem,
+    stages: usize,
+) -> u32 {
     let converted = match elem {
         CacheElem::Bf16 => 0,
         CacheElem::Fp8 => LATENT_SCORE_KEYS * rs * 2,
     };
     (head_dim * rs * 2
-        + LATENT_SCORE_STAGES * LATENT_SCORE_KEYS * rs * elem.bytes()
+        + stages * LATENT_SCORE_KEYS * rs * elem.bytes()
         + converted
         + head_dim * 4
         + 4 * 8 * 4) as u32
 }
 
 /// Key-latent tiles in the ring of the Hopper latent score kernel (`LW_STAGES` in
-/// `latent_wgmma.cu`).
+/// `latent_wgmma.cu`) as built in; the host sizes the ring from the define of the source it
+/// compiles (`Kernels::latent_wg_stages`).
 pub(crate) const LATENT_WG_STAGES: usize = 2;
 /// Spare bytes in front of its tiles (`LW_ALIGN_PAD`): they start at the first 1024-byte
 /// boundary, which the 128-byte swizzled layout of wgmma operands needs.
@@ -192,16 +199,21 @@ pub(crate) const LATENT_WG_ALIGN_PAD: usize = 1024;
 /// Widest rank the Hopper latent score kernel serves: two 64-rank halves of its tiles.
 pub(crate) const LATENT_WG_MAX_RANK: usize = 128;
 
-/// Dynamic shared memory of `latent_scores_wg_d128_{elem}` for ranks up to `max_rank`: the
-/// alignment pad, `B_h` (128 rows) and the ring of 64-key tiles, each as one or two 64-rank
-/// halves of 128-byte rows; for fp8 the one bf16 tile the byte tiles are converted into and a
-/// ring of byte tiles (64 bytes a row per half). Its cos/sin rows, positions, bias and maxima are
-/// static. At two stages an fp8 kernel takes the bf16 kernel's bytes.
-pub(crate) const fn latent_scores_wg_shared_bytes(max_rank: usize, elem: CacheElem) -> u32 {
+/// Dynamic shared memory of `latent_scores_wg_d128_{elem}` for ranks up to `max_rank` and a
+/// ring of `stages` tiles: the alignment pad, `B_h` (128 rows) and the ring of 64-key tiles,
+/// each as one or two 64-rank halves of 128-byte rows; for fp8 the one bf16 tile the byte tiles
+/// are converted into and a ring of byte tiles (64 bytes a row per half). Its cos/sin rows,
+/// positions, bias and maxima are static. At two stages an fp8 kernel takes the bf16 kernel's
+/// bytes.
+pub(crate) const fn latent_scores_wg_shared_bytes(
+    max_rank: usize,
+    elem: CacheElem,
+    stages: usize,
+) -> u32 {
     let halves = max_rank.div_ceil(64);
     let tiles = match elem {
-        CacheElem::Bf16 => LATENT_WG_STAGES * LATENT_SCORE_KEYS * 128,
-        CacheElem::Fp8 => LATENT_SCORE_KEYS * 128 + LATENT_WG_STAGES * LATENT_SCORE_KEYS * 64,
+        CacheElem::Bf16 => stages * LATENT_SCORE_KEYS * 128,
+        CacheElem::Fp8 => LATENT_SCORE_KEYS * 128 + stages * LATENT_SCORE_KEYS * 64,
     };
     (LATENT_WG_ALIGN_PAD + halves * (128 * 128 + tiles)) as u32
 }

@@ -46,6 +46,26 @@ impl KernelSource {
     }
 }
 
+/// The value of `#define NAME value` (a number) in a kernel source, if it has one: what the host
+/// reads from the text it compiles where a kernel's shared memory depends on a knob a kernel
+/// directory may change ([`KERNEL_DIR_ENV`]), e.g. the stages of a ring.
+pub(crate) fn numeric_define(source: &str, name: &str) -> Option<usize> {
+    source.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        (words.next() == Some("#define") && words.next() == Some(name))
+            .then(|| words.next()?.parse().ok())
+            .flatten()
+    })
+}
+
+/// The numeric `#define NAME` of module `module`'s source, or a compile error naming it.
+pub(crate) fn required_define(source: &str, module: &str, name: &str) -> Result<usize, CudaError> {
+    numeric_define(source, name).ok_or_else(|| CudaError::Compile {
+        module: module.to_string(),
+        log: format!("no numeric #define {name} in the source"),
+    })
+}
+
 /// Which devices a kernel module is compiled and loaded for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ModuleTarget {

@@ -12,8 +12,10 @@ use cudarc::driver::{CudaContext, CudaFunction};
 
 use crate::geometry::{
     latent_scores_rel_shared_bytes, latent_scores_rot_shared_bytes, latent_scores_shared_bytes,
-    latent_scores_wg_shared_bytes, latent_values_static_bytes, LATENT_WG_MAX_RANK,
+    latent_scores_wg_shared_bytes, latent_values_static_bytes, LATENT_SCORE_STAGES,
+    LATENT_WG_MAX_RANK, LATENT_WG_STAGES,
 };
+use crate::kernel_source::required_define;
 use crate::{CudaError, KernelCache};
 
 pub(crate) use crate::geometry::CacheElem;
@@ -428,6 +430,11 @@ pub(crate) struct Kernels {
     latent_scores_wg: Vec<(CacheElem, CudaFunction)>,
     /// Latent values by m-tiles (both cache elements), [`LATENT_M_TILES`] order.
     latent_values: Vec<(usize, ByElem)>,
+    /// Ring stages of the compiled latent score kernels (`LS_STAGES` of latent.cu, `LW_STAGES`
+    /// of latent_wgmma.cu, as the compiled text defines them: a kernel directory may change
+    /// them), from which their shared memory is sized.
+    latent_score_stages: usize,
+    latent_wg_stages: usize,
 }
 
 impl Kernels {
@@ -447,6 +454,8 @@ impl Kernels {
         let mut loaded: HashMap<String, CudaFunction> = HashMap::new();
         let mut site_names = HashMap::new();
         let hopper_prefill = HopperPrefill::requested();
+        let (mut latent_score_stages, mut latent_wg_stages) =
+            (LATENT_SCORE_STAGES, LATENT_WG_STAGES);
         for module in kernel_modules() {
             let Some(module_arch) = module.target.arch(arch) else {
                 continue;
@@ -455,6 +464,13 @@ impl Kernels {
                 continue;
             }
             let source = module.source.load(module.name)?;
+            match module.name {
+                "latent" => latent_score_stages = required_define(&source, "latent", "LS_STAGES")?,
+                "latent_wgmma" => {
+                    latent_wg_stages = required_define(&source, "latent_wgmma", "LW_STAGES")?
+                }
+                _ => {}
+            }
             let m = ctx.load_module(cache.ptx(module.name, &source, module_arch)?)?;
             for f in module.functions {
                 let function = m.load_function(&f)?;
@@ -517,7 +533,7 @@ impl Kernels {
             let granted = |function: &CudaFunction, elem: CacheElem| {
                 opt_in_shared_memory(
                     function,
-                    latent_scores_shared_bytes(d, d + 8, elem) as usize,
+                    latent_scores_shared_bytes(d, d + 8, elem, latent_score_stages) as usize,
                     LATENT_THREADS,
                     &format!("latent scores d{d} {}", elem.suffix()),
                     "latent layers of this head width cannot run",
@@ -563,7 +579,8 @@ impl Kernels {
                 let function = take(&names::latent_scores_wg(elem)).ok()?;
                 opt_in_shared_memory(
                     &function,
-                    latent_scores_wg_shared_bytes(LATENT_WG_MAX_RANK, elem) as usize,
+                    latent_scores_wg_shared_bytes(LATENT_WG_MAX_RANK, elem, latent_wg_stages)
+                        as usize,
                     LATENT_THREADS,
                     &format!("latent scores (wgmma) {}", elem.suffix()),
                     "latent layers use the mma.sync reconstruction kernel",
@@ -590,6 +607,8 @@ impl Kernels {
             latent_scores_rel,
             latent_scores_wg,
             latent_values,
+            latent_score_stages,
+            latent_wg_stages,
             gather_rows: take(names::GATHER_ROWS)?,
             rms_norm: take(names::RMS_NORM)?,
             add_rms_norm: take(names::ADD_RMS_NORM)?,
@@ -707,6 +726,16 @@ impl Kernels {
             .iter()
             .find(|(v, _)| *v == (head_dim, k_steps))
             .map(|(_, f)| f)
+    }
+
+    /// Ring stages of the compiled `latent_scores_d*` (its `LS_STAGES`).
+    pub(crate) fn latent_score_stages(&self) -> usize {
+        self.latent_score_stages
+    }
+
+    /// Ring stages of the compiled `latent_scores_wg_*` (its `LW_STAGES`).
+    pub(crate) fn latent_wg_stages(&self) -> usize {
+        self.latent_wg_stages
     }
 
     /// The Hopper latent score kernel (head width 128) for the cache's element, where runnable

@@ -214,7 +214,11 @@ impl CudaBackend {
                 None => match self.wgmma_scores_kernel(d, max_rank, cache.elem) {
                     Some(function) => (
                         function,
-                        latent_scores_wg_shared_bytes(max_rank, cache.elem),
+                        latent_scores_wg_shared_bytes(
+                            max_rank,
+                            cache.elem,
+                            self.kernels.latent_wg_stages(),
+                        ),
                         reconstruct_params(max_rank, kv_heads, group)?,
                     ),
                     None => self.reconstruct_kernel(d, kv_heads, group, max_rank, cache.elem)?,
@@ -286,7 +290,7 @@ impl CudaBackend {
         let rs = latent_row_stride(max_rank);
         Ok((
             function,
-            latent_scores_shared_bytes(head_dim, rs, elem),
+            latent_scores_shared_bytes(head_dim, rs, elem, self.kernels.latent_score_stages()),
             reconstruct_params(max_rank, kv_heads, group)?,
         ))
     }

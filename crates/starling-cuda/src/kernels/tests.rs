@@ -10,15 +10,7 @@ use crate::geometry::{
 
 /// The value of `#define NAME value` in a kernel source.
 fn define(source: &str, name: &str) -> usize {
-    source
-        .lines()
-        .find_map(|line| {
-            let mut words = line.split_whitespace();
-            (words.next() == Some("#define") && words.next() == Some(name))
-                .then(|| words.next())
-                .flatten()
-        })
-        .and_then(|v| v.parse().ok())
+    crate::kernel_source::numeric_define(source, name)
         .unwrap_or_else(|| panic!("no numeric #define {name}"))
 }
 
@@ -182,17 +174,17 @@ fn latent_kernel_geometry_matches_the_host() {
     );
     // Head width 128 at full rank: B_h and two tiles of 64 keys (136-element rows) plus the
     // bias and the maxima fit one block's opt-in shared memory with room for a second.
-    let bytes = latent_scores_shared_bytes(128, 136, CacheElem::Bf16) as usize;
+    let bytes = latent_scores_shared_bytes(128, 136, CacheElem::Bf16, 2) as usize;
     assert_eq!(bytes, (128 * 136 + 2 * 64 * 136) * 2 + 512 + 128);
     assert!(2 * (bytes + 1024) <= 228 * 1024);
     // fp8: B_h, two byte tiles and the one bf16 tile they are converted into: at two stages
     // exactly the bf16 kernel's bytes, at every head width and rank stride.
-    let fp8 = latent_scores_shared_bytes(128, 136, CacheElem::Fp8) as usize;
+    let fp8 = latent_scores_shared_bytes(128, 136, CacheElem::Fp8, 2) as usize;
     assert_eq!(fp8, 128 * 136 * 2 + 2 * 64 * 136 + 64 * 136 * 2 + 512 + 128);
     for (d, rs) in [(64, 24), (64, 72), (128, 40), (128, 136)] {
         assert_eq!(
-            latent_scores_shared_bytes(d, rs, CacheElem::Fp8),
-            latent_scores_shared_bytes(d, rs, CacheElem::Bf16),
+            latent_scores_shared_bytes(d, rs, CacheElem::Fp8, 2),
+            latent_scores_shared_bytes(d, rs, CacheElem::Bf16, 2),
             "d{d} rs{rs}"
         );
     }
@@ -361,21 +353,26 @@ fn hopper_latent_score_kernel_geometry_matches_the_host() {
         // B_h (128 rows) and two stages of 64 keys, in 64-rank halves of 128-byte rows, behind
         // the alignment pad: one half up to rank 64, two up to 128. An fp8 kernel's bf16 tile
         // and two byte tiles take the bytes of the bf16 kernel's two tiles.
-        assert_eq!(latent_scores_wg_shared_bytes(64, elem), 1024 + 256 * 128);
         assert_eq!(
-            latent_scores_wg_shared_bytes(72, elem),
+            latent_scores_wg_shared_bytes(64, elem, LATENT_WG_STAGES),
+            1024 + 256 * 128
+        );
+        assert_eq!(
+            latent_scores_wg_shared_bytes(72, elem, LATENT_WG_STAGES),
             1024 + 2 * 256 * 128
         );
         assert_eq!(
-            latent_scores_wg_shared_bytes(LATENT_WG_MAX_RANK, elem),
-            latent_scores_wg_shared_bytes(72, elem)
+            latent_scores_wg_shared_bytes(LATENT_WG_MAX_RANK, elem, LATENT_WG_STAGES),
+            latent_scores_wg_shared_bytes(72, elem, LATENT_WG_STAGES)
         );
         // With its static cos/sin rows, positions, bias and maxima, two blocks fit an SM at the
         // widest rank (the driver reserves 1 KiB per block of the 228 KiB).
         let lo_rows = define(src, "LW_ROPE_LO");
         let statics =
             lo_rows * 64 * 8 + LATENT_WG_STAGES * LATENT_SCORE_KEYS * 4 + 128 * 4 + 32 * 4;
-        let widest = latent_scores_wg_shared_bytes(LATENT_WG_MAX_RANK, elem) as usize + statics;
+        let widest = latent_scores_wg_shared_bytes(LATENT_WG_MAX_RANK, elem, LATENT_WG_STAGES)
+            as usize
+            + statics;
         assert!(2 * (widest + 1024) <= 228 * 1024, "{widest}");
     }
 }
@@ -399,4 +396,38 @@ fn kernel_files_rebuild_the_built_in_sources() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("pdl.cuh"), "{err}");
+}
+
+#[test]
+fn ring_stages_come_from_the_compiled_source() {
+    use crate::geometry::{latent_scores_wg_shared_bytes, LATENT_SCORE_KEYS};
+    use crate::kernel_source::{numeric_define, required_define};
+    // A kernel directory's variant with another ring: the host reads the stages from the text
+    // it compiles and sizes the shared memory for them, one more tile a stage.
+    let built_in = LATENT_SRC.text;
+    let variant = built_in.replace("#define LS_STAGES 2 ", "#define LS_STAGES 3 ");
+    assert_ne!(variant, built_in, "the built-in ring is LS_STAGES 2");
+    assert_eq!(numeric_define(&variant, "LS_STAGES"), Some(3));
+    assert_eq!(
+        required_define(built_in, "latent", "LS_STAGES").ok(),
+        Some(2)
+    );
+    assert!(required_define("#define LS_STAGES two", "latent", "LS_STAGES").is_err());
+    assert_eq!(numeric_define("//#define LS_STAGES 4\n", "LS_STAGES"), None);
+    for elem in CacheElem::ALL {
+        let rs = 72;
+        assert_eq!(
+            latent_scores_shared_bytes(128, rs, elem, 3)
+                - latent_scores_shared_bytes(128, rs, elem, 2),
+            (LATENT_SCORE_KEYS * rs * elem.bytes()) as u32
+        );
+        let tile = match elem {
+            CacheElem::Bf16 => LATENT_SCORE_KEYS * 128,
+            CacheElem::Fp8 => LATENT_SCORE_KEYS * 64,
+        };
+        assert_eq!(
+            latent_scores_wg_shared_bytes(64, elem, 3) - latent_scores_wg_shared_bytes(64, elem, 2),
+            tile as u32
+        );
+    }
 }
