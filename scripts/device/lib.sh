@@ -13,6 +13,15 @@ wait_healthy() {
   return 1
 }
 
+# qwen_tokenizer: makes .device/qwen_tokenizer from .device/qtok.tgz where only the archive was
+# carried (the folder is 11 MB, the archive 2 MB: with the tree and the binary, the folder
+# pushed a call over its 64 MiB; scripts/device/stage_vllm.sh makes both).
+qwen_tokenizer() {
+  [ -s .device/qwen_tokenizer/tokenizer.json ] && return 0
+  [ -s .device/qtok.tgz ] || { echo "neither .device/qwen_tokenizer nor .device/qtok.tgz" >&2; return 1; }
+  tar xzf .device/qtok.tgz -C .device
+}
+
 # kernel_variant DIR FILES "DEFINE=value,...": a copy of the kernel sources in DIR with those
 # `#define`s rewritten, each in the first of FILES (a comma list, in crates/starling-cuda/kernels)
 # that defines it, for STARLING_KERNEL_DIR (A/B runs of compile-time knobs without a rebuild).

@@ -8,7 +8,7 @@
 # gaps: random 1k in / 256 out at 16 concurrent (TPOT above vLLM's) and one 24k-token prompt
 # (prefill 638 ms against vLLM's 401). Each arm also runs unprofiled with CUDA graphs (the
 # throughput a user gets), so the profiled run's device time is set against real wall time.
-#   carry [".device/starling", ".device/qwen_tokenizer"]  (scripts/device/make_tokenizer_qwen.sh)
+#   carry [".device/starling", ".device/qtok.tgz"]  (scripts/device/make_tokenizer_qwen.sh)
 #   ARMS="plain keydiff latent"   KV_MEM=8GiB   MODES="graphs profiled"
 # An arm may carry an environment assignment for its server, `plain@STARLING_SKINNY_GEMM=0`
 # (A/B of a backend switch in the same run). MODES="graphs" skips the profiled runs.
@@ -19,6 +19,7 @@ set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64
 S=${S:-.device/starling}
 TOK=${TOK:-.device/qwen_tokenizer}
+[ "$TOK" != .device/qwen_tokenizer ] || qwen_tokenizer || exit 1
 ARMS=${ARMS:-plain keydiff latent}
 KV_MEM=${KV_MEM:-8GiB}
 MODES=${MODES:-graphs profiled}

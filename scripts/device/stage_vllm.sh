@@ -4,7 +4,8 @@
 #   .device/vllm/            the vLLM 0.26.0 wheel set (80 wheels, 343 MB; ../shared/tools/vllm/download.sh)
 #   .device/vparts/          the vllm wheel in pieces that fit one call beside the tree, + SHA256SUMS
 #   .device/vdeps/{a,b}/     the other 79 wheels, in two halves (one call each)
-#   .device/qwen_tokenizer/  the Qwen2 tokenizer (scripts/device/make_tokenizer_qwen.sh)
+#   .device/qwen_tokenizer/  the Qwen2 tokenizer (scripts/device/make_tokenizer_qwen.sh), and
+#   .device/qtok.tgz         the same folder archived: what the last call carries (2 MB for 11)
 #   .device/sharegpt.json    800 chitchat conversations in ShareGPT form (the scheduler campaign)
 #   .device/starling         checked only: cargo build --release -p starling-cli, then strip it there
 # usage: bash scripts/device/stage_vllm.sh   (VLLM_TOOLS: where download.sh is, default ../shared/tools/vllm)
@@ -46,6 +47,7 @@ for bytes in "$bytes_a" "$bytes_b"; do
 done
 
 [ -s .device/qwen_tokenizer/tokenizer.json ] || bash scripts/device/make_tokenizer_qwen.sh
+tar czf .device/qtok.tgz -C .device qwen_tokenizer
 
 if [ ! -s .device/sharegpt.json ]; then
   full=${STARLING_HOME:-$HOME/.cache/starling}/datasets/chitchat_sharegpt.json
@@ -59,7 +61,7 @@ PY
 fi
 
 [ -x .device/starling ] || echo "NOTE: .device/starling is missing: cargo build --release -p starling-cli && cp target/release/starling .device/ && strip .device/starling"
-main_bytes=$({ cat .device/starling .device/qwen_tokenizer/* .device/sharegpt.json .device/vparts/SHA256SUMS 2>/dev/null || true; } | wc -c)
+main_bytes=$({ cat .device/starling .device/qtok.tgz .device/sharegpt.json .device/vparts/SHA256SUMS 2>/dev/null || true; } | wc -c)
 [ $((main_bytes + tree_bytes)) -lt "$LIMIT_BYTES" ] || echo "WARNING: the last call carries $((main_bytes + tree_bytes)) bytes, over 64 MiB"
 
 n=$(find .device/vparts -name 'vllm.part*' | wc -l)
@@ -74,5 +76,5 @@ for half in a b; do
   echo "  $i. carry [\".device/vdeps/$half\"]  command: mkdir -p \$HOME/vw && cp .device/vdeps/$half/*.whl \$HOME/vw/ && ls \$HOME/vw | wc -l"
   i=$((i + 1))
 done
-echo "  $i. carry [\".device/starling\", \".device/qwen_tokenizer\", \".device/sharegpt.json\", \".device/vparts/SHA256SUMS\"]  command: bash scripts/device/vllm_campaign.sh   (timeout_s 600)"
+echo "  $i. carry [\".device/starling\", \".device/qtok.tgz\", \".device/sharegpt.json\", \".device/vparts/SHA256SUMS\"]  command: bash scripts/device/vllm_campaign.sh   (timeout_s 600)"
 echo "($n pieces + 2 dependency calls; expected device time: ~15 s per staging call, 7-9.5 min for the last)"

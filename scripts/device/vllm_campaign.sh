@@ -26,7 +26,7 @@
 #               command: mkdir -p $HOME/vw && cp .device/vparts/vllm.partK $HOME/vw/ && ls -l $HOME/vw
 #   calls N+1, N+2  carry [".device/vdeps/a"], then [".device/vdeps/b"] (the 79 other wheels)
 #               command: mkdir -p $HOME/vw && cp .device/vdeps/a/*.whl $HOME/vw/ && ls $HOME/vw | wc -l  (b alike)
-#   call N+3    carry [".device/starling", ".device/qwen_tokenizer", ".device/sharegpt.json", ".device/vparts/SHA256SUMS"]
+#   call N+3    carry [".device/starling", ".device/qtok.tgz", ".device/sharegpt.json", ".device/vparts/SHA256SUMS"]
 #               command: bash scripts/device/vllm_campaign.sh
 # Results: $OUT/vllm_campaign.tgz (campaign.json, campaign.md, PNGs, every server's log) and
 # $OUT/campaign.md. Knobs: KV_MEM (0.75GiB), LIMIT (seconds for this call, 570), CAMPAIGNS (all,
@@ -47,10 +47,12 @@
 # DRY_RUN=1 (a check on the CPU machine, no vLLM): S=<starling binary> MODEL=<an HF dir>
 # OUT=<dir>, tiny grids; only step 4 runs, with the two Starling engines on --device cpu.
 set -uo pipefail
+. "$(dirname "$0")/lib.sh"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64
 S=${S:-.device/starling}
 DRY_RUN=${DRY_RUN:-0}
 TOK=.device/qwen_tokenizer
+qwen_tokenizer || exit 1
 SHAREGPT=.device/sharegpt.json
 SUMS=.device/vparts/SHA256SUMS
 VW=$HOME/vw

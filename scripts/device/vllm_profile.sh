@@ -14,7 +14,7 @@
 #
 # Staging as for vllm_campaign.sh (its header lists the calls: the vLLM wheel pieces, the two
 # dependency halves), then one call:
-#   carry [".device/starling", ".device/qwen_tokenizer", ".device/sharegpt.json", ".device/vparts/SHA256SUMS"]
+#   carry [".device/starling", ".device/qtok.tgz", ".device/sharegpt.json", ".device/vparts/SHA256SUMS"]
 #   command: bash scripts/device/vllm_profile.sh
 # Knobs: KV_MEM (0.75GiB), IN (4096), OUTLEN (128), MAX_LEN (8192: both servers' context window;
 # raise it with IN, e.g. IN=24512 OUTLEN=64 MAX_LEN=24576 for the context campaign's 24k point), CONC (16), PROMPTS (64), SKIP_ITERS (50),
@@ -34,6 +34,7 @@
 # vllm_profile.tgz (every run's JSON / markdown and the server logs).
 set -uo pipefail
 . "$(dirname "$0")/lib.sh"
+qwen_tokenizer || exit 1
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64
 S=${S:-.device/starling}
 # The folder vllm_campaign.sh installs the vLLM wheels into (its SITE=…, one definition).
