@@ -10,7 +10,7 @@ use starling_backend::{
 };
 use starling_kv::{CacheDtype, LayerLayout, POSITION_BYTES};
 
-use super::{attention_meta, bench_attention, dtype_name, fill_cache, time_ms, AttentionRow};
+use super::{attention_meta, bench_attention, dtype_name, time_ms, AttentionRow};
 use crate::{CudaBackend, CudaError, CudaKvCache};
 
 /// A latent layer's stored ranks (multiples of [`starling_kv::LATENT_RANK_MULTIPLE`]).
@@ -113,10 +113,15 @@ impl Factors {
     }
 }
 
-/// Times attention on a latent cache of `ranks` for `batch` sequences of `seq` tokens with
+/// Times attention on a bf16 latent cache of `ranks` for `batch` sequences of `seq` tokens with
 /// `query` new ones each (1: decode rows through the latent decode kernels; more: one prefill
-/// chunk per sequence), and the dense kernel at the same point. The bf16 latents are random
-/// words (every slot at position 0).
+/// chunk per sequence), and the dense kernel at the same point: [`bench_latent_attention_in`].
+///
+/// The cache is filled through the latent write, every slot at its own position, as a served
+/// sequence holds it. Until session 37 these rows used random words with every slot at position
+/// 0: one cos/sin table row for every key, always in L1, where a served context reads a row per
+/// key position (16 MiB of table at 32k); on the H100 that read the latent kernels up to 1.6×
+/// faster than the same contents at their positions.
 pub fn bench_latent_attention(
     backend: &CudaBackend,
     dims: AttentionDims,
@@ -125,11 +130,7 @@ pub fn bench_latent_attention(
     seq: usize,
     query: usize,
 ) -> Result<LatentAttentionRow, CudaError> {
-    let point = AttentionPoint { batch, seq, query };
-    let spec = point.spec(ranks, CacheDtype::BF16);
-    let mut cache = backend.alloc_kv_cache(&spec)?;
-    fill_cache(backend, &mut cache, 13)?;
-    latent_attention_row(backend, dims, ranks, point, &cache, CacheDtype::BF16)
+    bench_latent_attention_in(backend, dims, ranks, batch, seq, query, CacheDtype::BF16)
 }
 
 /// [`bench_latent_attention`] on a latent cache of `dtype` (bf16, or fp8: e4m3 latents), filled
