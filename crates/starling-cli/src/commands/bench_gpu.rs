@@ -14,7 +14,7 @@ use starling_backend::{
 use starling_cuda::bench::{
     attention_meta, bench_attention, bench_attention_in, bench_compaction, bench_kv_write,
     bench_kv_write_in, bench_latent_attention, bench_latent_attention_in, bench_latent_write,
-    bench_latent_write_in, copy_bandwidth_tb_s, fill_cache, LatentRanks,
+    bench_latent_write_in, copy_bandwidth_tb_s, fill_cache, LatentAttentionRow, LatentRanks,
 };
 use starling_cuda::CudaBackend;
 use starling_models::llama::{ForwardOptions, LlamaModel};
@@ -222,8 +222,9 @@ pub fn kernels(args: KernelsArgs) -> Result<()> {
         )?;
         fp8_kernels(&gpu, &shapes, &decode_points, &mut fp8)?;
     }
-    let (latent_rows, latent_writes) = latent_kernels(&gpu, &decode_points, args.quick)?;
-    let fp8_latent = fp8_latent_kernels(&gpu, &decode_points)?;
+    let latent = latent_kernels(&gpu, &decode_points, args.quick)?;
+    let fp8_latent = fp8_latent_kernels(&gpu, &decode_points, &latent.bf16)?;
+    let (latent_rows, latent_writes) = (latent.rows, latent.writes);
     write_json(
         &args.output,
         serde_json::json!({
@@ -481,19 +482,28 @@ fn latent_shapes() -> Result<Vec<LatentShape>> {
     ])
 }
 
+/// The latent rows of `bench kernels`: their JSON, and each attention row by (shape label,
+/// batch, seq, query) for the fp8 comparison, which sets its fp8 rows beside them.
+struct LatentRows {
+    rows: Vec<serde_json::Value>,
+    writes: Vec<serde_json::Value>,
+    bf16: std::collections::HashMap<(String, usize, usize, usize), LatentAttentionRow>,
+}
+
 /// Latent attention (decode points and prefill chunks) and latent projection + write, each
 /// beside the dense kernel of the same shape.
 fn latent_kernels(
     gpu: &CudaBackend,
     decode_points: &[(usize, usize)],
     quick: bool,
-) -> Result<(Vec<serde_json::Value>, Vec<serde_json::Value>)> {
+) -> Result<LatentRows> {
     println!(
         "\n| latent shape | kind | batch | seq | query | latent ms | dense ms | latent / dense speed | byte ratio |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
     let mut rows = Vec::new();
     let mut writes = Vec::new();
+    let mut bf16 = std::collections::HashMap::new();
     let prefill_points: &[(usize, usize, usize)] = if quick {
         &[(1, 8192, 512)]
     } else {
@@ -525,6 +535,7 @@ fn latent_kernels(
                 "shape": shape.label, "dense_shape": shape.dense_label,
                 "ranks": shape.ranks, "row": r,
             }));
+            bf16.insert((shape.label.clone(), batch, seq, query), r);
         }
     }
     println!("\n| latent shape | tokens | latent proj + write ms | dense proj + write ms | latent / dense time |");
@@ -540,13 +551,18 @@ fn latent_kernels(
                 .push(serde_json::json!({ "shape": shape.label, "ranks": shape.ranks, "row": r }));
         }
     }
-    Ok((rows, writes))
+    Ok(LatentRows { rows, writes, bf16 })
 }
 
 /// The fp8 latent cache's rows (`--kv-cache-dtype fp8` with STAR-KV): latent attention at every
 /// decode point and one prefill chunk, and the latent projection + write, each beside the bf16
-/// latent row of the same point timed right before it (both caches filled by the latent write).
-fn fp8_latent_kernels(gpu: &CudaBackend, decode_points: &[(usize, usize)]) -> Result<Fp8Rows> {
+/// latent row of the same point — the one `latent_kernels` timed (`bf16`: both caches filled by
+/// the latent write, same contents), else timed here.
+fn fp8_latent_kernels(
+    gpu: &CudaBackend,
+    decode_points: &[(usize, usize)],
+    bf16_rows: &std::collections::HashMap<(String, usize, usize, usize), LatentAttentionRow>,
+) -> Result<Fp8Rows> {
     use starling_kv::CacheDtype;
     println!(
         "\n| fp8 vs bf16 latents | shape | batch | seq | query | bf16 ms | fp8 ms | bf16 / fp8 | fp8 vs dense speed |"
@@ -560,7 +576,10 @@ fn fp8_latent_kernels(gpu: &CudaBackend, decode_points: &[(usize, usize)]) -> Re
             .map(|&(b, s)| (b, s, 1))
             .chain([(1, 8192, 512)]);
         for (b, s, q) in points {
-            let bf16 = bench_latent_attention_in(gpu, dims, ranks, b, s, q, CacheDtype::BF16)?;
+            let bf16 = match bf16_rows.get(&(label.clone(), b, s, q)) {
+                Some(row) => row.clone(),
+                None => bench_latent_attention_in(gpu, dims, ranks, b, s, q, CacheDtype::BF16)?,
+            };
             let fp8 = bench_latent_attention_in(gpu, dims, ranks, b, s, q, CacheDtype::Fp8)?;
             let speedup = bf16.latent.median_ms / fp8.latent.median_ms;
             println!(
